@@ -1,0 +1,46 @@
+# Every target depends on .venv, which is built from pyproject.toml on first use.
+SHELL := /bin/bash
+VERSION ?= n17
+PROFILE ?= bf16
+EMBODIMENTS ?= all
+SCHEDULER ?= threads
+SNAPSHOT ?=
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The pyenv shim for python3.12 exists but fails unless 3.12 is selected, so probe by running it.
+PYTHON312 := $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V -r); do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
+
+.PHONY: demo test convert graph inspect bench clean-venv
+
+$(STAMP): pyproject.toml
+	@if [ -z "$(PYTHON312)" ]; then echo "No working python3.12 found on PATH or under pyenv: install Python 3.12 (e.g. 'pyenv install 3.12')" >&2; exit 1; fi
+	@test -x $(PY) || $(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@command -v dot >/dev/null || { apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; } || echo "warning: could not install graphviz (dot); 'make graph' will write DOT text only" >&2
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m pipeline demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+convert: $(STAMP)
+	$(PY) -m pipeline convert --version $(VERSION) --profile $(PROFILE) --embodiments $(EMBODIMENTS) --scheduler $(SCHEDULER) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+
+inspect: $(STAMP)
+	$(PY) -m pipeline inspect --version $(VERSION) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+
+graph: $(STAMP)
+	$(PY) -m pipeline graph --version $(VERSION) --embodiments $(EMBODIMENTS) --out build/graph-$(VERSION).svg $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pipeline.bench
+
+clean-venv:
+	rm -rf $(VENV)

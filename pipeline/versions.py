@@ -1,0 +1,103 @@
+"""Version configs: `configs/<version>.toml` read into one frozen value, plus the facts derived from it.
+
+A config is data (repo, pinned revision, expected counts, container prefixes, architecture families, dims,
+embodiment tag table). Everything else — the key list, the shard assignment, the units — is derived in
+`pipeline.layout`, so the tables cannot drift from the numbers they come from.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+from tasks.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The modules whose tensors are `[32, in, out]` embodiment banks (W) and `[32, out]` biases (b).
+EMBODIMENT_MODULES = (
+    "state_encoder.layer1", "state_encoder.layer2",
+    "action_encoder.W1", "action_encoder.W2", "action_encoder.W3",
+    "action_decoder.layer1", "action_decoder.layer2",
+)
+
+
+@dataclass(frozen=True)
+class VersionConfig:
+    version: str
+    title: str
+    repo_id: str
+    revision: str
+    dtype: str
+    max_shard_size: int
+    expected: Mapping[str, object]
+    containers: Mapping[str, str]
+    architecture: Mapping[str, str]
+    dims: Mapping[str, int]
+    tiny_dims: Mapping[str, int]
+    embodiment_ids: Mapping[str, int] = field(default_factory=dict)
+
+    def dims_for(self, scale: str) -> Mapping[str, int]:
+        """The real dims (`full`) or the small stand-in dims (`tiny`) that keep every key and count."""
+        if scale == "full":
+            return self.dims
+        if scale == "tiny":
+            return MappingProxyType({**self.dims, **self.tiny_dims})
+        raise ConfigError(f"unknown scale {scale!r}: expected 'tiny' or 'full'")
+
+    @property
+    def embodiment_keys(self) -> tuple[str, ...]:
+        """The 14 embodiment-indexed keys (7 banks W and their biases b)."""
+        head = self.containers["action_head"]
+        return tuple(f"{head}{m}.{p}" for m in EMBODIMENT_MODULES for p in ("W", "b"))
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.dims["embodiments"])
+
+    def slot_ids(self, selection: str | None) -> tuple[int, ...]:
+        """Parse `all`, or a comma list of tags and/or ids, into sorted unique slot ids."""
+        if selection in (None, "", "all"):
+            return tuple(range(self.num_slots))
+        ids: set[int] = set()
+        for item in (s.strip() for s in selection.split(",")):
+            if item.isdigit():
+                slot = int(item)
+                if not 0 <= slot < self.num_slots:
+                    raise ConfigError(
+                        f"embodiment slot {slot} is out of range for {self.version}: slots are 0..{self.num_slots - 1}")
+            elif item in self.embodiment_ids:
+                slot = self.embodiment_ids[item]
+            else:
+                known = ", ".join(sorted(self.embodiment_ids))
+                raise ConfigError(f"unknown embodiment tag {item!r} for {self.version} "
+                                  f"(configs/{self.version}.toml knows: {known}); pass a tag or a slot id 0..{self.num_slots - 1}")
+            ids.add(slot)
+        if not ids:
+            raise ConfigError("no embodiment selected: pass 'all', tags or slot ids")
+        return tuple(sorted(ids))
+
+
+VERSIONS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("n*.toml")))
+
+
+@cache
+def load_config(version: str) -> VersionConfig:
+    """Read `configs/<version>.toml`; an unknown version is an error that lists the known ones."""
+    path = CONFIG_DIR / f"{version}.toml"
+    if version not in VERSIONS:
+        raise ConfigError(f"unknown version {version!r}: expected one of {', '.join(VERSIONS)} (files in {CONFIG_DIR})")
+    raw = tomllib.loads(path.read_text())
+    dims = dict(raw["dims"])
+    tiny = dims.pop("tiny", {})
+    return VersionConfig(
+        version=raw["version"], title=raw["title"], repo_id=raw["repo_id"], revision=raw["revision"],
+        dtype=raw["dtype"], max_shard_size=int(raw["max_shard_size"]),
+        expected=MappingProxyType(raw["expected"]), containers=MappingProxyType(raw["containers"]),
+        architecture=MappingProxyType(raw["architecture"]),
+        dims=MappingProxyType(dims), tiny_dims=MappingProxyType(tiny),
+        embodiment_ids=MappingProxyType(raw.get("embodiments", {})),
+    )

@@ -1,0 +1,211 @@
+"""A lazy, shard-aware view of one sharded-safetensors snapshot (`model.safetensors.index.json` + shards).
+
+Opening reads only the index and the shard headers and cross-checks them: every key in exactly one shard, index and
+headers agreeing, byte accounting closing (`8 + header + data == file size` per shard, data sum == `total_size`).
+The shard is resolved per key, never per layer: in every GR00T release one unit is cut by a shard boundary.
+Reads go through `os.preadv` into fresh numpy arrays and count their bytes, so `slot()` and `rows()` provably read
+only what they return.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from tasks.errors import CheckpointError
+from tasks.safetensors_file import NUMPY_DTYPES, ShardHeader, TensorEntry, read_header, read_into
+
+INDEX_NAME = "model.safetensors.index.json"
+_SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_shard_name(index: Path, name: object) -> str:
+    """Shard names come from an untrusted index: they must be plain file names in the snapshot folder."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise CheckpointError(index, f"shard name {name!r} is not a plain file name (no separators, no '..'): "
+                                     "the index is corrupt or malicious")
+    return name
+
+
+def _read_index(index: Path) -> tuple[dict[str, str], dict[str, object]]:
+    try:
+        obj = json.loads(index.read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(index, "index file is missing: this folder is not a sharded safetensors snapshot") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(index, f"index is not valid JSON ({e})") from e
+    if not isinstance(obj, dict) or not isinstance(obj.get("weight_map"), dict):
+        raise CheckpointError(index, "index must be a JSON object with a 'weight_map' object")
+    metadata = obj.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise CheckpointError(index, f"index 'metadata' must be an object, found {metadata!r}")
+    weight_map = {}
+    for key, shard in obj["weight_map"].items():
+        weight_map[key] = _check_shard_name(index, shard)
+    return weight_map, metadata
+
+
+def _hf_blob_root(snapshot: Path) -> Path | None:
+    """`<repo>/blobs` when `snapshot` is an HF cache `snapshots/<rev>` folder, else None."""
+    return snapshot.parent.parent / "blobs" if snapshot.parent.name == "snapshots" else None
+
+
+class Checkpoint:
+    """Header-indexed view of a snapshot folder. Thread-safe for reads."""
+
+    def __init__(self, snapshot: Path | str):
+        self.dir = Path(snapshot)
+        self.index_path = self.dir / INDEX_NAME
+        self.weight_map, self.metadata = _read_index(self.index_path)
+        blob_root = _hf_blob_root(self.dir)
+        self.headers: dict[str, ShardHeader] = {}
+        self._entries: dict[str, TensorEntry] = {}
+        self._shard_of: dict[str, str] = {}
+        for name in sorted(set(self.weight_map.values())):
+            path = self.dir / name
+            if not path.exists():
+                raise CheckpointError(path, f"shard listed in {INDEX_NAME} is missing; download the snapshot again")
+            if blob_root is not None and path.is_symlink() and not path.resolve().is_relative_to(blob_root.resolve()):
+                raise CheckpointError(path, f"symlink points to {path.resolve()}, outside the HF cache blobs folder "
+                                            f"{blob_root}: refusing to read it")
+            header = read_header(path)
+            for key, entry in header.entries.items():
+                if key in self._shard_of:
+                    raise CheckpointError(path, f"key is also stored in {self._shard_of[key]}: a key must live in one shard", key)
+                if self.weight_map.get(key) != name:
+                    listed = self.weight_map.get(key)
+                    raise CheckpointError(path, f"header holds this key but {INDEX_NAME} "
+                                                f"{'does not list it' if listed is None else f'places it in {listed}'}", key)
+                self._entries[key], self._shard_of[key] = entry, name
+            self.headers[name] = header
+        missing = sorted(set(self.weight_map) - set(self._entries))
+        if missing:
+            raise CheckpointError(self.index_path, f"{len(missing)} key(s) listed in the index are in no shard header, "
+                                                   f"first {missing[0]!r} (index says {self.weight_map[missing[0]]})", missing[0])
+        total = sum(h.data_bytes for h in self.headers.values())
+        declared = self.metadata.get("total_size")
+        if declared is not None and declared != total:
+            raise CheckpointError(self.index_path, f"metadata.total_size is {declared} but the shards hold {total} data bytes")
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.bytes_read = 0
+
+    # -- header-only queries ------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def keys(self) -> list[str]:
+        """Every key, ordered by shard, then name: the order a streaming reader should follow."""
+        return sorted(self._entries, key=lambda k: (self._shard_of[k], k))
+
+    def info(self, key: str) -> TensorEntry:
+        try:
+            return self._entries[key]
+        except KeyError:
+            raise CheckpointError(self.index_path, "key is not in this checkpoint", key) from None
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.info(key).shape
+
+    def dtype(self, key: str) -> str:
+        return self.info(key).dtype
+
+    def shard_of(self, key: str) -> str:
+        self.info(key)
+        return self._shard_of[key]
+
+    def shard_path(self, shard: str) -> Path:
+        return self.headers[shard].path
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        """Keys under `prefix`, shard-then-name ordered; none is an error (a typo must not pass silently)."""
+        keys = [k for k in self.keys() if k.startswith(prefix)]
+        if not keys:
+            raise CheckpointError(self.index_path, f"no key starts with {prefix!r}")
+        return keys
+
+    def shards_for_prefix(self, prefix: str) -> tuple[str, ...]:
+        """The shards holding keys under `prefix`: two for a straddling unit, one otherwise."""
+        return tuple(sorted({self._shard_of[k] for k in self.keys_with_prefix(prefix)}))
+
+    def byte_accounting(self) -> dict[str, dict[str, int]]:
+        """Per shard: header bytes, tensors, data bytes, file size (8 + header + data == file size, checked at open)."""
+        return {n: {"header_bytes": h.header_len, "tensors": len(h.entries), "data_bytes": h.data_bytes,
+                    "file_size": h.file_size} for n, h in sorted(self.headers.items())}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(h.data_bytes for h in self.headers.values())
+
+    def blob_sha256(self, shard: str) -> str | None:
+        """The sha256 an HF cache names this shard's blob by, or None outside an HF cache."""
+        path = self.shard_path(shard)
+        name = path.resolve().name if path.is_symlink() else ""
+        return name if _SHA256_NAME.match(name) else None
+
+    # -- data reads ---------------------------------------------------------------------------------------------
+    def _fd(self, shard: str) -> int:
+        with self._lock:
+            if shard not in self._fds:
+                self._fds[shard] = os.open(self.shard_path(shard), os.O_RDONLY)
+            return self._fds[shard]
+
+    def _read(self, key: str, byte_offset: int, shape: tuple[int, ...]) -> np.ndarray:
+        entry, shard = self.info(key), self._shard_of[key]
+        out = np.empty(shape, dtype=NUMPY_DTYPES[entry.dtype])
+        header = self.headers[shard]
+        read_into(self._fd(shard), header.data_start + entry.start + byte_offset, out, header.path)
+        with self._lock:
+            self.bytes_read += out.nbytes
+        return out
+
+    def get(self, key: str) -> np.ndarray:
+        """The whole tensor as stored (bf16 as `ml_dtypes.bfloat16`)."""
+        return self._read(key, 0, self.info(key).shape)
+
+    def slot(self, key: str, e: int) -> np.ndarray:
+        """`W[e]` of a `[32, ...]` embodiment bank, reading only that slot's bytes. Never transposed: the model
+        computes `x @ W[e] + b[e]`."""
+        shape = self.info(key).shape
+        if len(shape) < 2:
+            raise CheckpointError(self.index_path, f"shape {list(shape)} has no slot dimension to index", key)
+        if not 0 <= e < shape[0]:
+            raise CheckpointError(self.index_path, f"slot {e} is out of range: the bank has slots 0..{shape[0] - 1}", key)
+        return self.rows(key, e, e + 1).reshape(shape[1:])
+
+    def rows(self, key: str, lo: int, hi: int) -> np.ndarray:
+        """Rows `lo:hi` of the leading dimension, reading only those bytes."""
+        shape = self.info(key).shape
+        if not shape or not 0 <= lo <= hi <= shape[0]:
+            raise CheckpointError(self.index_path, f"rows [{lo}, {hi}) are out of range for shape {list(shape)}", key)
+        row_bytes = self.info(key).nbytes // shape[0]
+        return self._read(key, lo * row_bytes, (hi - lo, *shape[1:]))
+
+    def iter_prefix(self, prefix: str) -> Iterator[tuple[str, np.ndarray]]:
+        """`(key, tensor)` for every key under `prefix` in shard order; one tensor in flight at a time."""
+        for key in self.keys_with_prefix(prefix):
+            yield key, self.get(key)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.dir}, {len(self)} tensors, {len(self.headers)} shards)"

@@ -1,0 +1,183 @@
+"""The safetensors format, in one place: parse and validate a header, frame a new file, read byte ranges.
+
+Format (https://github.com/huggingface/safetensors, README "Format"): an 8-byte little-endian header length N,
+then N bytes of UTF-8 JSON — an object mapping each tensor name to `{"dtype", "shape", "data_offsets"}` plus an
+optional `"__metadata__"` object of strings — padded with spaces to a multiple of 8, then the data. Offsets are
+relative to the first data byte; the spans tile the data exactly (no holes, no overlaps, nothing after the last).
+
+The parser treats every file as hostile: the header length is capped before anything is allocated, every field is
+type-checked, and each error names the file and the key. Data is read with `os.preadv` into caller-owned numpy
+buffers, so a read costs exactly the bytes it returns and threads can share one file descriptor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from tasks.errors import CheckpointError
+
+# safetensors dtype tag -> numpy dtype used to hold it (bf16 as ml_dtypes.bfloat16: same bytes, real numbers).
+NUMPY_DTYPES: Mapping[str, np.dtype] = {
+    "BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype(np.float16), "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "I16": np.dtype(np.int16),
+    "U16": np.dtype(np.uint16), "I32": np.dtype(np.int32), "U32": np.dtype(np.uint32), "I64": np.dtype(np.int64),
+    "U64": np.dtype(np.uint64), "BOOL": np.dtype(np.bool_),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+}
+MAX_HEADER_BYTES = 100 * 2**20  # real GR00T headers are ~130 KB; a hostile length must not allocate gigabytes
+MAX_TENSORS_PER_FILE = 200_000
+_PREADV_MAX = 0x7FFFF000  # Linux caps one read at this many bytes
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # data_offsets, relative to the first data byte
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    path: Path
+    header_len: int
+    metadata: Mapping[str, str]
+    entries: Mapping[str, TensorEntry]
+    file_size: int
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_len
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+
+def _shape(path: Path, key: str, raw: object) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
+        raise CheckpointError(path, f"shape must be a list of non-negative integers, found {raw!r}", key)
+    return tuple(raw)
+
+
+def _entry(path: Path, key: str, raw: object) -> TensorEntry:
+    if not isinstance(raw, dict) or set(raw) != {"dtype", "shape", "data_offsets"}:
+        raise CheckpointError(path, f"tensor entry must be an object with dtype, shape and data_offsets, found {raw!r}", key)
+    dtype = raw["dtype"]
+    if dtype not in NUMPY_DTYPES:
+        raise CheckpointError(path, f"unknown dtype {dtype!r}; known: {', '.join(NUMPY_DTYPES)}", key)
+    shape = _shape(path, key, raw["shape"])
+    offsets = raw["data_offsets"]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+        raise CheckpointError(path, f"data_offsets must be two integers, found {offsets!r}", key)
+    start, end = offsets
+    if not 0 <= start <= end:
+        raise CheckpointError(path, f"data_offsets [{start}, {end}] are reversed or negative", key)
+    expected = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize
+    if end - start != expected:
+        raise CheckpointError(path, f"data_offsets span {end - start} bytes but shape {list(shape)} x {dtype} "
+                                    f"needs {expected}", key)
+    return TensorEntry(key, dtype, shape, start, end)
+
+
+def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
+    """Validate header bytes (without the 8-byte prefix) of a file of `file_size` bytes. Does not perform I/O."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(path, f"header is not UTF-8 ({e.reason} at byte {e.start}); the file is not safetensors or is corrupt") from e
+    except json.JSONDecodeError as e:
+        raise CheckpointError(path, f"header is not valid JSON ({e.msg} at byte {e.pos})") from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(path, f"header must be a JSON object, found {type(obj).__name__}")
+    metadata = obj.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(path, f"__metadata__ must be an object of strings, found {metadata!r}", "__metadata__")
+    if len(obj) > MAX_TENSORS_PER_FILE:
+        raise CheckpointError(path, f"header lists {len(obj)} tensors, more than the cap of {MAX_TENSORS_PER_FILE}")
+    entries = {key: _entry(path, key, value) for key, value in obj.items()}
+    data_size = file_size - 8 - len(raw)
+    cursor = 0
+    for e in sorted(entries.values(), key=lambda e: (e.start, e.end)):
+        if e.start != cursor:
+            what = "overlaps the previous tensor" if e.start < cursor else f"leaves a gap of {e.start - cursor} bytes"
+            raise CheckpointError(path, f"data_offsets [{e.start}, {e.end}] {what} (expected start {cursor})", e.key)
+        if e.end > data_size:
+            raise CheckpointError(path, f"data_offsets end {e.end} is past the end of the data ({data_size} bytes): "
+                                        "the file is truncated; download it again", e.key)
+        cursor = e.end
+    if cursor != data_size:
+        raise CheckpointError(path, f"tensors cover {cursor} data bytes but the file holds {data_size} after the header")
+    return ShardHeader(path, len(raw), metadata, entries, file_size)
+
+
+def read_header(path: Path) -> ShardHeader:
+    """Read and validate the header of one safetensors file; no tensor data is read."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        prefix = fh.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(path, f"file is {size} bytes, too short for the 8-byte header length: truncated")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > MAX_HEADER_BYTES:
+            raise CheckpointError(path, f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte cap: not a safetensors file or corrupt")
+        if 8 + n > size:
+            raise CheckpointError(path, f"header length {n} runs past the end of the {size}-byte file: truncated")
+        raw = fh.read(n)
+    return parse_header(path, raw, size)
+
+
+def frame_header(entries: Iterable[tuple[str, str, tuple[int, ...]]], metadata: Mapping[str, str]) -> tuple[bytes, list[tuple[str, int, int]]]:
+    """Header bytes for `(key, dtype, shape)` entries, laid out as safetensors' own writer does (sorted by name),
+    and the `(key, start, end)` data plan. Does not perform I/O."""
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    plan, cursor = [], 0
+    for key, dtype, shape in sorted(entries, key=lambda e: e[0]):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize
+        header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [cursor, cursor + nbytes]}
+        plan.append((key, cursor, cursor + nbytes))
+        cursor += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, plan
+
+
+def write_file(fh: BinaryIO, entries: list[tuple[str, str, tuple[int, ...]]],
+               chunks: Callable[[str], Iterable[np.ndarray]], metadata: Mapping[str, str] | None = None) -> int:
+    """Stream a safetensors file into `fh`: `chunks(key)` yields one tensor's data piece by piece, so no tensor
+    (let alone a shard) is ever whole in memory. Returns the number of bytes written."""
+    head, plan = frame_header(entries, {"format": "pt"} if metadata is None else metadata)
+    fh.write(head)
+    for key, start, end in plan:
+        written = 0
+        for piece in chunks(key):
+            data = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+            fh.write(memoryview(data))
+            written += data.nbytes
+        if written != end - start:
+            raise CheckpointError(getattr(fh, "name", "?"), f"wrote {written} bytes, the header promises {end - start}", key)
+    return len(head) + (plan[-1][2] if plan else 0)
+
+
+def read_into(fd: int, offset: int, out: np.ndarray, path: Path | str = "?") -> None:
+    """Fill `out` (C-contiguous) with the bytes at `offset` of the open file `fd` (named `path` in errors)."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:done + _PREADV_MAX]], offset + done)
+        if n == 0:
+            raise CheckpointError(path, f"file ended after {done} of {len(view)} bytes at offset {offset}: truncated")
+        done += n
