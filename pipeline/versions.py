@@ -38,6 +38,7 @@ class VersionConfig:
     architecture: Mapping[str, str]
     dims: Mapping[str, int]
     tiny_dims: Mapping[str, int]
+    recipe: tuple[str, ...]
     embodiment_ids: Mapping[str, int] = field(default_factory=dict)
 
     def dims_for(self, scale: str) -> Mapping[str, int]:
@@ -98,6 +99,6 @@ def load_config(version: str) -> VersionConfig:
         dtype=raw["dtype"], max_shard_size=int(raw["max_shard_size"]),
         expected=MappingProxyType(raw["expected"]), containers=MappingProxyType(raw["containers"]),
         architecture=MappingProxyType(raw["architecture"]),
-        dims=MappingProxyType(dims), tiny_dims=MappingProxyType(tiny),
+        dims=MappingProxyType(dims), tiny_dims=MappingProxyType(tiny), recipe=tuple(raw["recipe"]),
         embodiment_ids=MappingProxyType(raw.get("embodiments", {})),
     )

@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.safetensors_file import NUMPY_DTYPES, ShardHeader, TensorEntry, read_header, read_into
+from tasks.safetensors_file import ShardHeader, TensorEntry, read_header, read_rows
 
 INDEX_NAME = "model.safetensors.index.json"
 _SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
@@ -159,18 +159,18 @@ class Checkpoint:
                 self._fds[shard] = os.open(self.shard_path(shard), os.O_RDONLY)
             return self._fds[shard]
 
-    def _read(self, key: str, byte_offset: int, shape: tuple[int, ...]) -> np.ndarray:
-        entry, shard = self.info(key), self._shard_of[key]
-        out = np.empty(shape, dtype=NUMPY_DTYPES[entry.dtype])
-        header = self.headers[shard]
-        read_into(self._fd(shard), header.data_start + entry.start + byte_offset, out, header.path)
+    def rows(self, key: str, lo: int, hi: int) -> np.ndarray:
+        """Rows `lo:hi` of the leading dimension, reading only those bytes."""
+        shard = self.shard_of(key)
+        out = read_rows(self._fd(shard), self.headers[shard], key, lo, hi)
         with self._lock:
             self.bytes_read += out.nbytes
         return out
 
     def get(self, key: str) -> np.ndarray:
         """The whole tensor as stored (bf16 as `ml_dtypes.bfloat16`)."""
-        return self._read(key, 0, self.info(key).shape)
+        shape = self.info(key).shape
+        return self.rows(key, 0, shape[0] if shape else 1)
 
     def slot(self, key: str, e: int) -> np.ndarray:
         """`W[e]` of a `[32, ...]` embodiment bank, reading only that slot's bytes. Never transposed: the model
@@ -180,15 +180,7 @@ class Checkpoint:
             raise CheckpointError(self.index_path, f"shape {list(shape)} has no slot dimension to index", key)
         if not 0 <= e < shape[0]:
             raise CheckpointError(self.index_path, f"slot {e} is out of range: the bank has slots 0..{shape[0] - 1}", key)
-        return self.rows(key, e, e + 1).reshape(shape[1:])
-
-    def rows(self, key: str, lo: int, hi: int) -> np.ndarray:
-        """Rows `lo:hi` of the leading dimension, reading only those bytes."""
-        shape = self.info(key).shape
-        if not shape or not 0 <= lo <= hi <= shape[0]:
-            raise CheckpointError(self.index_path, f"rows [{lo}, {hi}) are out of range for shape {list(shape)}", key)
-        row_bytes = self.info(key).nbytes // shape[0]
-        return self._read(key, lo * row_bytes, (hi - lo, *shape[1:]))
+        return self.rows(key, e, e + 1)[0]
 
     def iter_prefix(self, prefix: str) -> Iterator[tuple[str, np.ndarray]]:
         """`(key, tensor)` for every key under `prefix` in shard order; one tensor in flight at a time."""

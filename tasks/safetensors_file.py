@@ -181,3 +181,15 @@ def read_into(fd: int, offset: int, out: np.ndarray, path: Path | str = "?") -> 
         if n == 0:
             raise CheckpointError(path, f"file ended after {done} of {len(view)} bytes at offset {offset}: truncated")
         done += n
+
+
+def read_rows(fd: int, header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
+    """Rows `lo:hi` of the leading dimension of `key` (a 0-d tensor has one row), reading only those bytes."""
+    entry = header.entries[key]
+    rows = entry.shape[0] if entry.shape else 1
+    if not 0 <= lo <= hi <= rows:
+        raise CheckpointError(header.path, f"rows [{lo}, {hi}) are out of range for shape {list(entry.shape)}", key)
+    out = np.empty((hi - lo, *entry.shape[1:]) if entry.shape else (), NUMPY_DTYPES[entry.dtype])
+    row_bytes = entry.nbytes // rows if rows else 0
+    read_into(fd, header.data_start + entry.start + lo * row_bytes, out, header.path)
+    return out

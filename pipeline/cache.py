@@ -1,0 +1,215 @@
+"""Cache entries: named by content, built in a temporary directory beside the final one, published by rename.
+
+The format is written down in cache/README.md; the constants below cite it. An entry's name is a fingerprint of
+everything that determines its bytes (source content, recipe and profile, selected slots, format version,
+converter code version). `refs/<version>-<profile>` names the entry the last conversion produced, so a later
+process can load without touching the source checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from pipeline.recipe import RECIPES_PATH, Plan, Target
+from tasks import source
+from tasks.checkpoint import Checkpoint
+from tasks.errors import CacheError
+from tasks.publish import MANIFEST
+from tasks.stage import checksum, chunk_coords
+from tasks.zarr_v3 import array_metadata, chunk_path, write_json_atomic
+
+CACHE_FORMAT = 1               # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CONVERTER_VERSION = "1"        # bump when a transform changes the bytes it produces
+DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "cache"
+TMP_MARK = ".tmp-"
+
+
+def cache_root(root: Path | str | None = None) -> Path:
+    """`--cache`, else $GR00T_CACHE, else the project's `cache/` folder."""
+    return Path(root or os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
+
+
+def _stat_key(path: Path) -> dict:
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
+def source_sha256(root: Path, ck: Checkpoint) -> dict[str, str]:
+    """Content identity per shard: the HF blob name when there is one, else a remembered hash of this exact file
+    (path, size, mtime, inode), else hashed now and remembered."""
+    out = {}
+    for shard in sorted(ck.headers):
+        named = ck.blob_sha256(shard)
+        if named:
+            out[shard] = named
+            continue
+        stat = _stat_key(ck.shard_path(shard))
+        record = root / "sources" / (hashlib.sha256(stat["path"].encode()).hexdigest()[:32] + ".json")
+        try:
+            known = json.loads(record.read_text())
+            if known["stat"] == stat:
+                out[shard] = known["sha256"]
+                continue
+        except (OSError, ValueError, KeyError):
+            pass
+        out[shard] = source.file_sha256(ck.shard_path(shard))
+        write_json_atomic(record, {"stat": stat, "sha256": out[shard]})
+    return out
+
+
+def identity(plan: Plan, revision: str, shard_sha: Mapping[str, str], slots: tuple[int, ...]) -> dict:
+    """Everything that determines the entry's bytes, and its fingerprint (sha256 of the canonical JSON)."""
+    rules = hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
+    doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
+           "revision": revision, "profile": plan.profile, "shards": dict(sorted(shard_sha.items())),
+           "recipes_sha256": rules, "slots": list(slots),
+           "targets": [[t.name, list(t.sources), t.transform, t.device_dtype, t.layout] for t in plan.targets]}
+    fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return {"fingerprint": fingerprint, **{k: v for k, v in doc.items() if k != "targets"}}
+
+
+def entry_name(ident: Mapping[str, object]) -> str:
+    return f"{ident['version']}-{ident['profile']}-{str(ident['fingerprint'])[:20]}"
+
+
+def entries_dir(root: Path) -> Path:
+    return root / "entries"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tmp_owner(tmp: Path) -> int | None:
+    try:
+        return int(tmp.name.split(TMP_MARK, 1)[1].split("-", 1)[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def claim_tmp(root: Path, name: str) -> Path:
+    """A fresh temporary directory for `name`, adopting the work of a dead process that was building the same
+    entry (resume), and removing other orphans of dead processes."""
+    base = entries_dir(root)
+    base.mkdir(parents=True, exist_ok=True)
+    mine = base / f"{name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    for orphan in sorted(base.glob(f"*{TMP_MARK}*"), key=lambda p: p.stat().st_mtime, reverse=True):
+        owner = _tmp_owner(orphan)
+        if owner is None or _pid_alive(owner):
+            continue
+        try:
+            if orphan.name.startswith(name + TMP_MARK) and not mine.exists():
+                os.rename(orphan, mine)  # resume: rename is atomic, so two resumers cannot both adopt it
+            else:
+                shutil.rmtree(orphan)
+        except FileNotFoundError:
+            pass  # another process adopted or removed it first
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
+def create_arrays(tmp: Path, plan: Plan, slots: tuple[int, ...], ident: Mapping[str, object]) -> None:
+    """Write every target's array metadata (idempotent, so a resumed run can repeat it)."""
+    for t in plan.targets:
+        write_json_atomic(tmp / t.name / "zarr.json", _array_meta(t, plan, slots, ident))
+
+
+def _array_meta(t: Target, plan: Plan, slots: tuple[int, ...], ident: Mapping[str, object]) -> dict:
+    shape = (32, *t.shape) if t.embodiment else t.shape  # banks keep all 32 slots addressable; chunk per slot
+    chunks = (1, *t.shape) if t.embodiment else t.shape
+    attrs = {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform, "kind": t.kind,
+             "device_dtype": t.device_dtype, "device_layout": t.layout, "logical_shape": list(t.shape),
+             "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None}
+    return array_metadata(shape, chunks, attrs)
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    manifest: dict
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def open_entry(path: Path) -> Entry:
+    """A published entry: its manifest must exist, parse, and carry the fingerprint its name promises."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CacheError(f"{path}: no {MANIFEST}; the entry was never completely published — run `python -m pipeline "
+                         "cache gc` and convert again") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CacheError(f"{path / MANIFEST}: manifest is not valid JSON ({e}); convert again with --force") from e
+    fp = str(manifest.get("fingerprint", ""))
+    if not fp or not path.name.endswith(fp[:20]):
+        raise CacheError(f"{path / MANIFEST}: fingerprint {fp[:20] or 'missing'} does not match the entry name "
+                         f"{path.name}: the entry was copied or tampered with; convert again with --force")
+    return Entry(path, manifest)
+
+
+def find_entry(root: Path, name: str) -> Entry | None:
+    path = entries_dir(root) / name
+    return open_entry(path) if path.is_dir() else None
+
+
+def verify_entry(entry: Entry) -> list[str]:
+    """Every chunk the manifest lists must exist with its size and xxh3; returns the problems (empty: valid)."""
+    problems = []
+    for name, arr in entry.manifest["arrays"].items():
+        for chunk, rec in arr["chunks"].items():
+            coords = chunk_coords(len(arr["chunk_shape"]) - (1 if chunk != "all" else 0), None if chunk == "all" else int(chunk))
+            path = chunk_path(entry.path / name, coords)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                problems.append(f"{path}: chunk listed in the manifest is missing")
+                continue
+            if len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
+                problems.append(f"{path}: chunk bytes do not match the manifest checksum (tampered or corrupt)")
+    return problems
+
+
+def set_ref(root: Path, version: str, profile: str, name: str) -> None:
+    write_json_atomic(root / "refs" / f"{version}-{profile}.json", {"entry": name, "updated_unix": time.time()})
+
+
+def resolve_ref(root: Path, version: str, profile: str) -> Entry:
+    ref = root / "refs" / f"{version}-{profile}.json"
+    try:
+        name = json.loads(ref.read_text())["entry"]
+    except FileNotFoundError:
+        raise CacheError(f"{ref}: no converted {version} ({profile}) in cache {root}; run "
+                         f"`make convert VERSION={version} PROFILE={profile}` first") from None
+    entry = find_entry(root, name)
+    if entry is None:
+        raise CacheError(f"{ref}: names entry {name}, which is not in {entries_dir(root)}; convert again")
+    return entry
+
+
+def iter_entries(root: Path) -> Iterator[tuple[Path, Entry | None, str]]:
+    """Every directory under entries/: (path, entry or None, state: published | incomplete | broken)."""
+    base = entries_dir(root)
+    for path in sorted(base.iterdir()) if base.is_dir() else []:
+        if TMP_MARK in path.name:
+            yield path, None, "incomplete"
+            continue
+        try:
+            yield path, open_entry(path), "published"
+        except CacheError:
+            yield path, None, "broken"

@@ -1,0 +1,218 @@
+"""`python -m pipeline <command>`: synth, inspect, convert, graph, load, cache, demo.
+
+Every command exits 0 on success and 2 with one sentence on stderr for a known error (a `PipelineError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from pipeline import cache
+from pipeline.layout import straddling_unit, unit_of
+from pipeline.snapshot import default_hf_cache, resolve_snapshot
+from pipeline.versions import VERSIONS, load_config
+from tasks.errors import PipelineError
+
+DEMO_HF_CACHE = cache.DEFAULT_ROOT / "hf"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def cmd_synth(a: argparse.Namespace) -> dict:
+    from pipeline.synth import synthesize
+
+    t0 = time.perf_counter()
+    snap = synthesize(a.version, Path(a.hf_cache), a.scale, a.seed)
+    return {"snapshot": str(snap), "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None) -> dict:
+    from tasks.checkpoint import Checkpoint
+
+    cfg = load_config(version)
+    with Checkpoint(resolve_snapshot(cfg, snapshot, hf_cache)) as ck:
+        unit = straddling_unit(version)
+        straddle = {s: [k[len(unit) + 1:] for k in ck.keys_with_prefix(unit + ".") if ck.shard_of(k) == s]
+                    for s in ck.shards_for_prefix(unit + ".")}
+        return {"version": version, "snapshot": str(ck.dir), "tensors": len(ck), "total_bytes": ck.total_bytes,
+                "index_total_size": ck.metadata.get("total_size"), "shards": ck.byte_accounting(),
+                "straddling_unit": unit, "straddle": straddle,
+                "embodiment_tensors": {k: list(ck.shape(k)) for k in cfg.embodiment_keys},
+                "embodiment_tags": dict(cfg.embodiment_ids)}
+
+
+def print_inspect(r: dict) -> None:
+    print(f"{r['version']}: {r['tensors']} tensors, {_mb(r['total_bytes'])} of data in {len(r['shards'])} shards\n  {r['snapshot']}")
+    print(f"\n  {'shard':36} {'header B':>10} {'tensors':>8} {'data B':>15} {'file B':>15}")
+    for name, s in r["shards"].items():
+        print(f"  {name:36} {s['header_bytes']:>10,} {s['tensors']:>8} {s['data_bytes']:>15,} {s['file_size']:>15,}")
+    print(f"\n  straddling unit {r['straddling_unit']}:")
+    for shard, keys in r["straddle"].items():
+        print(f"    {shard}: {', '.join(keys)}")
+    print("\n  embodiment tensors (slot = leading dim, used as x @ W[e] + b[e]):")
+    for k, shape in r["embodiment_tensors"].items():
+        print(f"    {k:48} {shape}")
+    print("  tags: " + ", ".join(f"{t}={i}" for t, i in r["embodiment_tags"].items()))
+
+
+def cmd_inspect(a: argparse.Namespace) -> dict:
+    report = inspect_report(a.version, a.snapshot, a.hf_cache)
+    if not a.json:
+        print_inspect(report)
+    return report
+
+
+def _convert_options(a: argparse.Namespace):
+    from pipeline.convert import ConvertOptions
+
+    return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
+                          a.force, progress=not a.json)
+
+
+def print_convert(s: dict) -> None:
+    print(f"\n{s['version']} ({s['profile']}): {'cache hit, nothing converted' if s['cache_hit'] else 'converted'}"
+          f" in {s['seconds']:.2f} s")
+    print(f"  cache entry   {s['cache_path']}")
+    print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
+    if s["cache_hit"]:
+        return
+    print(f"  tasks         {s['tasks']} ({s.get('resumed_chunks', 0)} chunks resumed from a killed run)")
+    print(f"  bytes         read {_mb(s['bytes_read'])}, written {_mb(s['bytes_written'])}")
+    print(f"  peak RSS      {_mb(s['peak_rss_bytes'])}")
+    print("  stage seconds (summed over tasks): " + ", ".join(
+        f"{k} {v:.2f} ({s['stage_tasks'].get(k, 0)})" for k, v in s["stage_seconds"].items()))
+    worst = s["numerics"][:5]
+    print("  numerics, worst first (device dtype vs bf16 source):")
+    for n in worst:
+        slot = "" if n["slot"] is None else f"[{n['slot']}]"
+        print(f"    {n['name'] + slot:64} pcc {n['pcc']:.6f}  max|err| {n['max_abs_err']:.3g}")
+
+
+def cmd_convert(a: argparse.Namespace) -> dict:
+    from pipeline.convert import convert
+
+    summary = convert(_convert_options(a))
+    if not a.json:
+        print_convert(summary)
+    else:
+        summary = {k: v for k, v in summary.items() if k != "numerics"} | {"numerics_worst": summary.get("numerics", [])[:10]}
+    return summary
+
+
+def cmd_graph(a: argparse.Namespace) -> dict:
+    from pipeline.convert import ConvertOptions
+    from pipeline.render import write_graph
+
+    opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache)
+    return write_graph(opts, Path(a.out))
+
+
+def cmd_load(a: argparse.Namespace) -> dict:
+    from pipeline.load import load
+
+    loaded = load(a.version, a.cache, a.embodiment, a.profile)
+    result = {"entry": loaded.entry, "slot": loaded.slot, **loaded.stats}
+    if not a.json:
+        print(f"loaded {result['tensors']} tensors ({_mb(result['bytes_read'])}) from {loaded.entry} "
+              f"in {result['seconds']:.3f} s")
+    return result
+
+
+def cmd_cache(a: argparse.Namespace) -> dict:
+    root = cache.cache_root(a.cache)
+    rows = []
+    for path, entry, state in cache.iter_entries(root):
+        if a.action == "verify" and entry is not None and (a.entry in (None, path.name)):
+            problems = cache.verify_entry(entry)
+            state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        rows.append({"entry": path.name, "state": state, "bytes": size, "age_s": round(time.time() - path.stat().st_mtime)})
+    if not a.json:
+        for r in rows:
+            print(f"{r['entry']:56} {_mb(r['bytes']):>12}  {r['age_s']:>8} s old  {r['state']}")
+        if not rows:
+            print(f"no entries in {cache.entries_dir(root)}")
+    if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
+        raise PipelineError(f"cache {root}: {sum(r['state'].startswith('CORRUPT') for r in rows)} entry(ies) failed verification")
+    return {"root": str(root), "entries": rows}
+
+
+def cmd_demo(a: argparse.Namespace) -> dict:
+    from pipeline.convert import ConvertOptions, convert
+    from pipeline.load import load
+    from pipeline.synth import synthesize
+
+    print(f"1. synthesizing a tiny GR00T N1.7 into {DEMO_HF_CACHE} (real key names, shapes' structure, shards)")
+    synthesize("n17", DEMO_HF_CACHE, "tiny")
+    print_inspect(inspect_report("n17", None, DEMO_HF_CACHE))
+    print("\n2. converting it (Dask graph: index -> verify -> read/slot -> transform -> convert -> stage -> publish)")
+    summary = convert(ConvertOptions("n17", hf_cache=DEMO_HF_CACHE))
+    print_convert(summary)
+    print("\n3. converting again: the cache entry is reused")
+    print_convert(convert(ConvertOptions("n17", hf_cache=DEMO_HF_CACHE, progress=False)))
+    loaded = load("n17", embodiment="new_embodiment")
+    print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
+          f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read")
+    return summary
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, fn, help_: str, version: bool = True) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.set_defaults(fn=fn)
+        if version:
+            sp.add_argument("--version", required=True, help=f"one of {', '.join(VERSIONS)}")
+        sp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+        sp.add_argument("--cache", type=Path, help="cache root (default $GR00T_CACHE or ./cache)")
+        return sp
+
+    def source_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--snapshot", type=Path, help="a snapshot folder (overrides the HF cache lookup)")
+        sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()})")
+
+    sp = add("synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
+    sp.add_argument("--scale", choices=("tiny", "full"), default="tiny")
+    sp.add_argument("--hf-cache", type=Path, default=DEMO_HF_CACHE)
+    sp.add_argument("--seed", type=int, default=0)
+    sp = add("inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
+    source_args(sp)
+    for name, fn, help_ in (("convert", cmd_convert, "convert a snapshot into a cache entry"),
+                            ("graph", cmd_graph, "render the conversion graph (SVG/PNG/DOT) or write it as JSON")):
+        sp = add(name, fn, help_)
+        source_args(sp)
+        sp.add_argument("--profile", default="bf16", help="bf16 (default) or bfp8")
+        sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas")
+        if name == "convert":
+            sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
+            sp.add_argument("--force", action="store_true", help="convert even if a published entry exists")
+        else:
+            sp.add_argument("--out", required=True, help="FILE.svg, FILE.png, FILE.dot or FILE.json")
+    sp = add("load", cmd_load, "reload converted tensors from the cache and time it")
+    sp.add_argument("--profile", default="bf16")
+    sp.add_argument("--embodiment", help="a tag or slot id (default: all slots)")
+    sp = add("cache", cmd_cache, "list, verify or clean the cache", version=False)
+    sp.add_argument("action", choices=("ls", "verify"))
+    sp.add_argument("entry", nargs="?")
+    add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload", version=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = args.fn(args)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    return 0

@@ -1,0 +1,103 @@
+"""The conversion graph: a plain dict of named Dask tasks. Wiring only; every function it calls lives in `tasks/`.
+
+    ("index", shard) -> ("verify", shard) -> ("read", key) | ("slot", key, e)
+      -> ("transform", target[, e]) -> ("convert", target[, e]) -> ("stage", target[, e])
+      -> ("unit", unit) -> ("publish",)
+
+Every read depends on the verify task of the shard holding *that key*, so a unit cut by a shard boundary depends
+on two shards and every other unit on one. Embodiment banks fan out into one task chain per selected slot; each
+slot task reads only its slot. Chunks a killed run already staged (and whose bytes still match their record) enter
+the graph as constants, so a resumed run redoes only the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Hashable, Mapping
+
+from dask._task_spec import DataNode, List, Task, TaskRef
+
+from pipeline.layout import unit_of
+from pipeline.recipe import Plan, Target
+from tasks.checkpoint import Checkpoint
+from tasks.convert import convert_target
+from tasks.publish import publish_entry, unit_done
+from tasks.source import index_shard, read_slot, read_tensor, verify_shard
+from tasks.stage import Staged, stage_target
+from tasks.transforms import apply
+
+Key = tuple
+PUBLISH: Key = ("publish",)
+
+
+@dataclass(frozen=True)
+class GraphInputs:
+    plan: Plan
+    checkpoint: Checkpoint
+    slots: tuple[int, ...]
+    entry_tmp: Path
+    entry_final: Path
+    expected_sha256: Mapping[str, str | None]     # shard -> content identity to verify against
+    done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
+    manifest: Mapping[str, object]                 # identity fields the publish step records
+
+
+def _task(key: Key, fn: Callable, *args: object) -> Task:
+    return Task(key, fn, *args)
+
+
+def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads: list[TaskRef]) -> Key:
+    suffix = () if slot is None else (slot,)
+    stage_key = ("stage", t.name, *suffix)
+    if (t.name, slot) in inputs.done:
+        graph[stage_key] = DataNode(stage_key, inputs.done[(t.name, slot)])
+        return stage_key
+    transform_key, convert_key = ("transform", t.name, *suffix), ("convert", t.name, *suffix)
+    graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads))
+    graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
+                               t.device_dtype, t.layout, slot)
+    graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
+    return stage_key
+
+
+def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
+    """The whole conversion as `{key: task}`; run it for `PUBLISH`."""
+    ck, graph = inputs.checkpoint, {}
+    for shard, header in ck.headers.items():
+        graph[("index", shard)] = _task(("index", shard), index_shard, header.path, frozenset(header.entries))
+        graph[("verify", shard)] = _task(("verify", shard), verify_shard, TaskRef(("index", shard)),
+                                         inputs.expected_sha256.get(shard))
+    units: dict[str, list[TaskRef]] = {}
+    for t in inputs.plan.targets:
+        unit = units.setdefault(unit_of(inputs.plan.version, t.sources[0]), [])
+        for slot in (inputs.slots if t.embodiment else (None,)):
+            reads = []
+            for key in t.sources:
+                verified = TaskRef(("verify", ck.shard_of(key)))
+                read_key = ("read", key) if slot is None else ("slot", key, slot)
+                if read_key not in graph and (t.name, slot) not in inputs.done:
+                    graph[read_key] = (_task(read_key, read_tensor, verified, key) if slot is None
+                                       else _task(read_key, read_slot, verified, key, slot))
+                reads.append(TaskRef(read_key))
+            unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
+    for unit, staged in units.items():
+        graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged))
+    graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
+                           dict(inputs.manifest), List(*(TaskRef(("unit", u)) for u in units)))
+    return graph
+
+
+def dependencies(graph: Mapping[Hashable, Task]) -> dict[Hashable, frozenset]:
+    """Direct dependencies of every task (for tests, JSON export and rendering)."""
+    return {key: frozenset(task.dependencies) for key, task in graph.items()}
+
+
+def ancestors(graph: Mapping[Hashable, Task], key: Hashable) -> set:
+    deps, seen, todo = dependencies(graph), set(), [key]
+    while todo:
+        for d in deps[todo.pop()]:
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen

@@ -1,0 +1,98 @@
+"""Reload converted weights from the cache: no safetensors, no source checkpoint, no conversion.
+
+Reads go straight to the chunk files the manifest lists (uncompressed Zarr v3 chunks are raw bytes), into
+preallocated buffers, on a small thread pool; every chunk is checked against its manifest xxh3 before use. For one
+embodiment, a bank contributes only that slot's chunk: about 1/32 of the bank's bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import cache
+from pipeline.versions import load_config
+from tasks.errors import CacheError
+from tasks.stage import checksum, chunk_coords
+from tasks.zarr_v3 import STORAGE_DTYPE, read_chunk_into
+
+
+@dataclass
+class Loaded:
+    tensors: dict                  # canonical target name -> torch.bfloat16 tensor (or ttnn tensor on a device)
+    entry: str
+    slot: int | None
+    stats: dict = field(default_factory=dict)
+
+
+def _read_chunk(entry: Path, name: str, chunk: str, rec: dict, shape: list[int]) -> np.ndarray:
+    slot = None if chunk == "all" else int(chunk)
+    out = np.empty(shape, STORAGE_DTYPE)
+    read_chunk_into(entry / name, chunk_coords(len(shape), slot), out)
+    if checksum(out) != rec["xxh3"]:
+        raise CacheError(f"{entry / name}: chunk {chunk} does not match its manifest checksum (tampered or corrupt); "
+                         "run `python -m pipeline cache verify` and convert again with --force")
+    return out
+
+
+def _plan_reads(manifest: dict, slot: int | None) -> list[tuple[str, str, dict, list[int]]]:
+    reads = []
+    for name, arr in manifest["arrays"].items():
+        shape = arr["attributes"]["logical_shape"]
+        if not arr["attributes"]["embodiment_bank"]:
+            reads.append((name, "all", arr["chunks"]["all"], shape))
+            continue
+        wanted = [slot] if slot is not None else list(range(arr["shape"][0]))
+        for s in wanted:
+            if str(s) not in arr["chunks"]:
+                have = ", ".join(sorted(arr["chunks"], key=int))
+                raise CacheError(f"{name}: embodiment slot {s} was not converted into this entry (it holds slots "
+                                 f"{have}); convert with --embodiments {s} or all")
+            reads.append((name, str(s), arr["chunks"][str(s)], shape))
+    return reads
+
+
+def load(version: str, cache_dir: Path | str | None = None, embodiment: str | int | None = None,
+         profile: str = "bf16", device=None, threads: int = 4) -> Loaded:
+    """Target tensors of the last conversion of `version`/`profile`, by canonical name.
+
+    `embodiment` (a tag or slot id) keeps one slot of every bank, as `[in, out]` / `[1, out]`; None keeps all 32
+    as `[32, in, out]`. With `device`, tensors are converted to their device dtype/layout and uploaded."""
+    import torch
+
+    t0 = time.perf_counter()
+    root = cache.cache_root(cache_dir)
+    slot = None if embodiment is None else load_config(version).slot_ids(str(embodiment))[0]
+    entry = cache.resolve_ref(root, version, profile)
+    reads = _plan_reads(entry.manifest, slot)
+    with ThreadPoolExecutor(threads) as pool:
+        chunks = list(pool.map(lambda r: _read_chunk(entry.path, *r), reads))
+    tensors: dict = {}
+    for (name, chunk, _, _), data in zip(reads, chunks):
+        tensors.setdefault(name, []).append(torch.from_numpy(data).view(torch.bfloat16))
+    arrays = entry.manifest["arrays"]
+    out = {name: parts[0] if not arrays[name]["attributes"]["embodiment_bank"] or slot is not None
+           else torch.stack(parts) for name, parts in tensors.items()}
+    if device is not None:
+        out = _upload(out, arrays, device)
+    nbytes = sum(c.nbytes for c in chunks)
+    return Loaded(out, entry.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
+                                          "bytes_read": nbytes, "chunks": len(chunks)})
+
+
+def _upload(tensors: dict, arrays: dict, device) -> dict:
+    from tasks import device as tt
+
+    return {name: tt.upload(tt.to_host_tensor(t.view(torch_uint16()).numpy(), arrays[name]["attributes"]["device_dtype"],
+                                              arrays[name]["attributes"]["device_layout"]), device)
+            for name, t in tensors.items()}
+
+
+def torch_uint16():
+    import torch
+
+    return torch.uint16

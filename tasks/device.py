@@ -1,0 +1,113 @@
+"""ttnn at the edge: host tensors in the device dtype/layout, their numerics, and upload to a real device.
+
+Without Tenstorrent hardware ttnn still does real host conversion (tilize, padding to 32x32 tiles, bfloat8_b /
+bfloat4_b packing) once `TT_METAL_MOCK_CLUSTER_DESC_PATH` names a cluster descriptor; we ship one (Wormhole
+N150) and set it only when no device is present and the user has not set their own. Conversion goes through
+numpy (bf16 bits widened exactly to float32), which gives the same bytes as `ttnn.from_torch` on bf16.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import MutableMapping
+
+import numpy as np
+
+MOCK_DESCRIPTOR = Path(__file__).resolve().parent.parent / "configs" / "tt" / "wormhole_N150.yaml"
+MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
+QUIET_ENV = {"LOGURU_LEVEL": "INFO", "TT_METAL_LOGGER_LEVEL": "ERROR"}
+TILE = 32
+
+
+def hardware_present() -> bool:
+    """A Tenstorrent PCIe device node exists (the kernel driver creates /dev/tenstorrent/<n>)."""
+    return Path("/dev/tenstorrent").exists()
+
+
+def configure_ttnn_env(environ: MutableMapping[str, str], has_hardware: bool) -> str | None:
+    """Point ttnn at the shipped mock descriptor unless hardware is present or the user chose one.
+    Returns the descriptor in use (None on hardware). Must run before the first ttnn conversion."""
+    for name, value in QUIET_ENV.items():
+        environ.setdefault(name, value)
+    if MOCK_ENV in environ:
+        return environ[MOCK_ENV]
+    if has_hardware:
+        return None
+    environ[MOCK_ENV] = str(MOCK_DESCRIPTOR)
+    return environ[MOCK_ENV]
+
+
+def _ttnn():
+    configure_ttnn_env(os.environ, hardware_present())
+    import ttnn  # imported late: 2-5 s with torch, and only the convert/upload stages need it
+
+    return ttnn
+
+
+def widen_bf16(array: np.ndarray) -> np.ndarray:
+    """bf16 (or its uint16 bits) -> float32, exactly."""
+    return (np.ascontiguousarray(array).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def to_host_tensor(array: np.ndarray, dtype: str, layout: str):
+    """A ttnn host tensor of `array` (bf16) in `dtype` (bfloat16 | bfloat8_b | bfloat4_b) and `layout`."""
+    ttnn = _ttnn()
+    return ttnn.Tensor(tensor=widen_bf16(array), data_type=getattr(ttnn, dtype),
+                       layout=ttnn.TILE_LAYOUT if layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT)
+
+
+def padded_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """The shape ttnn stores: TILE pads the last two dims up to multiples of 32 (1-D becomes [32, n])."""
+    if layout != "TILE":
+        return tuple(shape)
+    full = (1, *shape) if len(shape) == 1 else tuple(shape)
+    up = lambda n: -(-n // TILE) * TILE  # noqa: E731
+    return (*full[:-2], up(full[-2]), up(full[-1]))
+
+
+@dataclass(frozen=True)
+class Numerics:
+    max_abs_err: float
+    pcc: float
+
+
+def pcc(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of two arrays (1.0 for identical constant arrays)."""
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    if np.array_equal(a64, b64):
+        return 1.0
+    a64, b64 = a64 - a64.mean(), b64 - b64.mean()
+    denom = np.sqrt((a64 @ a64) * (b64 @ b64))
+    return float(a64 @ b64 / denom) if denom else 0.0
+
+
+def host_numerics(host, reference: np.ndarray) -> Numerics:
+    """Round-trip the host tensor back to float32 and compare it with the bf16 reference."""
+    ttnn = _ttnn()
+    back = host if host.dtype == ttnn.float32 else ttnn.typecast(host, ttnn.float32)
+    if back.layout == ttnn.TILE_LAYOUT:
+        back = ttnn.to_layout(back, ttnn.ROW_MAJOR_LAYOUT)
+    values = np.asarray(back.to_numpy(), dtype=np.float32).reshape(reference.shape)
+    ref = widen_bf16(reference)
+    return Numerics(float(np.abs(values - ref).max()) if ref.size else 0.0, pcc(values, ref))
+
+
+def open_device(device_id: int | None):
+    """Open one device or, with several, the whole mesh. Hardware only."""
+    ttnn = _ttnn()
+    if device_id is None:
+        return ttnn.open_mesh_device(ttnn.MeshShape(1, ttnn.GetNumAvailableDevices()))
+    return ttnn.open_device(device_id=device_id)
+
+
+def upload(host, device):
+    """Move a host tensor into device DRAM. Hardware only."""
+    ttnn = _ttnn()
+    return ttnn.to_device(host, device, memory_config=ttnn.DRAM_MEMORY_CONFIG)
+
+
+def close_device(device) -> None:
+    ttnn = _ttnn()
+    (ttnn.close_mesh_device if hasattr(device, "get_num_devices") else ttnn.close_device)(device)

@@ -1,0 +1,78 @@
+"""The last two stages: close a unit, and publish a finished entry (manifest last, then one rename).
+
+Publication order is the protocol (cache/README.md): every chunk is in place and synced, the consolidated group
+metadata is written, then `MANIFEST.json` (per-chunk checksums), then `rename(tmp, final)`. A reader accepts
+only a final directory with a manifest, so a crash at any point leaves either nothing or a complete entry.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from tasks.stage import PROGRESS_DIR, Staged
+from tasks.zarr_v3 import group_metadata, write_json_atomic
+
+MANIFEST = "MANIFEST.json"
+
+
+def unit_done(unit: str, staged: Sequence[Staged]) -> dict:
+    """A unit (layer, block, ...) is complete once all its targets are staged."""
+    return {"unit": unit, "staged": list(staged)}
+
+
+def _fsync_tree(root: Path) -> None:
+    """Make every file durable before the rename that publishes them (zarr-style writes never fsync)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict]) -> dict[str, dict]:
+    """Per array: its metadata and, per chunk (slot or whole array), byte count and xxh3. Does not perform I/O."""
+    arrays: dict[str, dict] = {name: {"shape": meta["shape"], "chunk_shape": meta["chunk_grid"]["configuration"]["chunk_shape"],
+                                      "attributes": meta["attributes"], "chunks": {}} for name, meta in array_meta.items()}
+    for s in staged:
+        arrays[s.name]["chunks"]["all" if s.slot is None else str(s.slot)] = {"nbytes": s.nbytes, "xxh3": s.xxh3}
+    return arrays
+
+
+def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: Sequence[dict]) -> dict:
+    """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success."""
+    tmp_dir, final_dir = Path(tmp), Path(final)
+    staged = [s for u in units for s in u["staged"]]
+    array_meta = {p.parent.name: json.loads(p.read_text()) for p in tmp_dir.glob("*/zarr.json")}
+    missing = sorted(set(array_meta) - {s.name for s in staged})
+    if missing:
+        raise RuntimeError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it")
+    write_json_atomic(tmp_dir / "zarr.json", group_metadata(array_meta, {"gr00t_cache": dict(identity)}))
+    shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
+    manifest = {**identity, "published_unix": time.time(), "arrays": manifest_arrays(staged, array_meta),
+                "bytes": sum(s.nbytes for s in staged), "chunks": len(staged)}
+    _fsync_tree(tmp_dir)
+    write_json_atomic(tmp_dir / MANIFEST, manifest, durable=True)
+    fd = os.open(tmp_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rename(tmp_dir, final_dir)
+        won = True
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
+        won = False
+    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest["bytes"],
+            "chunks": manifest["chunks"], "numerics": [asdict(s) for s in staged]}

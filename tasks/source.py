@@ -1,0 +1,79 @@
+"""Stage functions on the source checkpoint: index a shard, verify its bytes, read a tensor or one slot.
+
+Pure in the sense that matters for the graph: plain values in, plain values out, no Dask, no shared state. Reads
+open the shard themselves (one `os.open` is far cheaper than the read), so tasks run on any worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tasks.errors import CheckpointError
+from tasks.safetensors_file import ShardHeader, read_header, read_rows
+
+HASH_BLOCK = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class VerifiedShard:
+    header: ShardHeader
+    sha256: str
+
+
+def index_shard(path: Path, expected_keys: frozenset[str]) -> ShardHeader:
+    """Parse one shard header and check it still holds exactly the keys the plan was built from."""
+    header = read_header(path)
+    if set(header.entries) != expected_keys:
+        extra = sorted(set(header.entries) - expected_keys)
+        gone = sorted(expected_keys - set(header.entries))
+        key = (extra or gone)[0]
+        raise CheckpointError(path, f"shard changed since the plan was made ({len(extra)} new, {len(gone)} missing keys); "
+                                    "run the conversion again", key)
+    return header
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a whole file, streamed in 16 MiB blocks."""
+    sha = hashlib.sha256()
+    buf = np.empty(HASH_BLOCK, np.uint8)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(view):
+            sha.update(view[:n])
+    return sha.hexdigest()
+
+
+def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedShard:
+    """Hash the shard; when its content identity is known (the HF blob name), the bytes must match it."""
+    digest = file_sha256(header.path)
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise CheckpointError(header.path, f"content sha256 is {digest} but the file is named by {expected_sha256}: "
+                                           "the download is corrupt; delete it and download again")
+    return VerifiedShard(header, digest)
+
+
+def _read(shard: VerifiedShard, key: str, lo: int, hi: int) -> np.ndarray:
+    fd = os.open(shard.header.path, os.O_RDONLY)
+    try:
+        return read_rows(fd, shard.header, key, lo, hi)
+    finally:
+        os.close(fd)
+
+
+def read_tensor(shard: VerifiedShard, key: str) -> np.ndarray:
+    """One whole tensor, as stored."""
+    entry = shard.header.entries[key]
+    return _read(shard, key, 0, entry.shape[0] if entry.shape else 1)
+
+
+def read_slot(shard: VerifiedShard, key: str, slot: int) -> np.ndarray:
+    """`W[slot]` of an embodiment bank: reads that slot's bytes only."""
+    shape = shard.header.entries[key].shape
+    if not 0 <= slot < shape[0]:
+        raise CheckpointError(shard.header.path, f"slot {slot} is out of range: the bank has slots 0..{shape[0] - 1}", key)
+    return _read(shard, key, slot, slot + 1)[0]

@@ -1,0 +1,88 @@
+"""The slice of the Zarr v3 format the cache uses, written and read directly (https://zarr-specs.readthedocs.io/en/latest/v3/core/index.html).
+
+Arrays are `uint16` (bf16 bit patterns; `attributes.dtype == "bfloat16"`), regular chunk grid, default chunk key
+encoding with `/`, one `bytes` codec (little endian) and nothing else: a chunk file is the chunk's raw C-order
+bytes. So a chunk can be written and read with one system call into a caller's buffer, with no per-array
+library overhead, and zarr-python (or any v3 reader) still opens the result. Chunk files are written to a unique
+temporary name and renamed into place, so a reader never sees a torn chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tasks.errors import CacheError
+from tasks.safetensors_file import read_into
+
+STORAGE_DTYPE = np.dtype("<u2")
+
+
+def array_metadata(shape: Sequence[int], chunks: Sequence[int], attributes: Mapping[str, object]) -> dict:
+    """The `zarr.json` document of one uint16 array. Does not perform I/O."""
+    return {
+        "shape": list(shape), "data_type": "uint16",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        "attributes": dict(attributes), "zarr_format": 3, "node_type": "array", "storage_transformers": [],
+    }
+
+
+def group_metadata(arrays: Mapping[str, dict], attributes: Mapping[str, object]) -> dict:
+    """The root `zarr.json`, with every array's metadata consolidated inline (one read opens the entry)."""
+    return {"attributes": dict(attributes), "zarr_format": 3, "node_type": "group",
+            "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": dict(arrays)}}
+
+
+def chunk_path(array_dir: Path, coords: Sequence[int]) -> Path:
+    return array_dir.joinpath("c", *(str(c) for c in coords)) if coords else array_dir / "c"
+
+
+def write_bytes_atomic(path: Path, data: memoryview | bytes, durable: bool = False) -> None:
+    """Write to `<path>.<uuid>.partial`, then rename: the final name only ever holds complete bytes.
+    `durable` fsyncs before the rename (for the manifest, the one file whose presence means "complete")."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:
+    write_bytes_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), durable)
+
+
+def write_chunk(array_dir: Path, coords: Sequence[int], data: np.ndarray) -> None:
+    """Store one chunk: `data` must already have the chunk's shape; bf16 is stored as its uint16 bits."""
+    raw = np.ascontiguousarray(data).reshape(-1).view(STORAGE_DTYPE)
+    write_bytes_atomic(chunk_path(array_dir, coords), memoryview(raw.view(np.uint8)))
+
+
+def read_chunk_into(array_dir: Path, coords: Sequence[int], out: np.ndarray) -> None:
+    """Read one chunk into `out` (its exact size); a missing or short chunk is an error, never zeros."""
+    path = chunk_path(array_dir, coords)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise CacheError(f"{path}: chunk is missing from the cache entry; run `python -m pipeline cache verify` "
+                         "and convert again with --force") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size != out.nbytes:
+            raise CacheError(f"{path}: chunk holds {size} bytes, expected {out.nbytes}; the entry is corrupt — "
+                             "convert again with --force")
+        read_into(fd, 0, out, path)
+    finally:
+        os.close(fd)
