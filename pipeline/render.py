@@ -1,0 +1,74 @@
+"""`graph --out FILE`: the full task graph as JSON, or a per-unit summary picture (SVG/PNG/DOT).
+
+Thousands of tasks do not fit in a picture, so the picture collapses them: one node per shard, one per unit
+(labelled with its task count), one for publish; an edge from a shard to each unit that reads from it. The
+straddling unit is the one with two incoming shard edges, drawn in red.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+from pipeline.graph import PUBLISH, GraphInputs, ancestors, build_graph, dependencies
+
+
+def graph_for(opts) -> tuple[dict, str]:
+    """Build the graph a convert with `opts` would run (nothing is executed or written)."""
+    from pipeline import cache
+    from pipeline.convert import prepare
+
+    ck, plan, slots, ident, root = prepare(opts)
+    name = cache.entry_name(ident)
+    inputs = GraphInputs(plan, ck, slots, cache.entries_dir(root) / f"{name}.tmp-graph",
+                         cache.entries_dir(root) / name, {s: ck.blob_sha256(s) for s in ck.headers}, {}, ident)
+    return build_graph(inputs), plan.version
+
+
+def graph_json(graph: dict) -> dict:
+    deps = dependencies(graph)
+    return {"tasks": [{"key": list(k), "deps": sorted(list(d) for d in deps[k])} for k in graph]}
+
+
+def unit_summary(graph: dict) -> dict[str, dict]:
+    """Per unit: its task count and the shards its tasks read from."""
+    out = {}
+    for key in graph:
+        if key[0] == "unit":
+            up = ancestors(graph, key)
+            out[key[1]] = {"tasks": len(up) + 1, "shards": sorted(k[1] for k in up if k[0] == "verify")}
+    return out
+
+
+def write_graph(opts, out: Path) -> dict:
+    graph, version = graph_for(opts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".json":
+        out.write_text(json.dumps(graph_json(graph)))
+        return {"out": str(out), "tasks": len(graph)}
+    import graphviz
+
+    units = unit_summary(graph)
+    dot = graphviz.Digraph(f"{version} conversion", graph_attr={"rankdir": "LR", "label": f"{version}: {len(graph)} tasks", "fontsize": "20"})
+    shards = sorted({s for u in units.values() for s in u["shards"]})
+    for s in shards:
+        dot.node(s, f"{s}\\nindex -> verify", shape="cylinder", style="filled", fillcolor="lightblue")
+    by_shard = defaultdict(int)
+    for unit, info in units.items():
+        straddles = len(info["shards"]) > 1
+        dot.node(unit, f"{unit}\\n{info['tasks']} tasks", shape="box", style="filled",
+                 fillcolor="salmon" if straddles else "white", color="red" if straddles else "black")
+        for s in info["shards"]:
+            dot.edge(s, unit, color="red" if straddles else "gray")
+            by_shard[s] += 1
+        dot.edge(unit, "publish", color="gray")
+    dot.node("publish", "publish\\n(manifest, rename)", shape="doubleoctagon")
+    if out.suffix == ".dot" or shutil.which("dot") is None:
+        path = out.with_suffix(".dot")
+        path.write_text(dot.source)
+    else:
+        path = Path(dot.render(outfile=str(out), format=out.suffix.lstrip("."), cleanup=True))
+    return {"out": str(path), "tasks": len(graph), "units": len(units),
+            "straddling": [u for u, i in units.items() if len(i["shards"]) > 1]}

@@ -1,0 +1,150 @@
+"""Conversion end to end: cache values against independent safetensors+torch reads, schedulers, hits, failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from safetensors import safe_open
+
+from pipeline.cache import entries_dir
+from pipeline.convert import ConvertOptions, convert
+from pipeline.layout import layout
+from pipeline.recipe import build_plan
+from tasks.errors import RecipeError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _source(snapshot: Path, key: str) -> torch.Tensor:
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())
+    with safe_open(str(snapshot / index["weight_map"][key]), "pt") as f:
+        return f.get_tensor(key)
+
+
+def _cached(entry: Path, name: str) -> torch.Tensor:
+    """Read through zarr-python: an independent reader of the cache format."""
+    arr = zarr.open_group(str(entry), mode="r")[name]
+    assert arr.attrs["dtype"] == "bfloat16"
+    return torch.from_numpy(np.asarray(arr[...])).view(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def n17_entry(hf_cache, tmp_path_factory):
+    summary = convert(ConvertOptions("n17", hf_cache=hf_cache, cache_root=tmp_path_factory.mktemp("c17"), progress=False))
+    return summary, Path(summary["cache_path"])
+
+
+def test_cache_values_equal_hand_transformed_safetensors_reads(n17_entry, snapshots):
+    summary, entry = n17_entry
+    snap, A, L, V = snapshots["n17"], "action_head.", "backbone.model.model.language_model.", "backbone.model.model.visual."
+    blk = A + "model.transformer_blocks."
+    expect = {  # target -> the source-side computation, written out here with torch
+        "llm.layers.5.self_attn.qkv.weight": torch.cat([_source(snap, f"{L}layers.5.self_attn.{p}_proj.weight") for p in "qkv"]).T,
+        "llm.layers.5.mlp.down_proj.weight": _source(snap, f"{L}layers.5.mlp.down_proj.weight").T,
+        "llm.embed_tokens.weight": _source(snap, f"{L}embed_tokens.weight"),
+        "llm.norm.weight": _source(snap, f"{L}norm.weight")[None, :],
+        "vision.patch_embed.proj.weight": _source(snap, f"{V}patch_embed.proj.weight").flatten(1).T,
+        "vision.blocks.3.attn.qkv.weight": _source(snap, f"{V}blocks.3.attn.qkv.weight").T,
+        "action_head.model.transformer_blocks.19.attn1.to_qkv.weight":
+            torch.cat([_source(snap, f"{blk}19.attn1.to_{p}.weight") for p in "qkv"]).T,
+        "action_head.model.transformer_blocks.19.attn1.to_qkv.bias":
+            torch.cat([_source(snap, f"{blk}19.attn1.to_{p}.bias") for p in "qkv"])[None, :],
+        "action_head.model.transformer_blocks.18.attn1.to_kv.weight":
+            torch.cat([_source(snap, f"{blk}18.attn1.to_{p}.weight") for p in "kv"]).T,
+        "action_head.model.transformer_blocks.18.attn1.to_q.weight": _source(snap, f"{blk}18.attn1.to_q.weight").T,
+        "action_head.model.transformer_blocks.19.ff.net.2.weight": _source(snap, f"{blk}19.ff.net.2.weight").T,
+        "action_head.action_encoder.W2.W": _source(snap, f"{A}action_encoder.W2.W"),  # banks: never transposed
+        "action_head.action_encoder.W2.b": _source(snap, f"{A}action_encoder.W2.b")[:, None, :],
+        "action_head.position_embedding.weight": _source(snap, f"{A}position_embedding.weight"),
+    }
+    for name, ref in expect.items():
+        got = _cached(entry, name)
+        assert got.shape == ref.shape and torch.equal(got.view(torch.int16), ref.contiguous().view(torch.int16)), name
+
+
+def test_every_source_key_is_consumed_once_or_skipped_with_a_reason(n17_entry, snapshots):
+    summary, entry = n17_entry
+    plan = build_plan("n17", {s.key: s.shape for s in layout("n17")})
+    used = [k for t in plan.targets for k in t.sources]
+    assert len(used) == len(set(used))
+    assert set(used) | set(plan.skipped) == {s.key for s in layout("n17")}
+    assert plan.skipped == {"backbone.model.lm_head.weight": "LM head: GR00T reads LLM hidden states and never applies "
+                                                              "it (it is tied to embed_tokens anyway)"}
+    assert summary["targets"] == len(plan.targets) == len(zarr.open_group(str(entry), mode="r").array_keys() and
+                                                          list(zarr.open_group(str(entry), mode="r").array_keys()))
+
+
+def test_a_key_no_rule_consumes_fails_naming_it():
+    shapes = {s.key: s.shape for s in layout("n16", "tiny")} | {"backbone.model.extra_module.x": (3,)}
+    with pytest.raises(RecipeError) as err:
+        build_plan("n16", shapes)
+    assert str(err.value).startswith("n16: no recipe rule consumes 'backbone.model.extra_module.x' (shape [3])")
+
+
+def test_second_convert_is_a_cache_hit(hf_cache, tmp_path):
+    opts = ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, cache_root=tmp_path, progress=False)
+    first, second = convert(opts), convert(opts)
+    assert not first["cache_hit"] and second["cache_hit"] and second["tasks"] == 0
+    assert first["fingerprint"] == second["fingerprint"] and first["cache_path"] == second["cache_path"]
+    assert first["slots"] == [24]
+
+
+def _entry_bytes(summary: dict) -> dict[str, bytes]:
+    entry = Path(summary["cache_path"])
+    return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("c/**/*")) if p.is_file()} | \
+           {name: json.dumps(arr, sort_keys=True).encode() for name, arr in
+            json.loads((entry / "MANIFEST.json").read_text())["arrays"].items()}
+
+
+def test_all_four_schedulers_produce_identical_entries(hf_cache, tmp_path):
+    from distributed import LocalCluster
+
+    runs = {}
+    for scheduler in ("sync", "threads", "processes"):
+        runs[scheduler] = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", scheduler=scheduler,
+                                                 hf_cache=hf_cache, cache_root=tmp_path / scheduler, progress=False))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        runs["tcp"] = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", scheduler=cluster.scheduler_address,
+                                             hf_cache=hf_cache, cache_root=tmp_path / "tcp", progress=False))
+    reference = _entry_bytes(runs["sync"])
+    assert len(reference) > 900
+    for scheduler, summary in runs.items():
+        assert summary["fingerprint"] == runs["sync"]["fingerprint"]
+        assert _entry_bytes(summary) == reference, scheduler
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path):
+    import shutil
+
+    hf = tmp_path / "hf"
+    shutil.copytree(hf_cache, hf, symlinks=True)
+    snap = next((hf / "models--nvidia--GR00T-N1.6-3B" / "snapshots").iterdir())
+    blob = (snap / "model-00002-of-00002.safetensors").resolve()
+    data = bytearray(blob.read_bytes())
+    data[-100] ^= 0x01
+    blob.write_bytes(bytes(data))
+    proc = _cli("convert", "--version", "n16", "--hf-cache", str(hf), "--cache", str(tmp_path / "cache"), "--json")
+    assert proc.returncode == 2
+    assert f"{snap / 'model-00002-of-00002.safetensors'}: content sha256 is" in proc.stderr and "the download is corrupt" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(entries_dir(tmp_path / "cache").iterdir()) == []
+
+
+def test_unknown_version_and_embodiment_are_one_line_errors(hf_cache, tmp_path):
+    proc = _cli("convert", "--version", "n99", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: unknown version 'n99': expected one of n15, n16, n17")
+    proc = _cli("convert", "--version", "n16", "--embodiments", "robot9", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    assert proc.returncode == 2 and "error: unknown embodiment tag 'robot9' for n16" in proc.stderr
+    proc = _cli("convert", "--version", "n16", "--embodiments", "40", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    assert proc.returncode == 2 and "embodiment slot 40 is out of range for n16: slots are 0..31" in proc.stderr

@@ -1,0 +1,69 @@
+"""The built graph's structure: per-key shard dependencies, slot fan-out, JSON export."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.convert import ConvertOptions
+from pipeline.graph import PUBLISH, ancestors
+from pipeline.layout import straddling_unit
+from pipeline.render import graph_for, graph_json, unit_summary
+from pipeline.versions import VERSIONS
+
+
+def _graph(hf_cache, cache_root, version, embodiments="all"):
+    return graph_for(ConvertOptions(version, embodiments=embodiments, hf_cache=hf_cache, cache_root=cache_root))[0]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_only_the_straddling_unit_depends_on_two_shards(hf_cache, cache_root, version):
+    graph = _graph(hf_cache, cache_root, version)
+    units = [k for k in graph if k[0] == "unit"]
+    assert len(units) > 50
+    two = []
+    for unit in units:
+        shards = {k[1] for k in ancestors(graph, unit) if k[0] == "verify"}
+        indexed = {k[1] for k in ancestors(graph, unit) if k[0] == "index"}
+        assert shards == indexed and len(shards) in (1, 2), unit
+        if len(shards) == 2:
+            two.append(unit[1])
+    assert two == [straddling_unit(version)]
+
+
+def test_every_read_depends_on_the_verify_of_its_own_shard(hf_cache, cache_root, snapshots):
+    from tasks.checkpoint import Checkpoint
+
+    graph = _graph(hf_cache, cache_root, "n16")
+    with Checkpoint(snapshots["n16"]) as ck:
+        reads = [k for k in graph if k[0] in ("read", "slot")]
+        assert reads
+        for key in reads:
+            assert {d for d in graph[key].dependencies} == {("verify", ck.shard_of(key[1]))}
+
+
+def test_all_slots_fan_out_into_448_slot_reads(hf_cache, cache_root):
+    graph = _graph(hf_cache, cache_root, "n17")
+    slot_reads = [k for k in graph if k[0] == "slot"]
+    assert len(slot_reads) == 14 * 32
+    assert not any(k[0] == "read" and k[1].endswith((".W", ".b")) and "coder" in k[1] for k in graph)
+
+
+@pytest.mark.parametrize("selection,slots", [("gr1,new_embodiment", {20, 10}), ("3", {3}), ("gr1,20", {20})])
+def test_slot_selection_by_tag_and_id(hf_cache, cache_root, selection, slots):
+    graph = _graph(hf_cache, cache_root, "n16", selection)
+    got = {k[2] for k in graph if k[0] == "slot"}
+    assert got == slots and len([k for k in graph if k[0] == "slot"]) == 14 * len(slots)
+
+
+def test_json_export_lists_every_task_with_its_dependencies(hf_cache, cache_root):
+    graph = _graph(hf_cache, cache_root, "n16")
+    doc = json.loads(json.dumps(graph_json(graph)))
+    tasks = {tuple(t["key"]): {tuple(d) for d in t["deps"]} for t in doc["tasks"]}
+    assert len(tasks) == len(graph) and tuple(PUBLISH) in tasks
+    unit = ("unit", "action_head.model.transformer_blocks.18")
+    assert all(d[0] == "stage" for d in tasks[unit]) and len(tasks[unit]) == 12  # 14 tensors, k|v fused twice
+    summary = unit_summary(graph)
+    assert summary["action_head.model.transformer_blocks.18"]["shards"] == ["model-00001-of-00002.safetensors",
+                                                                             "model-00002-of-00002.safetensors"]
