@@ -30,6 +30,7 @@ class ConvertOptions:
     force: bool = False
     workers: int | None = None
     progress: bool = True
+    check_bf16: bool = False  # round-trip bf16 targets through ttnn too (exact by construction; slow)
 
 
 def peak_rss_bytes() -> int:
@@ -78,7 +79,7 @@ def convert(opts: ConvertOptions) -> dict:
                 if record is not None:
                     done[(t.name, slot)] = record
         inputs = GraphInputs(plan, ck, slots, tmp, final, {s: ck.blob_sha256(s) or ident["shards"][s] for s in ck.headers},
-                             done, ident)
+                             done, ident, opts.check_bf16)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException:

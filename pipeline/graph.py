@@ -1,11 +1,14 @@
 """The conversion graph: a plain dict of named Dask tasks. Wiring only; every function it calls lives in `tasks/`.
 
-    ("index", shard) -> ("verify", shard) -> ("read", key) | ("slot", key, e)
-      -> ("transform", target[, e]) -> ("convert", target[, e]) -> ("stage", target[, e])
-      -> ("unit", unit) -> ("publish",)
+    ("index", shard) -> ("read", key) | ("slot", key, e) -> ("transform", target[, e]) -> ("convert", target[, e])
+      -> ("stage", target[, e]) -> ("unit", unit) -> ("publish",)
+    ("index", shard) -> ("verify", shard) -> ("unit", unit)   for every shard the unit reads from
 
-Every read depends on the verify task of the shard holding *that key*, so a unit cut by a shard boundary depends
-on two shards and every other unit on one. Embodiment banks fan out into one task chain per selected slot; each
+Every read depends on the index task of the shard holding *that key*, and every unit on the verify tasks of the
+shards its keys live in: a unit cut by a shard boundary depends on two shards, every other unit on one. Hashing
+a shard (verify) runs alongside the reads instead of before them — it is the one pass that must see every byte,
+and on two cores overlapping it with conversion saves its whole duration — while nothing can be published
+before every unit, and so every shard, is verified. Embodiment banks fan out into one task chain per selected slot; each
 slot task reads only its slot. Chunks a killed run already staged (and whose bytes still match their record) enter
 the graph as constants, so a resumed run redoes only the rest.
 """
@@ -41,6 +44,7 @@ class GraphInputs:
     expected_sha256: Mapping[str, str | None]     # shard -> content identity to verify against
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
     manifest: Mapping[str, object]                 # identity fields the publish step records
+    check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -56,7 +60,7 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     transform_key, convert_key = ("transform", t.name, *suffix), ("convert", t.name, *suffix)
     graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads))
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
-                               t.device_dtype, t.layout, slot)
+                               t.device_dtype, t.layout, slot, inputs.check_bf16)
     graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
     return stage_key
 
@@ -69,20 +73,24 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
         graph[("verify", shard)] = _task(("verify", shard), verify_shard, TaskRef(("index", shard)),
                                          inputs.expected_sha256.get(shard))
     units: dict[str, list[TaskRef]] = {}
+    unit_shards: dict[str, set[str]] = {}
     for t in inputs.plan.targets:
-        unit = units.setdefault(unit_of(inputs.plan.version, t.sources[0]), [])
+        name = unit_of(inputs.plan.version, t.sources[0])
+        unit = units.setdefault(name, [])
+        unit_shards.setdefault(name, set()).update(ck.shard_of(k) for k in t.sources)
         for slot in (inputs.slots if t.embodiment else (None,)):
             reads = []
             for key in t.sources:
-                verified = TaskRef(("verify", ck.shard_of(key)))
+                indexed = TaskRef(("index", ck.shard_of(key)))
                 read_key = ("read", key) if slot is None else ("slot", key, slot)
                 if read_key not in graph and (t.name, slot) not in inputs.done:
-                    graph[read_key] = (_task(read_key, read_tensor, verified, key) if slot is None
-                                       else _task(read_key, read_slot, verified, key, slot))
+                    graph[read_key] = (_task(read_key, read_tensor, indexed, key) if slot is None
+                                       else _task(read_key, read_slot, indexed, key, slot))
                 reads.append(TaskRef(read_key))
             unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
     for unit, staged in units.items():
-        graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged))
+        verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
+        graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)
     graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
                            dict(inputs.manifest), List(*(TaskRef(("unit", u)) for u in units)))
     return graph

@@ -22,9 +22,10 @@ from tasks.zarr_v3 import group_metadata, write_json_atomic
 MANIFEST = "MANIFEST.json"
 
 
-def unit_done(unit: str, staged: Sequence[Staged]) -> dict:
-    """A unit (layer, block, ...) is complete once all its targets are staged."""
-    return {"unit": unit, "staged": list(staged)}
+def unit_done(unit: str, staged: Sequence[Staged], verified: Sequence[object]) -> dict:
+    """A unit (layer, block, ...) is complete once all its targets are staged and every shard it read from has
+    been verified (one shard, or two for the unit a shard boundary cuts)."""
+    return {"unit": unit, "staged": list(staged), "shards": [v.header.path.name for v in verified]}
 
 
 def _fsync_tree(root: Path) -> None:

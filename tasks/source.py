@@ -57,23 +57,23 @@ def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedSh
     return VerifiedShard(header, digest)
 
 
-def _read(shard: VerifiedShard, key: str, lo: int, hi: int) -> np.ndarray:
-    fd = os.open(shard.header.path, os.O_RDONLY)
+def _read(header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
+    fd = os.open(header.path, os.O_RDONLY)
     try:
-        return read_rows(fd, shard.header, key, lo, hi)
+        return read_rows(fd, header, key, lo, hi)
     finally:
         os.close(fd)
 
 
-def read_tensor(shard: VerifiedShard, key: str) -> np.ndarray:
+def read_tensor(header: ShardHeader, key: str) -> np.ndarray:
     """One whole tensor, as stored."""
-    entry = shard.header.entries[key]
-    return _read(shard, key, 0, entry.shape[0] if entry.shape else 1)
+    entry = header.entries[key]
+    return _read(header, key, 0, entry.shape[0] if entry.shape else 1)
 
 
-def read_slot(shard: VerifiedShard, key: str, slot: int) -> np.ndarray:
+def read_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
     """`W[slot]` of an embodiment bank: reads that slot's bytes only."""
-    shape = shard.header.entries[key].shape
+    shape = header.entries[key].shape
     if not 0 <= slot < shape[0]:
-        raise CheckpointError(shard.header.path, f"slot {slot} is out of range: the bank has slots 0..{shape[0] - 1}", key)
-    return _read(shard, key, slot, slot + 1)[0]
+        raise CheckpointError(header.path, f"slot {slot} is out of range: the bank has slots 0..{shape[0] - 1}", key)
+    return _read(header, key, slot, slot + 1)[0]

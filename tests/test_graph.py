@@ -32,7 +32,7 @@ def test_only_the_straddling_unit_depends_on_two_shards(hf_cache, cache_root, ve
     assert two == [straddling_unit(version)]
 
 
-def test_every_read_depends_on_the_verify_of_its_own_shard(hf_cache, cache_root, snapshots):
+def test_every_read_depends_on_the_index_of_its_own_shard(hf_cache, cache_root, snapshots):
     from tasks.checkpoint import Checkpoint
 
     graph = _graph(hf_cache, cache_root, "n16")
@@ -40,7 +40,10 @@ def test_every_read_depends_on_the_verify_of_its_own_shard(hf_cache, cache_root,
         reads = [k for k in graph if k[0] in ("read", "slot")]
         assert reads
         for key in reads:
-            assert {d for d in graph[key].dependencies} == {("verify", ck.shard_of(key[1]))}
+            assert {d for d in graph[key].dependencies} == {("index", ck.shard_of(key[1]))}
+        for key in (k for k in graph if k[0] == "unit"):  # units wait for exactly their own shards' verification
+            direct = {d[1] for d in graph[key].dependencies if d[0] == "verify"}
+            assert direct == {ck.shard_of(k) for k in ck.keys() if k.startswith(key[1] + ".")}, key
 
 
 def test_all_slots_fan_out_into_448_slot_reads(hf_cache, cache_root):
@@ -63,7 +66,10 @@ def test_json_export_lists_every_task_with_its_dependencies(hf_cache, cache_root
     tasks = {tuple(t["key"]): {tuple(d) for d in t["deps"]} for t in doc["tasks"]}
     assert len(tasks) == len(graph) and tuple(PUBLISH) in tasks
     unit = ("unit", "action_head.model.transformer_blocks.18")
-    assert all(d[0] == "stage" for d in tasks[unit]) and len(tasks[unit]) == 12  # 14 tensors, k|v fused twice
+    stages = [d for d in tasks[unit] if d[0] == "stage"]
+    assert len(stages) == 12  # 14 tensors, k|v weight and bias fused
+    assert {d for d in tasks[unit] if d[0] != "stage"} == {("verify", "model-00001-of-00002.safetensors"),
+                                                          ("verify", "model-00002-of-00002.safetensors")}
     summary = unit_summary(graph)
     assert summary["action_head.model.transformer_blocks.18"]["shards"] == ["model-00001-of-00002.safetensors",
                                                                              "model-00002-of-00002.safetensors"]
