@@ -213,3 +213,49 @@ def iter_entries(root: Path) -> Iterator[tuple[Path, Entry | None, str]]:
             yield path, open_entry(path), "published"
         except CacheError:
             yield path, None, "broken"
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def collect_garbage(root: Path, older_than_days: float | None = None, max_bytes: int | None = None) -> list[dict]:
+    """Remove temporaries of dead processes and broken entries; then, if asked, published entries older than
+    `older_than_days`, then the oldest until the cache holds at most `max_bytes`. Entries a ref names go last."""
+    removed: list[dict] = []
+
+    def remove(path: Path, reason: str) -> None:
+        size = _tree_bytes(path)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append({"entry": path.name, "reason": reason, "bytes": size})
+
+    published = []
+    for path, entry, state in iter_entries(root):
+        owner = _tmp_owner(path) if state == "incomplete" else None
+        if state == "incomplete" and owner is not None and not _pid_alive(owner):
+            remove(path, "temporary of a dead process")
+        elif state == "broken":
+            remove(path, "no valid manifest")
+        elif state == "published":
+            published.append(path)
+    referenced = set()
+    for ref in (root / "refs").glob("*.json") if (root / "refs").is_dir() else []:
+        try:
+            referenced.add(json.loads(ref.read_text())["entry"])
+        except (OSError, ValueError, KeyError):
+            pass
+    published.sort(key=lambda p: (p.name in referenced, p.stat().st_mtime))  # unreferenced and oldest first
+    if older_than_days is not None:
+        cutoff = time.time() - older_than_days * 86400
+        for path in [p for p in published if p.stat().st_mtime < cutoff]:
+            remove(path, f"older than {older_than_days:g} days")
+            published.remove(path)
+    if max_bytes is not None:
+        sizes = {p: _tree_bytes(p) for p in published}
+        total = sum(sizes.values())
+        for path in list(published):
+            if total <= max_bytes:
+                break
+            remove(path, f"cache over {max_bytes} bytes")
+            total -= sizes[path]
+    return removed

@@ -72,7 +72,7 @@ def _convert_options(a: argparse.Namespace):
     from pipeline.convert import ConvertOptions
 
     return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
-                          a.force, progress=not a.json)
+                          a.force, progress=not a.json, check_against_cache=a.check_against_cache)
 
 
 def print_convert(s: dict) -> None:
@@ -126,6 +126,11 @@ def cmd_load(a: argparse.Namespace) -> dict:
 
 def cmd_cache(a: argparse.Namespace) -> dict:
     root = cache.cache_root(a.cache)
+    if a.action == "gc":
+        removed = cache.collect_garbage(root, a.older_than_days, a.max_bytes)
+        if not a.json:
+            print("\n".join(f"removed {r['entry']} ({r['reason']}, {_mb(r['bytes'])})" for r in removed) or "nothing to remove")
+        return {"root": str(root), "removed": removed}
     rows = []
     for path, entry, state in cache.iter_entries(root):
         if a.action == "verify" and entry is not None and (a.entry in (None, path.name)):
@@ -194,14 +199,18 @@ def parser() -> argparse.ArgumentParser:
         if name == "convert":
             sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
             sp.add_argument("--force", action="store_true", help="convert even if a published entry exists")
+            sp.add_argument("--check-against-cache", action="store_true",
+                            help="convert afresh into a scratch entry and compare it byte for byte with the cached one")
         else:
             sp.add_argument("--out", required=True, help="FILE.svg, FILE.png, FILE.dot or FILE.json")
     sp = add("load", cmd_load, "reload converted tensors from the cache and time it")
     sp.add_argument("--profile", default="bf16")
     sp.add_argument("--embodiment", help="a tag or slot id (default: all slots)")
     sp = add("cache", cmd_cache, "list, verify or clean the cache", version=False)
-    sp.add_argument("action", choices=("ls", "verify"))
-    sp.add_argument("entry", nargs="?")
+    sp.add_argument("action", choices=("ls", "verify", "gc"))
+    sp.add_argument("entry", nargs="?", help="verify only this entry")
+    sp.add_argument("--older-than-days", type=float, help="gc: also remove published entries older than this")
+    sp.add_argument("--max-bytes", type=int, help="gc: then remove the oldest entries until the cache fits")
     add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload", version=False)
     return p
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import resource
 import shutil
 import time
@@ -15,6 +17,8 @@ from pipeline.run import run
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
+from tasks.errors import CacheError
+from tasks.publish import MANIFEST
 from tasks.stage import already_staged
 
 
@@ -31,6 +35,7 @@ class ConvertOptions:
     workers: int | None = None
     progress: bool = True
     check_bf16: bool = False  # round-trip bf16 targets through ttnn too (exact by construction; slow)
+    check_against_cache: bool = False  # convert afresh and compare byte for byte with the published entry
 
 
 def peak_rss_bytes() -> int:
@@ -41,16 +46,11 @@ def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], di
     """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry."""
     cfg = load_config(opts.version)
     ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, opts.hf_cache))
-    plan = build_plan(opts.version, {k: ck.shape(k) for k in _state_dict_order(ck)}, opts.profile)
+    plan = build_plan(opts.version, {k: ck.shape(k) for k in ck.keys()}, opts.profile)
     slots = cfg.slot_ids(opts.embodiments)
     root = cache.cache_root(opts.cache_root)
     ident = cache.identity(plan, cfg.revision, cache.source_sha256(root, ck), slots)
     return ck, plan, slots, ident, root
-
-
-def _state_dict_order(ck: Checkpoint) -> list[str]:
-    # The index preserves no order; target order only affects presentation, so sort keys like the layout does.
-    return ck.keys()
 
 
 def convert(opts: ConvertOptions) -> dict:
@@ -63,12 +63,29 @@ def convert(opts: ConvertOptions) -> dict:
                "cache_path": str(final), "slots": list(slots), "targets": len(plan.targets),
                "skipped": dict(plan.skipped)}
     existing = cache.find_entry(root, name) if not opts.force else None
+    if existing is not None and opts.check_against_cache:
+        return {**summary, **check_against(existing, opts, ck, plan, slots, ident, root)}
     if existing is not None:
+        ck.close()
         cache.set_ref(root, opts.version, opts.profile, name)
         return {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
                 "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     if opts.force and final.exists():
         shutil.rmtree(final)
+    result, timings, graph, done = _build(opts, ck, plan, slots, ident, root, name, final)
+    cache.set_ref(root, opts.version, opts.profile, name)
+    return {**summary, "cache_hit": False, "resumed_chunks": len(done), "tasks": len(graph),
+            "bytes_read": _source_bytes_read(plan, ck, slots, done),
+            "bytes_written": sum(n["nbytes"] for n in result["numerics"]),
+            "seconds": time.perf_counter() - t0, "stage_seconds": timings["stage_seconds"],
+            "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
+            "published_here": result["published_here"],
+            "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"]))}
+
+
+def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...], ident: dict, root: Path,
+           name: str, final: Path) -> tuple[dict, dict, dict, dict]:
+    """Run the graph into a temporary directory (adopting a killed run's work) and publish it as `final`."""
     tmp = cache.claim_tmp(root, name)
     try:
         cache.create_arrays(tmp, plan, slots, ident)
@@ -78,26 +95,40 @@ def convert(opts: ConvertOptions) -> dict:
                 record = already_staged(tmp, t.name, slot, len(t.shape))
                 if record is not None:
                     done[(t.name, slot)] = record
-        inputs = GraphInputs(plan, ck, slots, tmp, final, {s: ck.blob_sha256(s) or ident["shards"][s] for s in ck.headers},
-                             done, ident, opts.check_bf16)
+        expected_sha = {s: ck.blob_sha256(s) or ident["shards"][s] for s in ck.headers}
+        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException:
-        # Keep the temporary directory only when it can be resumed: a kill never reaches here, an error should
-        # not leave a half-entry behind for the next run to trust.
+        # A kill -9 never gets here, so its directory stays for the next run to resume; an error must not leave
+        # a half-built directory behind.
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         ck.close()
-    cache.set_ref(root, opts.version, opts.profile, name)
-    stage_bytes = sum(n["nbytes"] for n in result["numerics"])
-    read_bytes = _source_bytes_read(plan, ck, slots, done)
-    return {**summary, "cache_hit": False, "resumed_chunks": len(done), "tasks": len(graph),
-            "bytes_read": read_bytes, "bytes_written": stage_bytes,
-            "seconds": time.perf_counter() - t0, "stage_seconds": timings["stage_seconds"],
-            "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
-            "published_here": result["published_here"],
-            "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"]))}
+    return result, timings, graph, done
+
+
+def check_against(existing: cache.Entry, opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...],
+                  ident: dict, root: Path) -> dict:
+    """Convert afresh into a scratch entry and compare every chunk with the cached one, so a cache can never hide
+    a broken conversion. The scratch entry is deleted either way."""
+    scratch_name = f"check-{os.getpid()}-{existing.name}"
+    scratch = cache.entries_dir(root) / scratch_name
+    try:
+        _build(opts, ck, plan, slots, ident, root, scratch_name, scratch)
+        fresh = json.loads((scratch / MANIFEST).read_text())["arrays"]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    cached = existing.manifest["arrays"]
+    differ = sorted(n for n in fresh.keys() | cached.keys() if fresh.get(n) != cached.get(n))
+    problems = cache.verify_entry(existing)
+    if differ or problems:
+        raise CacheError(f"{existing.path}: the cached entry differs from a fresh conversion in {len(differ)} "
+                         f"array(s){' (first ' + differ[0] + ')' if differ else ''} and has {len(problems)} bad "
+                         "chunk(s); delete it or convert with --force")
+    return {"cache_hit": True, "checked_against_fresh_conversion": True, "arrays_compared": len(fresh), "tasks": 0,
+            "bytes_read": 0, "bytes_written": 0, "seconds": 0.0, "peak_rss_bytes": peak_rss_bytes()}
 
 
 def _source_bytes_read(plan: Plan, ck: Checkpoint, slots: tuple[int, ...], done: dict) -> int:

@@ -1,0 +1,202 @@
+"""The cache across processes: identity, crash-resume, concurrency, tamper detection, slot-only reloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from pipeline import cache as cache_mod
+from pipeline import recipe as recipe_mod
+from pipeline.cache import entries_dir
+from pipeline.convert import ConvertOptions, convert
+from pipeline.load import load
+from tasks.errors import CacheError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _opts(version, root, **kw):
+    return ConvertOptions(version, cache_root=root, progress=False, **kw)
+
+
+def _chunks(entry: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("c/**/*")) if p.is_file()}
+
+
+def test_changing_one_source_byte_makes_a_new_entry_and_keeps_the_old(copy_snapshot, tmp_path):
+    snap = copy_snapshot("n16")
+    first = convert(_opts("n16", tmp_path, snapshot=snap, embodiments="gr1"))
+    shard = snap / "model-00002-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    second = convert(_opts("n16", tmp_path, snapshot=snap, embodiments="gr1"))
+    assert not second["cache_hit"] and second["fingerprint"] != first["fingerprint"]
+    assert cache_mod.verify_entry(cache_mod.open_entry(Path(first["cache_path"]))) == []
+
+
+def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypatch):
+    base = convert(_opts("n15", tmp_path, hf_cache=hf_cache, embodiments="gr1"))
+    other_profile = convert(_opts("n15", tmp_path, hf_cache=hf_cache, embodiments="gr1", profile="bfp8"))
+    assert other_profile["fingerprint"] != base["fingerprint"]
+    edited = tmp_path / "recipes.toml"
+    edited.write_text(recipe_mod.RECIPES_PATH.read_text().replace(
+        'match = "{vision}head.**"', 'match = "{vision}head.**"\n# edited'))
+    monkeypatch.setattr(recipe_mod, "RECIPES_PATH", edited)
+    monkeypatch.setattr(cache_mod, "RECIPES_PATH", edited)
+    recipe_mod._recipes.cache_clear()
+    try:
+        changed = convert(_opts("n15", tmp_path, hf_cache=hf_cache, embodiments="gr1"))
+    finally:
+        recipe_mod._recipes.cache_clear()
+    assert changed["fingerprint"] != base["fingerprint"] and not changed["cache_hit"]
+    assert len([p for p in entries_dir(tmp_path).iterdir()]) == 3
+
+
+def _convert_cmd(hf_cache: Path, root: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache),
+            "--cache", str(root), "--json", *extra]
+
+
+def test_kill_9_then_resume_gives_the_bytes_of_an_uninterrupted_run(hf_cache, tmp_path):
+    clean = convert(_opts("n16", tmp_path / "clean", hf_cache=hf_cache))
+    root = tmp_path / "killed"
+    proc = subprocess.Popen(_convert_cmd(hf_cache, root, "--scheduler", "sync"), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    staged = 0
+    while time.time() < deadline and proc.poll() is None:
+        staged = len(list(entries_dir(root).glob("*.tmp-*/.staged/*.json"))) if entries_dir(root).exists() else 0
+        if staged >= 300:
+            break
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert staged >= 300, "the run finished before it could be killed"
+    assert not [p for p in entries_dir(root).iterdir() if ".tmp-" not in p.name]  # nothing published
+    resumed = convert(_opts("n16", root, hf_cache=hf_cache))
+    assert resumed["resumed_chunks"] >= 300 and not resumed["cache_hit"]
+    assert _chunks(Path(resumed["cache_path"])) == _chunks(Path(clean["cache_path"]))
+    assert [p.name for p in entries_dir(root).iterdir()] == [Path(resumed["cache_path"]).name]  # orphan adopted
+
+
+def test_concurrent_converts_publish_one_entry_and_all_succeed(hf_cache, tmp_path):
+    procs = [subprocess.Popen(_convert_cmd(hf_cache, tmp_path), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1][-500:] for r in results]
+    summaries = [json.loads(out) for out, _ in results]
+    assert len({s["cache_path"] for s in summaries}) == 1
+    assert [p.name for p in entries_dir(tmp_path).iterdir()] == [Path(summaries[0]["cache_path"]).name]
+    assert cache_mod.verify_entry(cache_mod.open_entry(Path(summaries[0]["cache_path"]))) == []
+
+
+@pytest.fixture
+def n17_cache(hf_cache, tmp_path) -> tuple[Path, Path]:
+    summary = convert(_opts("n17", tmp_path / "cache", hf_cache=hf_cache))
+    return tmp_path / "cache", Path(summary["cache_path"])
+
+
+def test_tampered_chunk_is_refused_by_verify_and_load(n17_cache):
+    root, entry = n17_cache
+    chunk = entry / "llm.layers.3.mlp.up_proj.weight" / "c" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[10] ^= 0x40
+    chunk.write_bytes(bytes(data))
+    problems = cache_mod.verify_entry(cache_mod.open_entry(entry))
+    assert problems == [f"{chunk}: chunk bytes do not match the manifest checksum (tampered or corrupt)"]
+    with pytest.raises(CacheError) as err:
+        load("n17", root)
+    assert str(err.value).startswith(f"{entry / 'llm.layers.3.mlp.up_proj.weight'}: chunk all does not match its manifest checksum")
+
+
+def test_missing_chunk_and_missing_or_corrupt_manifest_are_refused(n17_cache):
+    root, entry = n17_cache
+    chunk = entry / "action_head.action_encoder.W2.W" / "c" / "10" / "0" / "0"
+    chunk.unlink()
+    with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
+        load("n17", root, embodiment="new_embodiment")
+    load("n17", root, embodiment=3)  # other slots are unaffected
+    (entry / "MANIFEST.json").write_text("{not json")
+    with pytest.raises(CacheError, match="manifest is not valid JSON"):
+        load("n17", root)
+    (entry / "MANIFEST.json").unlink()
+    with pytest.raises(CacheError, match="no MANIFEST.json; the entry was never completely published"):
+        load("n17", root)
+
+
+def test_manifest_of_another_source_is_refused(n17_cache):
+    root, entry = n17_cache
+    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    manifest["fingerprint"] = "0" * 64
+    (entry / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(CacheError, match="does not match the entry name"):
+        load("n17", root)
+
+
+def test_one_embodiment_reads_only_its_slot_chunks(n17_cache, snapshots):
+    root, entry = n17_cache
+    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    bank_bytes = sum(c["nbytes"] for a in manifest["arrays"].values() if a["attributes"]["embodiment_bank"]
+                     for c in a["chunks"].values())
+    other_bytes = sum(c["nbytes"] for a in manifest["arrays"].values() if not a["attributes"]["embodiment_bank"]
+                      for c in a["chunks"].values())
+    for bank in (p for p in entry.iterdir() if (p / "c").is_dir() and len(list((p / "c").iterdir())) == 32):
+        for slot_dir in (bank / "c").iterdir():
+            if slot_dir.name != "10":
+                shutil.rmtree(slot_dir)  # proves the load never opens another slot's chunk
+    loaded = load("n17", root, embodiment="new_embodiment")
+    assert loaded.slot == 10
+    assert loaded.stats["bytes_read"] - other_bytes == bank_bytes // 32
+    key = "action_head.action_encoder.W2.W"
+    with safe_open(str(snapshots["n17"] / "model-00002-of-00002.safetensors"), "pt") as f:
+        ref = f.get_tensor(key)[10]
+    assert torch.equal(loaded.tensors[key].view(torch.int16), ref.view(torch.int16))
+
+
+def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_cache, tmp_path):
+    root, _ = n17_cache
+    moved = tmp_path / "moved-away"
+    shutil.move(str(hf_cache), moved)  # the source checkpoint is gone
+    try:
+        code = ("import sys, json; from pipeline.load import load; w = load('n17', sys.argv[1], 
+                "if False else 10); print(json.dumps({'n': len(w.tensors), 'st': 'safetensors' in sys.modules}))")
+        out = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result == {"n": 886, "st": False}
+    finally:
+        shutil.move(str(moved), hf_cache)
+
+
+def test_check_against_cache_catches_a_doctored_entry(n17_cache, hf_cache):
+    root, entry = n17_cache
+    ok = convert(_opts("n17", root, hf_cache=hf_cache, check_against_cache=True))
+    assert ok["checked_against_fresh_conversion"] and ok["arrays_compared"] == 886
+    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    manifest["arrays"]["llm.norm.weight"]["chunks"]["all"]["xxh3"] = "0" * 16
+    (entry / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(CacheError, match="differs from a fresh conversion in 1 array"):
+        convert(_opts("n17", root, hf_cache=hf_cache, check_against_cache=True))
+
+
+def test_gc_removes_orphans_of_dead_processes_and_broken_entries(n17_cache):
+    root, entry = n17_cache
+    orphan = entries_dir(root) / f"{entry.name}.tmp-999999999-deadbeef"
+    orphan.mkdir()
+    broken = entries_dir(root) / "n17-bf16-00000000000000000000"
+    broken.mkdir()
+    removed = {r["entry"]: r["reason"] for r in cache_mod.collect_garbage(root)}
+    assert removed == {orphan.name: "temporary of a dead process", broken.name: "no valid manifest"}
+    assert entry.exists()
+    assert [r["entry"] for r in cache_mod.collect_garbage(root, max_bytes=0)] == [entry.name]
