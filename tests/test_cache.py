@@ -170,8 +170,8 @@ def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_ca
     moved = tmp_path / "moved-away"
     shutil.move(str(hf_cache), moved)  # the source checkpoint is gone
     try:
-        code = ("import sys, json; from pipeline.load import load; w = load('n17', sys.argv[1], 
-                "if False else 10); print(json.dumps({'n': len(w.tensors), 'st': 'safetensors' in sys.modules}))")
+        code = ("import sys, json; from pipeline.load import load; w = load('n17', sys.argv[1], embodiment=10); "
+                "print(json.dumps({'n': len(w.tensors), 'st': 'safetensors' in sys.modules}))")
         out = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert result == {"n": 886, "st": False}
