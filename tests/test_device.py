@@ -1,0 +1,98 @@
+"""Real ttnn host conversion (mock cluster descriptor, no hardware) and, where hardware exists, device upload."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pipeline.convert import ConvertOptions, convert
+from pipeline.versions import VERSIONS
+from tasks import device
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("profile", ["bf16", "bfp8"])
+def test_every_target_converts_with_real_ttnn(hf_cache, tmp_path, version, profile):
+    summary = convert(ConvertOptions(version, profile, embodiments="new_embodiment", hf_cache=hf_cache,
+                                     cache_root=tmp_path, progress=False, check_bf16=True))
+    numerics = summary["numerics"]
+    assert len(numerics) == summary["targets"]  # one slot per bank
+    for n in numerics:
+        if profile == "bf16" or not n["name"].endswith(".weight") and not n["name"].endswith(".W"):
+            assert n["max_abs_err"] == 0.0 and n["pcc"] == 1.0, n
+    packed = [n for n in numerics if n["pcc"] < 1.0]
+    if profile == "bfp8":
+        assert len(packed) > 100 and min(n["pcc"] for n in packed) >= 0.999
+        assert max(n["max_abs_err"] for n in packed) <= 2 ** -7  # weights ~N(0, 0.02): 7 mantissa bits per block
+
+
+@pytest.mark.parametrize("shape", [(1152, 4304), (3, 1024), (32, 64, 1024), (4304,), (132, 1536)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "bfloat8_b"])
+def test_padding_keeps_the_logical_shape(shape, dtype):
+    x = (np.random.default_rng(0).standard_normal(shape) * 0.02).astype(ml_dtypes.bfloat16)
+    host = device.to_host_tensor(x, dtype, "TILE")
+    assert tuple(host.shape) == shape
+    assert tuple(host.padded_shape) == device.padded_shape(shape, "TILE")
+    assert all(d % 32 == 0 for d in tuple(host.padded_shape)[-2:])
+    n = device.host_numerics(host, x)
+    if dtype == "bfloat16":
+        assert n == device.Numerics(0.0, 1.0)
+    else:
+        assert n.pcc >= 0.999 and 0 < n.max_abs_err <= 2 ** -7
+
+
+def test_pcc_matches_numpy_corrcoef():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(10_000_003).astype(np.float32)
+    b = a + 0.1 * rng.standard_normal(a.size).astype(np.float32)
+    assert abs(device.pcc(a, b) - np.corrcoef(a, b)[0, 1]) < 1e-9
+
+
+def test_mock_descriptor_only_without_hardware_and_without_a_user_choice():
+    env: dict[str, str] = {}
+    assert device.configure_ttnn_env(env, has_hardware=False) == str(device.MOCK_DESCRIPTOR)
+    assert env[device.MOCK_ENV] == str(device.MOCK_DESCRIPTOR)
+    mine = {device.MOCK_ENV: "/opt/my/t3k.yaml"}
+    assert device.configure_ttnn_env(mine, has_hardware=False) == "/opt/my/t3k.yaml"
+    assert mine[device.MOCK_ENV] == "/opt/my/t3k.yaml"
+    on_hardware: dict[str, str] = {}
+    assert device.configure_ttnn_env(on_hardware, has_hardware=True) is None
+    assert device.MOCK_ENV not in on_hardware
+
+
+def test_shipped_descriptor_really_enables_packing_in_a_fresh_process():
+    code = ("import numpy as np, os; from tasks import device; "
+            "h = device.to_host_tensor(np.zeros((32, 32), np.uint16), 'bfloat8_b', 'TILE'); "
+            " print(os.environ['TT_METAL_MOCK_CLUSTER_DESC_PATH'], h.dtype)")
+    env = {k: v for k, v in os.environ.items() if k != device.MOCK_ENV}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == f"{device.MOCK_DESCRIPTOR} DataType.BFLOAT8_B"
+
+
+hardware = pytest.mark.skipif(not device.hardware_present(),
+                              reason="no Tenstorrent device (/dev/tenstorrent is absent): device upload needs silicon")
+
+
+@hardware
+def test_device_round_trip_matches_the_source(hf_cache, tmp_path):
+    import ttnn
+    from pipeline.load import load
+
+    convert(ConvertOptions("n17", "bfp8", embodiments="10", hf_cache=hf_cache, cache_root=tmp_path, progress=False))
+    dev = device.open_device(0)
+    try:
+        host = load("n17", tmp_path, embodiment=10, profile="bfp8")
+        on_device = load("n17", tmp_path, embodiment=10, profile="bfp8", device=dev)
+        for name, t in on_device.tensors.items():
+            back = ttnn.to_torch(ttnn.from_device(t)).float().numpy()
+            assert device.pcc(back, host.tensors[name].float().numpy()) >= 0.999, name
+    finally:
+        device.close_device(dev)
