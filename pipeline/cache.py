@@ -23,7 +23,7 @@ from tasks import source
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError
 from tasks.publish import MANIFEST
-from tasks.stage import checksum, chunk_coords
+from tasks.stage import checksum, chunk_coords, packed_path
 from tasks.zarr_v3 import array_metadata, chunk_path, write_json_atomic
 
 CACHE_FORMAT = 1               # bump when the on-disk layout changes (cache/README.md, "Versioning")
@@ -182,6 +182,10 @@ def verify_entry(entry: Entry) -> list[str]:
                 continue
             if len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
                 problems.append(f"{path}: chunk bytes do not match the manifest checksum (tampered or corrupt)")
+            if "tensorbin" in rec:
+                packed = packed_path(entry.path, name, None if chunk == "all" else int(chunk))
+                if not packed.is_file() or checksum(packed.read_bytes()) != rec["tensorbin"]["xxh3"]:
+                    problems.append(f"{packed}: packed tensor is missing or does not match the manifest checksum")
     return problems
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from pipeline import cache
 from pipeline.versions import load_config
 from tasks.errors import CacheError
-from tasks.stage import checksum, chunk_coords
+from tasks.stage import checksum, chunk_coords, packed_path
 from tasks.zarr_v3 import STORAGE_DTYPE, read_chunk_into
 
 
@@ -56,43 +56,61 @@ def _plan_reads(manifest: dict, slot: int | None) -> list[tuple[str, str, dict, 
     return reads
 
 
+def _read_packed(entry: Path, name: str, chunk: str, rec: dict):
+    """ttnn's `.tensorbin` of a packed target: its bytes are read once (checked, and the pages warmed), then ttnn
+    maps the same file."""
+    from tasks import device as tt
+
+    path = packed_path(entry, name, None if chunk == "all" else int(chunk))
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CacheError(f"{path}: packed tensor listed in the manifest is missing; convert again with --force") from None
+    if len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
+        raise CacheError(f"{path}: packed tensor does not match its manifest checksum (tampered or corrupt); "
+                         "convert again with --force")
+    return tt.load_packed(path)
+
+
 def load(version: str, cache_dir: Path | str | None = None, embodiment: str | int | None = None,
-         profile: str = "bf16", device=None, threads: int = 4) -> Loaded:
+         profile: str = "bf16", device=None, ttnn_host: bool = False, threads: int = 4) -> Loaded:
     """Target tensors of the last conversion of `version`/`profile`, by canonical name.
 
     `embodiment` (a tag or slot id) keeps one slot of every bank, as `[in, out]` / `[1, out]`; None keeps all 32
-    as `[32, in, out]`. With `device`, tensors are converted to their device dtype/layout and uploaded."""
+    as `[32, in, out]`. By default tensors are torch bf16 on the host. `ttnn_host=True` returns ttnn host tensors
+    in their device dtype and layout (packed targets straight from their `.tensorbin`, no repacking); `device`
+    also uploads them."""
     import torch
 
     t0 = time.perf_counter()
     root = cache.cache_root(cache_dir)
     slot = None if embodiment is None else load_config(version).slot_ids(str(embodiment))[0]
     entry = cache.resolve_ref(root, version, profile)
+    as_ttnn = ttnn_host or device is not None
+    if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in entry.manifest["arrays"].values()):
+        raise CacheError(f"{entry.path}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")
     reads = _plan_reads(entry.manifest, slot)
+    packed = [r for r in reads if as_ttnn and "tensorbin" in r[2]]
+    plain = [r for r in reads if not (as_ttnn and "tensorbin" in r[2])]
     with ThreadPoolExecutor(threads) as pool:
-        chunks = list(pool.map(lambda r: _read_chunk(entry.path, *r), reads))
-    tensors: dict = {}
-    for (name, chunk, _, _), data in zip(reads, chunks):
-        tensors.setdefault(name, []).append(torch.from_numpy(data).view(torch.bfloat16))
+        chunks = list(pool.map(lambda r: _read_chunk(entry.path, *r), plain))
+        packed_tensors = list(pool.map(lambda r: _read_packed(entry.path, r[0], r[1], r[2]["tensorbin"]), packed))
+    nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
     arrays = entry.manifest["arrays"]
-    out = {name: parts[0] if not arrays[name]["attributes"]["embodiment_bank"] or slot is not None
-           else torch.stack(parts) for name, parts in tensors.items()}
-    if device is not None:
-        out = _upload(out, arrays, device)
-    nbytes = sum(c.nbytes for c in chunks)
+    if as_ttnn:
+        from tasks import device as tt
+
+        out = {name: tt.to_host_tensor(data, arrays[name]["attributes"]["device_dtype"],
+                                       arrays[name]["attributes"]["device_layout"])
+               for (name, _, _, _), data in zip(plain, chunks)}
+        out |= {r[0]: t for r, t in zip(packed, packed_tensors)}
+        if device is not None:
+            out = {name: tt.upload(t, device) for name, t in out.items()}
+    else:
+        parts: dict = {}
+        for (name, _, _, _), data in zip(plain, chunks):
+            parts.setdefault(name, []).append(torch.from_numpy(data).view(torch.bfloat16))
+        out = {name: p[0] if not arrays[name]["attributes"]["embodiment_bank"] or slot is not None else torch.stack(p)
+               for name, p in parts.items()}
     return Loaded(out, entry.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
-                                          "bytes_read": nbytes, "chunks": len(chunks)})
-
-
-def _upload(tensors: dict, arrays: dict, device) -> dict:
-    from tasks import device as tt
-
-    return {name: tt.upload(tt.to_host_tensor(t.view(torch_uint16()).numpy(), arrays[name]["attributes"]["device_dtype"],
-                                              arrays[name]["attributes"]["device_layout"]), device)
-            for name, t in tensors.items()}
-
-
-def torch_uint16():
-    import torch
-
-    return torch.uint16
+                                          "bytes_read": nbytes, "chunks": len(reads)})

@@ -58,6 +58,23 @@ def to_host_tensor(array: np.ndarray, dtype: str, layout: str):
                        layout=ttnn.TILE_LAYOUT if layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT)
 
 
+def packed_bytes(host) -> bytes:
+    """The `.tensorbin` bytes ttnn writes for a host tensor (its own serialization: the only way ttnn can restore
+    a packed bfloat8_b/bfloat4_b tensor without repacking)."""
+    import tempfile
+
+    ttnn = _ttnn()
+    with tempfile.TemporaryDirectory(prefix="tensorbin-") as tmp:
+        path = Path(tmp) / "t.tensorbin"
+        ttnn.dump_tensor(str(path), host)
+        return path.read_bytes()
+
+
+def load_packed(path: Path):
+    """A host tensor from a `.tensorbin` file (ttnn maps it; the caller has already read and checked its bytes)."""
+    return _ttnn().load_tensor(str(path))
+
+
 def padded_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
     """The shape ttnn stores: TILE pads the last two dims up to multiples of 32 (1-D becomes [32, n])."""
     if layout != "TILE":

@@ -44,7 +44,10 @@ def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict]) ->
     arrays: dict[str, dict] = {name: {"shape": meta["shape"], "chunk_shape": meta["chunk_grid"]["configuration"]["chunk_shape"],
                                       "attributes": meta["attributes"], "chunks": {}} for name, meta in array_meta.items()}
     for s in staged:
-        arrays[s.name]["chunks"]["all" if s.slot is None else str(s.slot)] = {"nbytes": s.nbytes, "xxh3": s.xxh3}
+        record = {"nbytes": s.nbytes, "xxh3": s.xxh3}
+        if s.packed_xxh3 is not None:
+            record["tensorbin"] = {"nbytes": s.packed_nbytes, "xxh3": s.packed_xxh3}
+        arrays[s.name]["chunks"]["all" if s.slot is None else str(s.slot)] = record
     return arrays
 
 

@@ -1,4 +1,5 @@
-"""The stage step: write a converted target into the entry's Zarr group and record what was written.
+"""The stage step: write a converted target into the entry's Zarr group (and, for packed device dtypes, ttnn's
+`.tensorbin` of it under `tensorbin/`) and record what was written.
 
 Each write leaves a small progress record (`.staged/<name>[@slot].json` with the chunk's xxh3 checksum). A resumed
 conversion keeps every chunk whose bytes still match its record and redoes the rest.
@@ -14,9 +15,10 @@ import numpy as np
 import xxhash
 
 from tasks.convert import Converted
-from tasks.zarr_v3 import chunk_path, write_chunk, write_json_atomic
+from tasks.zarr_v3 import chunk_path, write_bytes_atomic, write_chunk, write_json_atomic
 
 PROGRESS_DIR = ".staged"
+PACKED_DIR = "tensorbin"
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Staged:
     xxh3: str
     max_abs_err: float
     pcc: float
+    packed_nbytes: int | None = None
+    packed_xxh3: str | None = None
 
 
 def checksum(data: np.ndarray | bytes | memoryview) -> str:
@@ -36,8 +40,17 @@ def checksum(data: np.ndarray | bytes | memoryview) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
+def _chunk_name(name: str, slot: int | None) -> str:
+    return name + ("" if slot is None else f"@{slot}")
+
+
 def progress_path(entry: Path, name: str, slot: int | None) -> Path:
-    return entry / PROGRESS_DIR / (name + ("" if slot is None else f"@{slot}") + ".json")
+    return entry / PROGRESS_DIR / (_chunk_name(name, slot) + ".json")
+
+
+def packed_path(entry: Path, name: str, slot: int | None) -> Path:
+    """Where a packed target's `.tensorbin` lives (outside the arrays, so Zarr readers never see it)."""
+    return entry / PACKED_DIR / (_chunk_name(name, slot) + ".tensorbin")
 
 
 def chunk_coords(ndim: int, slot: int | None) -> tuple[int, ...]:
@@ -49,7 +62,11 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
     """Write one target (or one slot of a bank) as a chunk of its array, then its progress record."""
     entry, data = Path(entry), converted.array
     write_chunk(entry / converted.name, chunk_coords(data.ndim, converted.slot), data)
-    record = Staged(converted.name, converted.slot, data.nbytes, checksum(data), converted.max_abs_err, converted.pcc)
+    packed = converted.packed
+    if packed is not None:
+        write_bytes_atomic(packed_path(entry, converted.name, converted.slot), packed)
+    record = Staged(converted.name, converted.slot, data.nbytes, checksum(data), converted.max_abs_err, converted.pcc,
+                    None if packed is None else len(packed), None if packed is None else checksum(packed))
     write_json_atomic(progress_path(entry, converted.name, converted.slot), asdict(record))
     return record
 
@@ -60,6 +77,9 @@ def already_staged(entry: Path, name: str, slot: int | None, ndim: int) -> Stage
     try:
         record = Staged(**json.loads(record_path.read_text()))
         data = chunk_path(entry / name, chunk_coords(ndim, slot)).read_bytes()
+        packed = packed_path(entry, name, slot).read_bytes() if record.packed_xxh3 else None
     except (OSError, ValueError, TypeError):
         return None
-    return record if len(data) == record.nbytes and checksum(data) == record.xxh3 else None
+    if len(data) != record.nbytes or checksum(data) != record.xxh3:
+        return None
+    return record if packed is None or checksum(packed) == record.packed_xxh3 else None

@@ -96,3 +96,25 @@ def test_device_round_trip_matches_the_source(hf_cache, tmp_path):
             assert device.pcc(back, host.tensors[name].float().numpy()) >= 0.999, name
     finally:
         device.close_device(dev)
+
+
+def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_path, snapshots):
+    import torch
+    from safetensors import safe_open
+
+    from pipeline.load import load
+
+    summary = convert(ConvertOptions("n17", "bfp8", embodiments="new_embodiment", hf_cache=hf_cache,
+                                     cache_root=tmp_path, progress=False))
+    loaded = load("n17", tmp_path, embodiment="new_embodiment", profile="bfp8", ttnn_host=True)
+    assert len(loaded.tensors) == summary["targets"]
+    w2 = loaded.tensors["action_head.action_encoder.W2.W"]
+    assert str(w2.dtype) == "DataType.BFLOAT8_B" and str(w2.layout) == "Layout.TILE"
+    with safe_open(str(snapshots["n17"] / "model-00002-of-00002.safetensors"), "pt") as f:
+        source = f.get_tensor("action_head.action_encoder.W2.W")[10]
+    fresh = device.to_host_tensor(source.view(torch.int16).numpy().view(np.uint16), "bfloat8_b", "TILE")
+    import ttnn
+
+    assert torch.equal(ttnn.to_torch(w2), ttnn.to_torch(fresh))  # packing is deterministic: identical values
+    norm = loaded.tensors["llm.norm.weight"]
+    assert str(norm.dtype) == "DataType.BFLOAT16" and str(norm.layout) == "Layout.ROW_MAJOR"
