@@ -1,0 +1,254 @@
+"""`make bench`: the product against raw I/O and the loaders users have today, as ratios measured side by side.
+
+Every measurement runs in a fresh child process (so imports, page faults and peak RSS are its own; peak RSS comes
+from the OS via wait4), the contenders of one ratio alternate run by run, and each figure is the median of
+`--runs` runs. Page cache: warm (the source and the cache were just written or read), unless `--cold` drops it
+before every run. Timings start after imports. Every reload, ours and the baselines', reads every byte once.
+Writes bench/results.json, bench/results.md and bench/results.png; exits non-zero only on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+DATA = BENCH / "data"
+
+
+# ---- child-side measurements: each prints one JSON object -------------------------------------------------------
+
+def _child_convert(a: dict) -> dict:
+    from pipeline.convert import ConvertOptions, convert
+
+    s = convert(ConvertOptions(a["version"], a["profile"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
+                               force=True, progress=False, scheduler=a.get("scheduler", "threads")))
+    return {"seconds": s["seconds"], "stage_seconds": s["stage_seconds"], "bytes": s["bytes_written"]}
+
+
+def _child_raw_copy(a: dict) -> dict:
+    """Baseline for convert: read every source byte and write as many bytes, with numpy, then sync (as publish does)."""
+    import numpy as np
+
+    out_dir = Path(a["scratch"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    total = 0
+    for i, shard in enumerate(sorted(Path(a["snapshot"]).glob("*.safetensors"))):
+        data = np.fromfile(shard, dtype=np.uint8)
+        data.tofile(out_dir / f"copy-{i}.bin")
+        total += data.nbytes
+        del data
+    os.sync()
+    seconds = time.perf_counter() - t0
+    for p in out_dir.glob("copy-*.bin"):
+        p.unlink()
+    return {"seconds": seconds, "bytes": total}
+
+
+def _child_load(a: dict) -> dict:
+    import torch  # noqa: F401  (imports are not timed)
+
+    from pipeline.load import load
+
+    t0 = time.perf_counter()
+    w = load(a["version"], a["cache"], embodiment=a.get("embodiment"), profile=a.get("profile", "bf16"),
+             ttnn_host=a.get("ttnn_host", False))
+    return {"seconds": time.perf_counter() - t0, "bytes": w.stats["bytes_read"], "tensors": w.stats["tensors"]}
+
+
+def _entry_files(entry: Path, packed: bool) -> list[Path]:
+    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    files = []
+    for name, arr in manifest["arrays"].items():
+        for chunk, rec in arr["chunks"].items():
+            slot = None if chunk == "all" else int(chunk)
+            if packed and "tensorbin" in rec:
+                from tasks.stage import packed_path
+
+                files.append(packed_path(entry, name, slot))
+            else:
+                from tasks.stage import chunk_coords
+                from tasks.zarr_v3 import chunk_path
+
+                files.append(chunk_path(entry / name, chunk_coords(len(arr["attributes"]["logical_shape"]), slot)))
+    return files
+
+
+def _child_raw_read(a: dict) -> dict:
+    """Baseline for reload: readinto preallocated buffers of exactly the files a full reload reads, all kept."""
+    import numpy as np
+
+    files = _entry_files(Path(a["entry"]), a.get("packed", False))
+    t0 = time.perf_counter()
+    keep, total = [], 0
+    for path in files:
+        buf = np.empty(path.stat().st_size, np.uint8)
+        with open(path, "rb", buffering=0) as fh:
+            fh.readinto(buf)
+        keep.append(buf)
+        total += buf.nbytes
+    return {"seconds": time.perf_counter() - t0, "bytes": total}
+
+
+def _naive_targets(version: str, snapshot: Path):
+    """The GR00T port's path: load_file every shard into one dict, then transform every target, all 32 slots."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pipeline.recipe import build_plan
+
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())
+    state: dict = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        state.update(load_file(str(snapshot / shard)))
+    plan = build_plan(version, {k: tuple(v.shape) for k, v in state.items()}, "bf16")
+    for t in plan.targets:
+        src = [state[k] for k in t.sources]
+        if t.transform in ("transpose", "flatten_transpose", "fuse_transpose"):
+            x = torch.cat([s.reshape(s.shape[0], -1) for s in src]).T.contiguous()
+        elif t.transform in ("row", "fuse_row"):
+            x = torch.cat([s.reshape(-1) for s in src]).reshape(1, -1)
+        elif t.transform == "slot_row":
+            x = src[0].reshape(32, 1, -1)
+        else:
+            x = src[0]
+        yield t, x
+
+
+def _child_naive(a: dict) -> dict:
+    import ttnn
+
+    from tasks.device import configure_ttnn_env, hardware_present
+
+    configure_ttnn_env(os.environ, hardware_present())
+    t0 = time.perf_counter()
+    n = 0
+    for t, x in _naive_targets(a["version"], Path(a["snapshot"])):
+        layout = ttnn.TILE_LAYOUT if t.layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT
+        ttnn.from_torch(x, dtype=ttnn.bfloat16, layout=layout)
+        n += 1
+    return {"seconds": time.perf_counter() - t0, "tensors": n}
+
+
+def _child_as_tensor(a: dict) -> dict:
+    """tt-metal's cache: `ttnn.as_tensor(cache_file_name=…)` per target (first run converts, later runs load)."""
+    import ttnn
+
+    from tasks.device import configure_ttnn_env, hardware_present
+
+    configure_ttnn_env(os.environ, hardware_present())
+    cache_dir = Path(a["cache_dir"])
+    t0 = time.perf_counter()
+    touched = 0
+    dtypes = {"bfloat16": ttnn.bfloat16, "bfloat8_b": ttnn.bfloat8_b}
+    for t, x in _naive_targets(a["version"], Path(a["snapshot"])) if a["first"] else _targets_only(a):
+        layout = ttnn.TILE_LAYOUT if t.layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT
+        dtype = dtypes[t.device_dtype if a["profile"] == "bfp8" else "bfloat16"]
+        ttnn.as_tensor(x, dtype=dtype, layout=layout, cache_file_name=str(cache_dir / t.name))
+    if not a["first"]:  # the touch pass: load_tensor maps its file, so read every byte as an upload would
+        for path in cache_dir.glob("*.tensorbin"):
+            touched += len(path.read_bytes())
+    return {"seconds": time.perf_counter() - t0, "bytes": touched}
+
+
+def _targets_only(a: dict):
+    """Warm as_tensor runs: the tensor argument is never read on a cache hit, so pass an empty placeholder
+    (what tt-metal model code does with `cache_file_name` and dummy weights)."""
+    import torch
+
+    from pipeline.layout import layout
+    from pipeline.recipe import build_plan
+
+    plan = build_plan(a["version"], {s.key: s.shape for s in layout(a["version"], a["scale"])}, "bf16")
+    empty = torch.empty(0, dtype=torch.bfloat16)
+    for t in plan.targets:
+        yield t, empty
+
+
+def _child_plain_loop(a: dict) -> dict:
+    """The same stage functions as the graph, called in a plain loop on one thread (Dask-overhead baseline)."""
+    from pipeline import cache
+    from pipeline.convert import ConvertOptions, prepare
+    from tasks import publish, source, stage, transforms
+    from tasks.convert import convert_target
+
+    ck, plan, slots, ident, root = prepare(ConvertOptions(a["version"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"])))
+    t0 = time.perf_counter()
+    tmp = cache.claim_tmp(root, "plain-loop")
+    cache.create_arrays(tmp, plan, slots, ident)
+    headers = {s: source.index_shard(h.path, frozenset(h.entries)) for s, h in ck.headers.items()}
+    verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
+    staged = []
+    for t in plan.targets:
+        for slot in (slots if t.embodiment else (None,)):
+            arrays = [source.read_tensor(headers[ck.shard_of(k)], k) if slot is None
+                      else source.read_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
+            converted = convert_target(transforms.apply(t.transform, arrays), t.name, t.sources, t.device_dtype, t.layout, slot)
+            staged.append(stage.stage_target(tmp, converted))
+    publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident,
+                          [publish.unit_done("all", staged, verified)])
+    seconds = time.perf_counter() - t0
+    import shutil
+
+    shutil.rmtree(cache.entries_dir(root) / "plain-loop-done", ignore_errors=True)
+    return {"seconds": seconds}
+
+
+CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_convert, _child_raw_copy, _child_load, _child_raw_read,
+                                                     _child_naive, _child_as_tensor, _child_plain_loop)}
+
+
+# ---- parent side --------------------------------------------------------------------------------------------------
+
+def run_child(name: str, args: dict, cold: bool = False) -> dict:
+    """One measurement in a fresh process; adds its peak RSS and CPU seconds as the OS counted them (wait4)."""
+    if cold:
+        os.sync()
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        except OSError:
+            pass
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(BENCH / "last-child-stderr.log", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.bench", "--child", name, json.dumps(args)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, env=env, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = status
+    if status != 0:
+        tail = (BENCH / "last-child-stderr.log").read_text()[-3000:]
+        raise RuntimeError(f"bench child {name} failed (status {status}):\n{tail}")
+    result = json.loads(out.strip().splitlines()[-1])
+    return {**result, "peak_rss_bytes": usage.ru_maxrss * 1024, "cpu_seconds": usage.ru_utime + usage.ru_stime}
+
+
+def median(runs: list[dict], key: str = "seconds") -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__)
+    p.add_argument("--child")
+    p.add_argument("child_args", nargs="?")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--scale", choices=("tiny", "full"), default="full")
+    p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
+    a = p.parse_args(argv)
+    if a.child:
+        print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
+        return 0
+    from pipeline.bench_report import run_all
+
+    return run_all(a.scale, a.runs, a.cold)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

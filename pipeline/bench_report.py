@@ -1,0 +1,165 @@
+"""Orchestrates `make bench` (see pipeline/bench.py for the method) and writes results.json / .md / .png."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+from pipeline.bench import BENCH, DATA, median, run_child
+from pipeline.snapshot import resolve_snapshot
+from pipeline.versions import load_config
+
+VERSION = "n16"  # the release whose layout is verified byte for byte
+
+
+def _metric(rows: list, name: str, ours: float, base: float | None, goal: str, holds: bool, unit: str = "s",
+            note: str = "") -> None:
+    ratio = ours / base if base else ours
+    rows.append({"metric": name, "ours": round(ours, 4), "baseline": None if base is None else round(base, 4),
+                 "ratio": round(ratio, 4), "goal": goal, "holds": bool(holds), "unit": unit, "note": note})
+    print(f"  {name}: {ratio:.3f} (goal {goal}) {'OK' if holds else 'MISSED'} {note}", flush=True)
+
+
+def run_all(scale: str, runs: int, cold: bool) -> int:
+    BENCH.mkdir(exist_ok=True)
+    hf, tiny_hf = DATA / f"hf-{scale}", DATA / "hf-tiny"
+    cfg = load_config(VERSION)
+    for root, sc in ((hf, scale), (tiny_hf, "tiny")):
+        try:
+            resolve_snapshot(cfg, hf_cache=root)
+        except Exception:
+            from pipeline.synth import synthesize
+
+            print(f"synthesizing {VERSION} ({sc}) into {root} (once)", flush=True)
+            synthesize(VERSION, root, sc)
+    snapshot = resolve_snapshot(cfg, hf_cache=hf)
+    caches = {p: DATA / f"cache-{scale}-{p}" for p in ("bf16", "bfp8")}
+    scratch = DATA / "scratch"
+    rows: list[dict] = []
+    raw: dict[str, list] = {}
+    cores = os.cpu_count() or 1
+    t_start = time.time()
+
+    print(f"bench: {VERSION} {scale}, {runs} runs each, page cache {'cold' if cold else 'warm'}", flush=True)
+    for profile in ("bf16", "bfp8"):
+        raw[f"convert_{profile}"] = []
+    raw["raw_copy"] = []
+    for _ in range(runs):  # contenders alternate run by run
+        for profile in ("bf16", "bfp8"):
+            raw[f"convert_{profile}"].append(run_child("convert", {"version": VERSION, "profile": profile, "hf": str(hf),
+                                                                   "cache": str(caches[profile])}, cold))
+        raw["raw_copy"].append(run_child("raw_copy", {"snapshot": str(snapshot), "scratch": str(scratch)}, cold))
+    conv = raw["convert_bf16"]
+    _metric(rows, "convert bf16 / read+write raw", median(conv), median(raw["raw_copy"]), "<= 1.3",
+            median(conv) <= 1.3 * median(raw["raw_copy"]), note="both sync to disk at the end")
+    peak = median(conv, "peak_rss_bytes")
+    _metric(rows, "peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, "GB")
+
+    entry = Path(json.loads((caches["bf16"] / "refs" / f"{VERSION}-bf16.json").read_text())["entry"])
+    entry = caches["bf16"] / "entries" / entry
+    raw["load"], raw["raw_read"], raw["naive"] = [], [], []
+    for _ in range(runs):
+        raw["load"].append(run_child("load", {"version": VERSION, "cache": str(caches["bf16"])}, cold))
+        raw["raw_read"].append(run_child("raw_read", {"entry": str(entry)}, cold))
+        raw["naive"].append(run_child("naive", {"version": VERSION, "snapshot": str(snapshot)}, cold))
+    _metric(rows, "full reload to host / raw readinto", median(raw["load"]), median(raw["raw_read"]), "<= 1.2",
+            median(raw["load"]) <= 1.2 * median(raw["raw_read"]), note="same files, buffers kept")
+    _metric(rows, "full reload / naive load_file+transform+from_torch", median(raw["load"]), median(raw["naive"]),
+            "<= 0.2", median(raw["load"]) <= 0.2 * median(raw["naive"]))
+
+    one = run_child("load", {"version": VERSION, "cache": str(caches["bf16"]), "embodiment": "gr1"})
+    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    bank = sum(c["nbytes"] for a in manifest["arrays"].values() if a["attributes"]["embodiment_bank"] for c in a["chunks"].values())
+    rest = sum(c["nbytes"] for a in manifest["arrays"].values() if not a["attributes"]["embodiment_bank"] for c in a["chunks"].values())
+    share = (one["bytes"] - rest) / bank
+    _metric(rows, "one-embodiment bank bytes read / bank bytes", share, None, "<= 1/32 + 1%", share <= 1 / 32 + 0.01, "")
+
+    tiny_cache = DATA / "cache-tiny-overhead"
+    raw["dask_sync"], raw["plain_loop"] = [], []
+    for _ in range(runs):
+        raw["dask_sync"].append(run_child("convert", {"version": VERSION, "profile": "bf16", "hf": str(tiny_hf),
+                                                      "cache": str(tiny_cache), "scheduler": "sync"}))
+        raw["plain_loop"].append(run_child("plain_loop", {"version": VERSION, "hf": str(tiny_hf), "cache": str(tiny_cache)}))
+    _metric(rows, "Dask overhead: graph (sync, 1 thread) / plain loop", median(raw["dask_sync"]), median(raw["plain_loop"]),
+            "<= 1.1", median(raw["dask_sync"]) <= 1.1 * median(raw["plain_loop"]), note="tiny n16: overhead-dominated")
+
+    bfp8 = raw["convert_bfp8"]
+    wall, cpu = median(bfp8), median(bfp8, "cpu_seconds")
+    _metric(rows, "bfp8 convert: wall / (CPU / cores)", wall, cpu / cores, "<= 1.15", wall <= 1.15 * cpu / cores)
+
+    ast = {p: DATA / f"as_tensor-{scale}-{p}" for p in ("bf16", "bfp8")}
+    for p in ("bf16", "bfp8"):
+        raw[f"as_tensor_first_{p}"] = []
+        raw[f"as_tensor_warm_{p}"] = []
+    raw["load_bfp8"] = []
+    for _ in range(runs):
+        for p in ("bf16", "bfp8"):
+            shutil.rmtree(ast[p], ignore_errors=True)
+            args = {"version": VERSION, "snapshot": str(snapshot), "cache_dir": str(ast[p]), "profile": p, "scale": scale}
+            raw[f"as_tensor_first_{p}"].append(run_child("as_tensor", {**args, "first": True}, cold))
+            raw[f"as_tensor_warm_{p}"].append(run_child("as_tensor", {**args, "first": False}, cold))
+        raw["load_bfp8"].append(run_child("load", {"version": VERSION, "cache": str(caches["bfp8"]), "profile": "bfp8",
+                                                   "embodiment": "gr1", "ttnn_host": True}, cold))
+    _metric(rows, "bfp8 reload (ttnn host, 1 slot) / as_tensor warm (all slots)", median(raw["load_bfp8"]),
+            median(raw["as_tensor_warm_bfp8"]), "<= 1.0", median(raw["load_bfp8"]) <= median(raw["as_tensor_warm_bfp8"]),
+            note="as_tensor has no slot selection")
+    for p in ("bf16", "bfp8"):
+        ours, base = median(raw[f"convert_{p}"]), median(raw[f"as_tensor_first_{p}"])
+        _metric(rows, f"convert {p} / as_tensor first run", ours, base, "<= 0.5", ours <= 0.5 * base)
+
+    context = {"version": VERSION, "scale": scale, "runs": runs, "page_cache": "cold" if cold else "warm",
+               "cores": cores, "python": platform.python_version(), "machine": platform.machine(),
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
+               "imports": "not counted: every timing starts inside the child after its imports"}
+    (BENCH / "results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
+    _markdown(rows, context)
+    _chart(rows, raw)
+    print(f"wrote {BENCH / 'results.md'}, results.json, results.png", flush=True)
+    return 0
+
+
+def _markdown(rows: list[dict], context: dict) -> None:
+    lines = [f"Measured {context['date']} on {context['cores']} cores, {context['version']} {context['scale']} "
+             f"synthetic checkpoint, median of {context['runs']} runs, page cache {context['page_cache']}; "
+             f"{context['imports']}.", "",
+             "| metric | ours | baseline | ratio | goal | holds |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        base = "" if r["baseline"] is None else f"{r['baseline']:.3f} {r['unit']}"
+        lines.append(f"| {r['metric']} | {r['ours']:.3f} {r['unit']} | {base} | {r['ratio']:.3f} | {r['goal']} | "
+                     f"{'yes' if r['holds'] else '**no**'} |")
+    (BENCH / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _chart(rows: list[dict], raw: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
+    stages = sorted({s for r in raw["convert_bf16"] + raw["convert_bfp8"] for s in r["stage_seconds"]})
+    runs = [(f"bf16 #{i + 1}", r) for i, r in enumerate(raw["convert_bf16"])] + \
+           [(f"bfp8 #{i + 1}", r) for i, r in enumerate(raw["convert_bfp8"])]
+    bottom = [0.0] * len(runs)
+    for stage in stages:
+        values = [r["stage_seconds"].get(stage, 0.0) for _, r in runs]
+        left.bar([n for n, _ in runs], values, bottom=bottom, label=stage)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    left.set_title("convert: task seconds per stage (summed over tasks), per run")
+    left.set_ylabel("seconds")
+    left.legend(fontsize=8)
+    left.tick_params(axis="x", rotation=45)
+    ratios = [r for r in rows if r["baseline"] is not None]
+    goals = [float(r["goal"].split()[-1]) for r in ratios]
+    colors = ["tab:green" if r["holds"] else "tab:red" for r in ratios]
+    right.barh([r["metric"] for r in ratios], [r["ratio"] for r in ratios], color=colors)
+    right.scatter(goals, range(len(ratios)), marker="|", s=400, color="black", label="goal")
+    right.set_title("ratio against baseline (green: goal holds)")
+    right.legend()
+    right.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(BENCH / "results.png", dpi=90)
