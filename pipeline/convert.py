@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -99,10 +100,14 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
         inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
-    except BaseException:
+    except BaseException as e:
         # A kill -9 never gets here, so its directory stays for the next run to resume; an error must not leave
         # a half-built directory behind.
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CacheError(f"{e.filename or tmp}: no space left on the device while staging {name}; nothing was "
+                             f"published and the temporary files were removed — free space or pass --cache DIR on "
+                             f"a larger disk") from e
         raise
     finally:
         ck.close()

@@ -51,6 +51,11 @@ def _task(key: Key, fn: Callable, *args: object) -> Task:
     return Task(key, fn, *args)
 
 
+def _origin(ck: Checkpoint, t: Target) -> str:
+    """The shard file(s) a target's sources live in, for error messages."""
+    return " + ".join(str(ck.shard_path(s)) for s in sorted({ck.shard_of(k) for k in t.sources}))
+
+
 def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads: list[TaskRef]) -> Key:
     suffix = () if slot is None else (slot,)
     stage_key = ("stage", t.name, *suffix)
@@ -60,7 +65,7 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     transform_key, convert_key = ("transform", t.name, *suffix), ("convert", t.name, *suffix)
     graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads))
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
-                               t.device_dtype, t.layout, slot, inputs.check_bf16)
+                               t.device_dtype, t.layout, slot, inputs.check_bf16, _origin(inputs.checkpoint, t))
     graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
     return stage_key
 

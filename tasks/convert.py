@@ -34,8 +34,9 @@ class Converted:
     packed: bytes | None = None  # `.tensorbin` of a packed-dtype target: reloads without repacking
 
 
-def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...]) -> None:
-    """NaN/Inf in weights is a broken checkpoint: name the target and its source keys (checked on the bits)."""
+def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin: str = "") -> None:
+    """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys (checked on the
+    bits). `origin` names the shard file(s) the sources came from."""
     bits = array.reshape(-1).view(np.uint16)
     scratch = np.empty(min(_BLOCK, bits.size), np.uint16)
     count, first = 0, -1
@@ -47,15 +48,15 @@ def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...]) -> None
             count += int(np.count_nonzero(bad))
             first = first if first >= 0 else i + int(np.argmax(bad))
     if count:
-        raise CheckpointError(", ".join(sources), f"{count} NaN/Inf value(s) in target {name!r} (first at flat index "
+        raise CheckpointError(origin or ", ".join(sources), f"{count} NaN/Inf value(s) in target {name!r} (first at flat index "
                                                   f"{first}); the checkpoint is corrupt or was saved mid-divergence", sources[0])
 
 
 def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], device_dtype: str, layout: str,
-                   slot: int | None = None, check_bf16: bool = False) -> Converted:
+                   slot: int | None = None, check_bf16: bool = False, origin: str = "") -> Converted:
     """Finite check, then (for packed dtypes, or when asked) the real ttnn host conversion, its shape checks and
     round-trip numerics."""
-    check_finite(array, name, sources)
+    check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
     if device_dtype == "bfloat16" and not check_bf16:
         return Converted(name, slot, array, device_dtype, expected, 0.0, 1.0)

@@ -52,8 +52,9 @@ def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedSh
     """Hash the shard; when its content identity is known (the HF blob name), the bytes must match it."""
     digest = file_sha256(header.path)
     if expected_sha256 is not None and digest != expected_sha256:
-        raise CheckpointError(header.path, f"content sha256 is {digest} but the file is named by {expected_sha256}: "
-                                           "the download is corrupt; delete it and download again")
+        raise CheckpointError(header.path, f"content sha256 is {digest}, expected {expected_sha256} (its HF blob name, "
+                                           "or the hash recorded when it was first converted): the file changed or is "
+                                           "corrupt; download it again")
     return VerifiedShard(header, digest)
 
 

@@ -42,3 +42,13 @@ def copy_snapshot(snapshots, tmp_path):
 @pytest.fixture
 def cache_root(tmp_path) -> Path:
     return tmp_path / "cache"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The reliability suite's table: each bad input or fault, and the one error the user sees for it."""
+    from tests.test_reliability import TABLE
+
+    if TABLE:
+        terminalreporter.section("reliability: case -> error")
+        for case, error in TABLE:
+            terminalreporter.write_line(f"{case:40} {error[:150]}")

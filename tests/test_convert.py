@@ -136,7 +136,7 @@ def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path
     blob.write_bytes(bytes(data))
     proc = _cli("convert", "--version", "n16", "--hf-cache", str(hf), "--cache", str(tmp_path / "cache"), "--json")
     assert proc.returncode == 2
-    assert f"{snap / 'model-00002-of-00002.safetensors'}: content sha256 is" in proc.stderr and "the download is corrupt" in proc.stderr
+    assert f"{snap / 'model-00002-of-00002.safetensors'}: content sha256 is" in proc.stderr and "the file changed or is corrupt" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert list(entries_dir(tmp_path / "cache").iterdir()) == []
 
