@@ -194,7 +194,7 @@ def _child_plain_loop(a: dict) -> dict:
             converted = convert_target(transforms.apply(t.transform, arrays), t.name, t.sources, t.device_dtype, t.layout, slot)
             staged.append(stage.stage_target(tmp, converted))
     publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident,
-                          [publish.unit_done("all", staged, verified)])
+                          [publish.unit_done("all", staged, verified)], verified)
     seconds = time.perf_counter() - t0
     import shutil
 

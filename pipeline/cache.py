@@ -128,13 +128,17 @@ def create_arrays(tmp: Path, plan: Plan, slots: tuple[int, ...], ident: Mapping[
         write_json_atomic(tmp / t.name / "zarr.json", _array_meta(t, plan, slots, ident))
 
 
+def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
+    """What a target's array records about itself (cache/README.md, "entries/")."""
+    return {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform, "kind": t.kind,
+            "device_dtype": t.device_dtype, "device_layout": t.layout, "logical_shape": list(t.shape),
+            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None}
+
+
 def _array_meta(t: Target, plan: Plan, slots: tuple[int, ...], ident: Mapping[str, object]) -> dict:
     shape = (32, *t.shape) if t.embodiment else t.shape  # banks keep all 32 slots addressable; chunk per slot
     chunks = (1, *t.shape) if t.embodiment else t.shape
-    attrs = {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform, "kind": t.kind,
-             "device_dtype": t.device_dtype, "device_layout": t.layout, "logical_shape": list(t.shape),
-             "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None}
-    return array_metadata(shape, chunks, attrs)
+    return array_metadata(shape, chunks, array_attributes(t, slots))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.layout import straddling_unit, unit_of
+from pipeline.layout import straddling_unit
+from pipeline.reuse import shared_bytes
 from pipeline.snapshot import default_hf_cache, resolve_snapshot
 from pipeline.versions import VERSIONS, load_config
 from tasks.errors import PipelineError
@@ -137,10 +138,13 @@ def cmd_cache(a: argparse.Namespace) -> dict:
             problems = cache.verify_entry(entry)
             state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        rows.append({"entry": path.name, "state": state, "bytes": size, "age_s": round(time.time() - path.stat().st_mtime)})
+        rows.append({"entry": path.name, "state": state, "bytes": size, "shared_bytes": shared_bytes(path),
+                     "version": entry.manifest.get("version") if entry else None,
+                     "age_s": round(time.time() - path.stat().st_mtime)})
     if not a.json:
         for r in rows:
-            print(f"{r['entry']:56} {_mb(r['bytes']):>12}  {r['age_s']:>8} s old  {r['state']}")
+            print(f"{r['entry']:48} {_mb(r['bytes']):>12} ({_mb(r['shared_bytes'])} shared with other entries)"
+                  f"  {r['age_s']:>8} s old  {r['state']}")
         if not rows:
             print(f"no entries in {cache.entries_dir(root)}")
     if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):

@@ -8,12 +8,13 @@ import os
 import resource
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline import cache
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.recipe import Plan, build_plan
+from pipeline.reuse import Reuse, plan_reuse
 from pipeline.run import run
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
@@ -37,6 +38,7 @@ class ConvertOptions:
     progress: bool = True
     check_bf16: bool = False  # round-trip bf16 targets through ttnn too (exact by construction; slow)
     check_against_cache: bool = False  # convert afresh and compare byte for byte with the published entry
+    reuse: bool = True  # link arrays whose content another published entry already holds (fine-tunes)
 
 
 def peak_rss_bytes() -> int:
@@ -73,9 +75,11 @@ def convert(opts: ConvertOptions) -> dict:
                 "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     if opts.force and final.exists():
         shutil.rmtree(final)
-    result, timings, graph, done = _build(opts, ck, plan, slots, ident, root, name, final)
+    result, timings, graph, done, reused = _build(opts, ck, plan, slots, ident, root, name, final)
     cache.set_ref(root, opts.version, opts.profile, name)
-    return {**summary, "cache_hit": False, "resumed_chunks": len(done), "tasks": len(graph),
+    return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
+            "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
+            "hashed_shards_before_graph": sorted(set(reused.verified) - reused.identified), "tasks": len(graph),
             "bytes_read": _source_bytes_read(plan, ck, slots, done),
             "bytes_written": sum(n["nbytes"] for n in result["numerics"]),
             "seconds": time.perf_counter() - t0, "stage_seconds": timings["stage_seconds"],
@@ -85,19 +89,27 @@ def convert(opts: ConvertOptions) -> dict:
 
 
 def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...], ident: dict, root: Path,
-           name: str, final: Path) -> tuple[dict, dict, dict, dict]:
+           name: str, final: Path) -> tuple[dict, dict, dict, dict, Reuse]:
     """Run the graph into a temporary directory (adopting a killed run's work) and publish it as `final`."""
     tmp = cache.claim_tmp(root, name)
     try:
         cache.create_arrays(tmp, plan, slots, ident)
+        expected_sha = {s: ck.blob_sha256(s) or ident["shards"][s] for s in ck.headers}
+        reused = Reuse()
+        if opts.reuse:
+            attrs = {t.name: cache.array_attributes(t, slots) for t in plan.targets}
+            reused = plan_reuse(root, plan, slots, ck, ident["shards"], expected_sha, tmp, attrs)
         done = {}
         for t in plan.targets:
             for slot in (slots if t.embodiment else (None,)):
                 record = already_staged(tmp, t.name, slot, len(t.shape))
                 if record is not None:
                     done[(t.name, slot)] = record
-        expected_sha = {s: ck.blob_sha256(s) or ident["shards"][s] for s in ck.headers}
-        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16)
+        read_from = {ck.shard_of(k) for t in plan.targets for slot in (slots if t.embodiment else (None,))
+                     if (t.name, slot) not in done for k in t.sources}
+        # A shard known only by its sha256 is trusted like a cache hit, unless something is read from it.
+        prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from}
+        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16, prehashed)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException as e:
@@ -111,7 +123,7 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
         raise
     finally:
         ck.close()
-    return result, timings, graph, done
+    return result, timings, graph, done, reused
 
 
 def check_against(existing: cache.Entry, opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...],
@@ -121,7 +133,7 @@ def check_against(existing: cache.Entry, opts: ConvertOptions, ck: Checkpoint, p
     scratch_name = f"check-{os.getpid()}-{existing.name}"
     scratch = cache.entries_dir(root) / scratch_name
     try:
-        _build(opts, ck, plan, slots, ident, root, scratch_name, scratch)
+        _build(replace(opts, reuse=False), ck, plan, slots, ident, root, scratch_name, scratch)
         fresh = json.loads((scratch / MANIFEST).read_text())["arrays"]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

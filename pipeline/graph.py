@@ -15,7 +15,7 @@ the graph as constants, so a resumed run redoes only the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Mapping
 
@@ -45,6 +45,7 @@ class GraphInputs:
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
     manifest: Mapping[str, object]                 # identity fields the publish step records
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
+    prehashed: Mapping[str, object] = field(default_factory=dict)  # shard -> VerifiedShard hashed before the graph
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -75,8 +76,11 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     ck, graph = inputs.checkpoint, {}
     for shard, header in ck.headers.items():
         graph[("index", shard)] = _task(("index", shard), index_shard, header.path, frozenset(header.entries))
-        graph[("verify", shard)] = _task(("verify", shard), verify_shard, TaskRef(("index", shard)),
-                                         inputs.expected_sha256.get(shard))
+        if shard in inputs.prehashed:  # a fine-tune's pre-pass already hashed (or identified) it
+            graph[("verify", shard)] = DataNode(("verify", shard), inputs.prehashed[shard])
+        else:
+            graph[("verify", shard)] = _task(("verify", shard), verify_shard, TaskRef(("index", shard)),
+                                             inputs.expected_sha256.get(shard))
     units: dict[str, list[TaskRef]] = {}
     unit_shards: dict[str, set[str]] = {}
     for t in inputs.plan.targets:
@@ -97,7 +101,8 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
         verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)
     graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
-                           dict(inputs.manifest), List(*(TaskRef(("unit", u)) for u in units)))
+                           dict(inputs.manifest), List(*(TaskRef(("unit", u)) for u in units)),
+                           List(*(TaskRef(("verify", s)) for s in sorted(ck.headers))))
     return graph
 
 

@@ -8,6 +8,7 @@ only a final directory with a manifest, so a crash at any point leaves either no
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -16,13 +17,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tasks.source import VerifiedShard
 from tasks.stage import PROGRESS_DIR, Staged
 from tasks.zarr_v3 import group_metadata, write_json_atomic
 
 MANIFEST = "MANIFEST.json"
 
 
-def unit_done(unit: str, staged: Sequence[Staged], verified: Sequence[object]) -> dict:
+def unit_done(unit: str, staged: Sequence[Staged], verified: Sequence[VerifiedShard]) -> dict:
     """A unit (layer, block, ...) is complete once all its targets are staged and every shard it read from has
     been verified (one shard, or two for the unit a shard boundary cuts)."""
     return {"unit": unit, "staged": list(staged), "shards": [v.header.path.name for v in verified]}
@@ -39,21 +41,37 @@ def _fsync_tree(root: Path) -> None:
                 os.close(fd)
 
 
-def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict]) -> dict[str, dict]:
-    """Per array: its metadata and, per chunk (slot or whole array), byte count and xxh3. Does not perform I/O."""
-    arrays: dict[str, dict] = {name: {"shape": meta["shape"], "chunk_shape": meta["chunk_grid"]["configuration"]["chunk_shape"],
-                                      "attributes": meta["attributes"], "chunks": {}} for name, meta in array_meta.items()}
+def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
+    """What one array's bytes are a function of: its sources' bytes, its transform and device format, and the
+    converter version. Equal ids mean equal bytes, whichever entry they sit in. Does not perform I/O."""
+    doc = [list(source_xxh3), attributes["transform"], attributes["device_dtype"], attributes["device_layout"],
+           attributes["logical_shape"], converter]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], tensor_xxh3: Mapping[str, str],
+                    converter: object) -> dict[str, dict]:
+    """Per array: its metadata, content id, and per chunk (slot or whole array) byte count and xxh3.
+    Does not perform I/O."""
+    arrays: dict[str, dict] = {}
+    for name, meta in array_meta.items():
+        sources = {k: tensor_xxh3[k] for k in meta["attributes"]["sources"]}
+        arrays[name] = {"shape": meta["shape"], "chunk_shape": meta["chunk_grid"]["configuration"]["chunk_shape"],
+                        "attributes": meta["attributes"], "source_xxh3": sources,
+                        "content_id": content_id(list(sources.values()), meta["attributes"], converter), "chunks": {}}
     for s in staged:
-        record = {"nbytes": s.nbytes, "xxh3": s.xxh3}
+        record = {"nbytes": s.nbytes, "xxh3": s.xxh3, "max_abs_err": s.max_abs_err, "pcc": s.pcc}
         if s.packed_xxh3 is not None:
             record["tensorbin"] = {"nbytes": s.packed_nbytes, "xxh3": s.packed_xxh3}
         arrays[s.name]["chunks"]["all" if s.slot is None else str(s.slot)] = record
     return arrays
 
 
-def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: Sequence[dict]) -> dict:
+def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: Sequence[dict],
+                  verified: Sequence[VerifiedShard]) -> dict:
     """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success."""
     tmp_dir, final_dir = Path(tmp), Path(final)
+    tensor_xxh3 = {k: h for v in verified for k, h in v.tensor_xxh3.items()}
     staged = [s for u in units for s in u["staged"]]
     array_meta = {p.parent.name: json.loads(p.read_text()) for p in tmp_dir.glob("*/zarr.json")}
     missing = sorted(set(array_meta) - {s.name for s in staged})
@@ -61,7 +79,8 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
         raise RuntimeError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it")
     write_json_atomic(tmp_dir / "zarr.json", group_metadata(array_meta, {"gr00t_cache": dict(identity)}))
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
-    manifest = {**identity, "published_unix": time.time(), "arrays": manifest_arrays(staged, array_meta),
+    arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.get("converter"))
+    manifest = {**identity, "published_unix": time.time(), "arrays": arrays,
                 "bytes": sum(s.nbytes for s in staged), "chunks": len(staged)}
     _fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest, durable=True)

@@ -10,8 +10,10 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
+import xxhash
 
 from tasks.errors import CheckpointError
 from tasks.safetensors_file import ShardHeader, read_header, read_rows
@@ -23,6 +25,7 @@ HASH_BLOCK = 16 * 2**20
 class VerifiedShard:
     header: ShardHeader
     sha256: str
+    tensor_xxh3: Mapping[str, str]  # per-tensor content identity: lets a fine-tune reuse what did not change
 
 
 def index_shard(path: Path, expected_keys: frozenset[str]) -> ShardHeader:
@@ -48,14 +51,36 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
+def hash_shard(header: ShardHeader) -> tuple[str, dict[str, str]]:
+    """One sequential pass: the file's sha256 and every tensor's xxh3-128, from the same blocks."""
+    sha = hashlib.sha256()
+    spans = sorted((header.data_start + e.start, header.data_start + e.end, k) for k, e in header.entries.items())
+    hashers = {k: xxhash.xxh3_128() for _, _, k in spans}
+    buf = np.empty(HASH_BLOCK, np.uint8)
+    view, pos, first = memoryview(buf), 0, 0
+    with open(header.path, "rb", buffering=0) as fh:
+        while n := fh.readinto(view):
+            block = view[:n]
+            sha.update(block)
+            while first < len(spans) and spans[first][1] <= pos:
+                first += 1
+            i = first
+            while i < len(spans) and spans[i][0] < pos + n:
+                lo, hi, key = spans[i]
+                hashers[key].update(block[max(lo - pos, 0):min(hi - pos, n)])
+                i += 1
+            pos += n
+    return sha.hexdigest(), {k: h.hexdigest() for k, h in hashers.items()}
+
+
 def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedShard:
     """Hash the shard; when its content identity is known (the HF blob name), the bytes must match it."""
-    digest = file_sha256(header.path)
+    digest, tensors = hash_shard(header)
     if expected_sha256 is not None and digest != expected_sha256:
         raise CheckpointError(header.path, f"content sha256 is {digest}, expected {expected_sha256} (its HF blob name, "
                                            "or the hash recorded when it was first converted): the file changed or is "
                                            "corrupt; download it again")
-    return VerifiedShard(header, digest)
+    return VerifiedShard(header, digest, tensors)
 
 
 def _read(header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:

@@ -1,0 +1,106 @@
+"""Fine-tunes convert in proportion to what changed.
+
+Every published array carries a content id: a hash of its source tensors' bytes (xxh3-128 per tensor, taken during
+the verify pass), its transform and device format, and the converter version. Before a conversion runs, the
+tensors of each shard are identified — from an earlier entry when the shard's sha256 is unchanged, by one hashing
+pass otherwise — and every target whose content id some published entry already holds is hard-linked from there
+instead of being read, converted and written. A typical fine-tune changes the action head: the backbone shard is
+untouched, so only the action-head shard is hashed and only the changed targets are converted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline import cache
+from pipeline.recipe import Plan
+from tasks.checkpoint import Checkpoint
+from tasks.publish import content_id
+from tasks.source import VerifiedShard, verify_shard
+from tasks.stage import Staged, chunk_coords, packed_path, progress_path
+from tasks.zarr_v3 import chunk_path, write_json_atomic
+
+
+@dataclass
+class Reuse:
+    records: dict = field(default_factory=dict)    # (target, slot) -> Staged, linked from another entry
+    verified: dict = field(default_factory=dict)   # shard -> VerifiedShard hashed (or identified) before the graph
+    identified: set = field(default_factory=set)   # shards known by sha256 alone: verified only if read from
+    linked_bytes: int = 0
+
+
+def _published(root: Path, version: str) -> list[cache.Entry]:
+    out = [e for _, e, state in cache.iter_entries(root) if state == "published" and e.manifest.get("version") == version]
+    return sorted(out, key=lambda e: e.manifest.get("published_unix", 0), reverse=True)
+
+
+def _known_tensor_hashes(entries: list[cache.Entry], shard_sha: str) -> dict[str, str]:
+    """Per-key hashes recorded by entries converted from a shard with this sha256."""
+    known: dict[str, str] = {}
+    for e in entries:
+        if shard_sha in e.manifest.get("shards", {}).values():
+            for arr in e.manifest["arrays"].values():
+                known.update(arr.get("source_xxh3", {}))
+    return known
+
+
+def _link(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)  # same bytes, no copy: entries share the file
+    except OSError:
+        shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
+
+
+def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str],
+               expected_sha: dict[str, str | None], tmp: Path, array_attrs: dict[str, dict]) -> Reuse:
+    """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
+    reuse = Reuse()
+    entries = _published(root, plan.version)
+    if not entries:
+        return reuse
+    hashes: dict[str, str] = {}
+    for shard, header in ck.headers.items():
+        known = _known_tensor_hashes(entries, shard_sha[shard])
+        if all(k in known for k in header.entries):
+            hashes.update({k: known[k] for k in header.entries})
+            reuse.verified[shard] = VerifiedShard(header, shard_sha[shard], {k: known[k] for k in header.entries})
+            reuse.identified.add(shard)
+        else:
+            reuse.verified[shard] = verify_shard(header, expected_sha[shard])  # the verify pass, done first
+            hashes.update(reuse.verified[shard].tensor_xxh3)
+    by_id: dict[str, tuple[cache.Entry, str]] = {}
+    for e in reversed(entries):  # newest wins
+        for name, arr in e.manifest["arrays"].items():
+            if "content_id" in arr:
+                by_id[arr["content_id"]] = (e, name)
+    for t in plan.targets:
+        cid = content_id([hashes[k] for k in t.sources], array_attrs[t.name], cache.CONVERTER_VERSION)
+        if cid not in by_id:
+            continue
+        entry, name = by_id[cid]
+        for slot in (slots if t.embodiment else (None,)):
+            rec = entry.manifest["arrays"][name]["chunks"].get("all" if slot is None else str(slot))
+            if rec is None:
+                continue
+            coords = chunk_coords(len(t.shape), slot)
+            _link(chunk_path(entry.path / name, coords), chunk_path(tmp / t.name, coords))
+            packed = rec.get("tensorbin")
+            if packed:
+                _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
+            staged = Staged(t.name, slot, rec["nbytes"], rec["xxh3"], rec.get("max_abs_err", 0.0), rec.get("pcc", 1.0),
+                            packed and packed["nbytes"], packed and packed["xxh3"])
+            write_json_atomic(progress_path(tmp, t.name, slot), asdict(staged))
+            reuse.records[(t.name, slot)] = staged
+            reuse.linked_bytes += rec["nbytes"]
+    return reuse
+
+
+def shared_bytes(entry: Path) -> int:
+    """Bytes of an entry's files that are hard links shared with another entry."""
+    return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file() and p.stat().st_nlink > 1)
+
