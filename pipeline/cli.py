@@ -6,6 +6,7 @@ Every command exits 0 on success and 2 with one sentence on stderr for a known e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -69,11 +70,30 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
     return report
 
 
-def _convert_options(a: argparse.Namespace):
+def _convert_options(a: argparse.Namespace, device=None):
     from pipeline.convert import ConvertOptions
 
     return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
-                          a.force, progress=not a.json, check_against_cache=a.check_against_cache)
+                          a.force, progress=not a.json, check_against_cache=a.check_against_cache, device=device)
+
+
+@contextlib.contextmanager
+def opened_device(choice: str):
+    """`none`: host only; `auto`: every device present (a mesh), else host only; an id: that device or an
+    error. The device is closed on every exit path."""
+    from tasks import device as tt
+
+    if choice == "none" or (choice == "auto" and not tt.hardware_present()):
+        yield None
+        return
+    if not tt.hardware_present():
+        raise PipelineError(f"--device {choice}: no Tenstorrent device on this machine (/dev/tenstorrent is absent); "
+                            "use --device none or auto")
+    dev = tt.open_device(None if choice == "auto" else int(choice))
+    try:
+        yield dev
+    finally:
+        tt.close_device(dev)
 
 
 def print_convert(s: dict) -> None:
@@ -98,7 +118,9 @@ def print_convert(s: dict) -> None:
 def cmd_convert(a: argparse.Namespace) -> dict:
     from pipeline.convert import convert
 
-    summary = convert(_convert_options(a))
+    with opened_device(a.device) as dev:
+        summary = convert(_convert_options(a, dev))
+    summary.pop("device_tensors", None)
     if not a.json:
         print_convert(summary)
     else:
@@ -117,7 +139,8 @@ def cmd_graph(a: argparse.Namespace) -> dict:
 def cmd_load(a: argparse.Namespace) -> dict:
     from pipeline.load import load
 
-    loaded = load(a.version, a.cache, a.embodiment, a.profile)
+    with opened_device(a.device) as dev:
+        loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev)
     result = {"entry": loaded.entry, "slot": loaded.slot, **loaded.stats}
     if not a.json:
         print(f"loaded {result['tensors']} tensors ({_mb(result['bytes_read'])}) from {loaded.entry} "
@@ -203,6 +226,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "convert":
             sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
             sp.add_argument("--force", action="store_true", help="convert even if a published entry exists")
+            sp.add_argument("--device", default="none", help="none (default) | auto | a device id: upload as staged")
             sp.add_argument("--check-against-cache", action="store_true",
                             help="convert afresh into a scratch entry and compare it byte for byte with the cached one")
         else:
@@ -210,6 +234,7 @@ def parser() -> argparse.ArgumentParser:
     sp = add("load", cmd_load, "reload converted tensors from the cache and time it")
     sp.add_argument("--profile", default="bf16")
     sp.add_argument("--embodiment", help="a tag or slot id (default: all slots)")
+    sp.add_argument("--device", default="none", help="none (default) | auto | a device id")
     sp = add("cache", cmd_cache, "list, verify or clean the cache", version=False)
     sp.add_argument("action", choices=("ls", "verify", "gc"))
     sp.add_argument("entry", nargs="?", help="verify only this entry")

@@ -19,7 +19,7 @@ from pipeline.run import run
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
-from tasks.errors import CacheError
+from tasks.errors import CacheError, ConfigError
 from tasks.publish import MANIFEST
 from tasks.stage import already_staged
 
@@ -39,6 +39,7 @@ class ConvertOptions:
     check_bf16: bool = False  # round-trip bf16 targets through ttnn too (exact by construction; slow)
     check_against_cache: bool = False  # convert afresh and compare byte for byte with the published entry
     reuse: bool = True  # link arrays whose content another published entry already holds (fine-tunes)
+    device: object = None  # an open ttnn device or mesh: targets are uploaded as they are staged
 
 
 def peak_rss_bytes() -> int:
@@ -71,8 +72,13 @@ def convert(opts: ConvertOptions) -> dict:
     if existing is not None:
         ck.close()
         cache.set_ref(root, opts.version, opts.profile, name)
-        return {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
-                "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
+        hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
+        if opts.device is not None:  # nothing to convert: upload straight from the cache
+            from pipeline.load import load
+
+            slot = slots[0] if len(slots) == 1 else None
+            hit["device_tensors"] = load(opts.version, root, slot, opts.profile, device=opts.device).tensors
+        return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     if opts.force and final.exists():
         shutil.rmtree(final)
     result, timings, graph, done, reused = _build(opts, ck, plan, slots, ident, root, name, final)
@@ -84,7 +90,7 @@ def convert(opts: ConvertOptions) -> dict:
             "bytes_written": sum(n["nbytes"] for n in result["numerics"]),
             "seconds": time.perf_counter() - t0, "stage_seconds": timings["stage_seconds"],
             "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
-            "published_here": result["published_here"],
+            "published_here": result["published_here"], "device_tensors": result["device_tensors"],
             "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"]))}
 
 
@@ -109,7 +115,11 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known only by its sha256 is trusted like a cache hit, unless something is read from it.
         prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from}
-        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16, prehashed)
+        if opts.device is not None and opts.scheduler not in ("threads", "sync"):
+            raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
+                              f"{opts.scheduler} workers)")
+        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16, prehashed,
+                             opts.device)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException as e:

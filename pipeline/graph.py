@@ -26,6 +26,7 @@ from pipeline.recipe import Plan, Target
 from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.publish import publish_entry, unit_done
+from tasks.device import upload_staged
 from tasks.source import index_shard, read_slot, read_tensor, verify_shard
 from tasks.stage import Staged, stage_target
 from tasks.transforms import apply
@@ -46,6 +47,7 @@ class GraphInputs:
     manifest: Mapping[str, object]                 # identity fields the publish step records
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
     prehashed: Mapping[str, object] = field(default_factory=dict)  # shard -> VerifiedShard hashed before the graph
+    device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -60,7 +62,7 @@ def _origin(ck: Checkpoint, t: Target) -> str:
 def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads: list[TaskRef]) -> Key:
     suffix = () if slot is None else (slot,)
     stage_key = ("stage", t.name, *suffix)
-    if (t.name, slot) in inputs.done:
+    if (t.name, slot) in inputs.done and inputs.device is None:
         graph[stage_key] = DataNode(stage_key, inputs.done[(t.name, slot)])
         return stage_key
     transform_key, convert_key = ("transform", t.name, *suffix), ("convert", t.name, *suffix)
@@ -68,7 +70,11 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
                                t.device_dtype, t.layout, slot, inputs.check_bf16, _origin(inputs.checkpoint, t))
     graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
-    return stage_key
+    if inputs.device is None:
+        return stage_key
+    upload_key = ("upload", t.name, *suffix)  # uploads as soon as the target is staged, while others still convert
+    graph[upload_key] = _task(upload_key, upload_staged, TaskRef(stage_key), TaskRef(convert_key), t.kind, inputs.device)
+    return upload_key
 
 
 def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
@@ -92,7 +98,7 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
             for key in t.sources:
                 indexed = TaskRef(("index", ck.shard_of(key)))
                 read_key = ("read", key) if slot is None else ("slot", key, slot)
-                if read_key not in graph and (t.name, slot) not in inputs.done:
+                if read_key not in graph and ((t.name, slot) not in inputs.done or inputs.device is not None):
                     graph[read_key] = (_task(read_key, read_tensor, indexed, key) if slot is None
                                        else _task(read_key, read_slot, indexed, key, slot))
                 reads.append(TaskRef(read_key))

@@ -15,16 +15,21 @@ from pathlib import Path
 from pipeline.graph import PUBLISH, GraphInputs, ancestors, build_graph, dependencies
 
 
-def graph_for(opts) -> tuple[dict, str]:
-    """Build the graph a convert with `opts` would run (nothing is executed or written)."""
+def graph_inputs(opts) -> GraphInputs:
+    """What a convert with `opts` would build its graph from (nothing is executed or written)."""
     from pipeline import cache
     from pipeline.convert import prepare
 
     ck, plan, slots, ident, root = prepare(opts)
     name = cache.entry_name(ident)
-    inputs = GraphInputs(plan, ck, slots, cache.entries_dir(root) / f"{name}.tmp-graph",
-                         cache.entries_dir(root) / name, {s: ck.blob_sha256(s) for s in ck.headers}, {}, ident)
-    return build_graph(inputs), plan.version
+    return GraphInputs(plan, ck, slots, cache.entries_dir(root) / f"{name}.tmp-graph",
+                       cache.entries_dir(root) / name, {s: ck.blob_sha256(s) for s in ck.headers}, {}, ident)
+
+
+def graph_for(opts) -> tuple[dict, str]:
+    """The graph a convert with `opts` would run."""
+    inputs = graph_inputs(opts)
+    return build_graph(inputs), inputs.plan.version
 
 
 def graph_json(graph: dict) -> dict:

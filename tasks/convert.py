@@ -28,6 +28,7 @@ class Converted:
     slot: int | None
     array: np.ndarray          # bf16, logical shape: what the cache stores
     device_dtype: str
+    layout: str
     padded_shape: tuple[int, ...]
     max_abs_err: float
     pcc: float
@@ -59,11 +60,11 @@ def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], devic
     check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
     if device_dtype == "bfloat16" and not check_bf16:
-        return Converted(name, slot, array, device_dtype, expected, 0.0, 1.0)
+        return Converted(name, slot, array, device_dtype, layout, expected, 0.0, 1.0)
     host = device.to_host_tensor(array, device_dtype, layout)
     if tuple(host.shape) != tuple(array.shape) or tuple(host.padded_shape) != expected:
         raise CheckpointError(sources[0], f"ttnn host tensor for {name!r} has shape {tuple(host.shape)} / padded "
                                           f"{tuple(host.padded_shape)}, expected {array.shape} / {expected}", sources[0])
     numerics = device.host_numerics(host, array)
     packed = device.packed_bytes(host) if device_dtype != "bfloat16" else None
-    return Converted(name, slot, array, device_dtype, expected, numerics.max_abs_err, numerics.pcc, packed)
+    return Converted(name, slot, array, device_dtype, layout, expected, numerics.max_abs_err, numerics.pcc, packed)

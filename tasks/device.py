@@ -120,15 +120,36 @@ def host_numerics(host, reference: np.ndarray) -> Numerics:
 
 
 def open_device(device_id: int | None):
-    """Open one device or, with several, the whole mesh. Hardware only."""
+    """Open one device, or (None) every available device as a 1 x N mesh. Hardware only."""
     ttnn = _ttnn()
     if device_id is None:
         return ttnn.open_mesh_device(ttnn.MeshShape(1, ttnn.GetNumAvailableDevices()))
     return ttnn.open_device(device_id=device_id)
 
 
+def _mesh_size(device) -> int:
+    return device.get_num_devices() if hasattr(device, "get_num_devices") else 1
+
+
+def upload_array(array: np.ndarray, dtype: str, layout: str, kind: str, device):
+    """Put one bf16 target on the device (DRAM) in its device dtype and layout. On a mesh, large matmul weights
+    are split on their output dim across devices and everything else is replicated, as tt-metal does.
+    Hardware only."""
+    import torch
+
+    ttnn = _ttnn()
+    mapper, n = None, _mesh_size(device)
+    if n > 1:
+        split = kind == "matmul" and array.shape[-1] % (TILE * n) == 0
+        mapper = ttnn.ShardTensorToMesh(device, dim=-1) if split else ttnn.ReplicateTensorToMesh(device)
+    host = torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+    return ttnn.from_torch(host, dtype=getattr(ttnn, dtype),
+                           layout=ttnn.TILE_LAYOUT if layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT,
+                           device=device, mesh_mapper=mapper, memory_config=ttnn.DRAM_MEMORY_CONFIG)
+
+
 def upload(host, device):
-    """Move a host tensor into device DRAM. Hardware only."""
+    """Move a host tensor (already in its device dtype/layout) into device DRAM. Hardware only."""
     ttnn = _ttnn()
     return ttnn.to_device(host, device, memory_config=ttnn.DRAM_MEMORY_CONFIG)
 
@@ -136,3 +157,8 @@ def upload(host, device):
 def close_device(device) -> None:
     ttnn = _ttnn()
     (ttnn.close_mesh_device if hasattr(device, "get_num_devices") else ttnn.close_device)(device)
+
+
+def upload_staged(staged, converted, kind: str, device) -> tuple:
+    """The upload stage: put a staged target on the device; returns its stage record and the device tensor."""
+    return staged, upload_array(converted.array, converted.device_dtype, converted.layout, kind, device)

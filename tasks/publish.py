@@ -24,10 +24,12 @@ from tasks.zarr_v3 import group_metadata, write_json_atomic
 MANIFEST = "MANIFEST.json"
 
 
-def unit_done(unit: str, staged: Sequence[Staged], verified: Sequence[VerifiedShard]) -> dict:
-    """A unit (layer, block, ...) is complete once all its targets are staged and every shard it read from has
-    been verified (one shard, or two for the unit a shard boundary cuts)."""
-    return {"unit": unit, "staged": list(staged), "shards": [v.header.path.name for v in verified]}
+def unit_done(unit: str, staged: Sequence[Staged | tuple], verified: Sequence[VerifiedShard]) -> dict:
+    """A unit (layer, block, ...) is complete once all its targets are staged (and uploaded, when a device is
+    open) and every shard it read from has been verified (one, or two for the unit a shard boundary cuts)."""
+    records = [s[0] if isinstance(s, tuple) else s for s in staged]
+    on_device = {(s[0].name, s[0].slot): s[1] for s in staged if isinstance(s, tuple)}
+    return {"unit": unit, "staged": records, "device": on_device, "shards": [v.header.path.name for v in verified]}
 
 
 def _fsync_tree(root: Path) -> None:
@@ -98,4 +100,5 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
         shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
         won = False
     return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest["bytes"],
-            "chunks": manifest["chunks"], "numerics": [asdict(s) for s in staged]}
+            "chunks": manifest["chunks"], "numerics": [asdict(s) for s in staged],
+            "device_tensors": {k: v for u in units for k, v in u.get("device", {}).items()}}

@@ -73,3 +73,20 @@ def test_json_export_lists_every_task_with_its_dependencies(hf_cache, cache_root
     summary = unit_summary(graph)
     assert summary["action_head.model.transformer_blocks.18"]["shards"] == ["model-00001-of-00002.safetensors",
                                                                              "model-00002-of-00002.safetensors"]
+
+
+def test_with_an_open_device_each_target_uploads_right_after_staging(hf_cache, cache_root):
+    from dataclasses import replace
+
+    from pipeline.graph import build_graph
+    from pipeline.render import graph_inputs
+
+    inputs = graph_inputs(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, cache_root=cache_root))
+    graph = build_graph(replace(inputs, device=object()))  # wiring only: nothing runs, no hardware needed
+    uploads = [k for k in graph if k[0] == "upload"]
+    stages = [k for k in graph if k[0] == "stage"]
+    assert len(uploads) == len(stages) == len(inputs.plan.targets)
+    for key in uploads:
+        assert set(graph[key].dependencies) == {("stage", *key[1:]), ("convert", *key[1:])}
+    unit = ("unit", "action_head.model.transformer_blocks.19")
+    assert {d[0] for d in graph[unit].dependencies} == {"upload", "verify"}
