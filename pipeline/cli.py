@@ -204,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
         if version:
             sp.add_argument("--version", required=True, help=f"one of {', '.join(VERSIONS)}")
         sp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-        sp.add_argument("--cache", type=Path, help="cache root (default $GR00T_CACHE or ./cache)")
+        sp.add_argument("--cache", help="cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE or ./cache)")
         return sp
 
     def source_args(sp: argparse.ArgumentParser) -> None:

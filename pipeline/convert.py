@@ -15,6 +15,7 @@ from pipeline import cache
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.recipe import Plan, build_plan
 from pipeline.reuse import Reuse, plan_reuse
+from pipeline.store import is_url, open_store, push_entry
 from pipeline.run import run
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
@@ -59,6 +60,8 @@ def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], di
 
 def convert(opts: ConvertOptions) -> dict:
     """Convert (or reuse) one entry; returns the summary that `convert --json` prints."""
+    if is_url(opts.cache_root):
+        return _convert_to_store(opts)
     t0 = time.perf_counter()
     ck, plan, slots, ident, root = prepare(opts)
     name = cache.entry_name(ident)
@@ -92,6 +95,31 @@ def convert(opts: ConvertOptions) -> dict:
             "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
             "published_here": result["published_here"], "device_tensors": result["device_tensors"],
             "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"]))}
+
+
+def _convert_to_store(opts: ConvertOptions) -> dict:
+    """A cache at an object-store URL: reuse the entry if its manifest is there, else build it in the local cache
+    and push it, manifest last (pipeline/store.py)."""
+    t0 = time.perf_counter()
+    store = open_store(str(opts.cache_root))
+    local = replace(opts, cache_root=None)  # builds (and remembers source hashes) in $GR00T_CACHE or ./cache
+    ck, plan, slots, ident, _ = prepare(local)
+    ck.close()
+    name = cache.entry_name(ident)
+    ref = (f"refs/{opts.version}-{opts.profile}.json", {"entry": name, "updated_unix": time.time()})
+    manifest = None if opts.force else store.get_json(f"entries/{name}/MANIFEST.json")
+    if manifest is not None and manifest.get("fingerprint") == ident["fingerprint"]:
+        store.put_json(*ref)
+        return {"version": opts.version, "profile": opts.profile, "fingerprint": ident["fingerprint"],
+                "cache_path": store.describe(f"entries/{name}"), "slots": list(slots), "targets": len(plan.targets),
+                "skipped": dict(plan.skipped), "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
+                "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
+    summary = convert(local)
+    pushed = push_entry(Path(summary["cache_path"]), store, name)
+    store.put_json(*ref)
+    return {**summary, "cache_hit": False, "local_build": summary["cache_path"],
+            "cache_path": store.describe(f"entries/{name}"), "pushed_bytes": pushed,
+            "seconds": time.perf_counter() - t0}
 
 
 def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...], ident: dict, root: Path,

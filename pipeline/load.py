@@ -7,6 +7,7 @@ embodiment, a bank contributes only that slot's chunk: about 1/32 of the bank's 
 
 from __future__ import annotations
 
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -15,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import cache
+from pipeline.store import Store, is_url, open_store
 from pipeline.versions import load_config
 from tasks.errors import CacheError
 from tasks.stage import checksum, chunk_coords, packed_path
-from tasks.zarr_v3 import STORAGE_DTYPE, read_chunk_into
+from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, read_chunk_into
 
 
 @dataclass
@@ -29,13 +31,76 @@ class Loaded:
     stats: dict = field(default_factory=dict)
 
 
-def _read_chunk(entry: Path, name: str, chunk: str, rec: dict, shape: list[int]) -> np.ndarray:
+class _LocalEntry:
+    """A published entry in a local cache: chunks are read straight into the caller's buffers."""
+
+    def __init__(self, path: Path):
+        self.path, self.name = path, path.name
+
+    def describe(self, rel: str) -> str:
+        return str(self.path / rel)
+
+    def read_into(self, name: str, coords: tuple[int, ...], out: np.ndarray) -> None:
+        read_chunk_into(self.path / name, coords, out)
+
+    def packed_file(self, name: str, slot: int | None) -> tuple[Path, bytes | None]:
+        path = packed_path(self.path, name, slot)
+        return path, path.read_bytes() if path.is_file() else None
+
+
+class _RemoteEntry:
+    """A published entry in an object store: one GET per chunk (a slot is its own object)."""
+
+    def __init__(self, store: Store, name: str):
+        self.store, self.name = store, name
+        self.prefix = f"entries/{name}"
+        self._tmp = tempfile.TemporaryDirectory(prefix="gr00t-packed-")
+
+    def describe(self, rel: str) -> str:
+        return self.store.describe(f"{self.prefix}/{rel}")
+
+    def read_into(self, name: str, coords: tuple[int, ...], out: np.ndarray) -> None:
+        key = chunk_path(Path(self.prefix) / name, coords).as_posix()
+        data = self.store.get(key)
+        if data is None or len(data) != out.nbytes:
+            found = "missing" if data is None else f"{len(data)} bytes, expected {out.nbytes}"
+            raise CacheError(f"{self.store.describe(key)}: chunk is {found}; push the entry again")
+        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+
+    def packed_file(self, name: str, slot: int | None) -> tuple[Path, bytes | None]:
+        rel = packed_path(Path(self.prefix), name, slot).as_posix()
+        data = self.store.get(rel)
+        local = Path(self._tmp.name) / Path(rel).name  # ttnn loads from a file
+        if data is not None:
+            local.write_bytes(data)
+        return local, data
+
+
+def _open_entry(version: str, profile: str, cache_dir: Path | str | None) -> tuple[object, dict]:
+    if is_url(cache_dir):
+        store = open_store(cache_dir)
+        ref = store.get_json(f"refs/{version}-{profile}.json")
+        if ref is None:
+            raise CacheError(f"{store.describe(f'refs/{version}-{profile}.json')}: no converted {version} ({profile}) "
+                             f"in this cache; run `python -m pipeline convert --version {version} --profile {profile} "
+                             f"--cache {cache_dir}` first")
+        name = ref["entry"]
+        manifest = store.get_json(f"entries/{name}/MANIFEST.json")
+        if manifest is None or not name.endswith(str(manifest.get("fingerprint", ""))[:20] or "-"):
+            raise CacheError(f"{store.describe(f'entries/{name}/MANIFEST.json')}: missing or not the manifest of "
+                             f"{name}; the entry was never completely pushed — convert again")
+        return _RemoteEntry(store, name), manifest
+    entry = cache.resolve_ref(cache.cache_root(cache_dir), version, profile)
+    return _LocalEntry(entry.path), entry.manifest
+
+
+def _read_chunk(entry, name: str, chunk: str, rec: dict, shape: list[int]) -> np.ndarray:
     slot = None if chunk == "all" else int(chunk)
     out = np.empty(shape, STORAGE_DTYPE)
-    read_chunk_into(entry / name, chunk_coords(len(shape), slot), out)
+    entry.read_into(name, chunk_coords(len(shape), slot), out)
     if checksum(out) != rec["xxh3"]:
-        raise CacheError(f"{entry / name}: chunk {chunk} does not match its manifest checksum (tampered or corrupt); "
-                         "run `python -m pipeline cache verify` and convert again with --force")
+        raise CacheError(f"{entry.describe(name)}: chunk {chunk} does not match its manifest checksum (tampered or "
+                         "corrupt); run `python -m pipeline cache verify` and convert again with --force")
     return out
 
 
@@ -56,16 +121,14 @@ def _plan_reads(manifest: dict, slot: int | None) -> list[tuple[str, str, dict, 
     return reads
 
 
-def _read_packed(entry: Path, name: str, chunk: str, rec: dict):
+def _read_packed(entry, name: str, chunk: str, rec: dict):
     """ttnn's `.tensorbin` of a packed target: its bytes are read once (checked, and the pages warmed), then ttnn
     maps the same file."""
     from tasks import device as tt
 
-    path = packed_path(entry, name, None if chunk == "all" else int(chunk))
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CacheError(f"{path}: packed tensor listed in the manifest is missing; convert again with --force") from None
+    path, data = entry.packed_file(name, None if chunk == "all" else int(chunk))
+    if data is None:
+        raise CacheError(f"{path}: packed tensor listed in the manifest is missing; convert again with --force")
     if len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
         raise CacheError(f"{path}: packed tensor does not match its manifest checksum (tampered or corrupt); "
                          "convert again with --force")
@@ -83,20 +146,19 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     import torch
 
     t0 = time.perf_counter()
-    root = cache.cache_root(cache_dir)
     slot = None if embodiment is None else load_config(version).slot_ids(str(embodiment))[0]
-    entry = cache.resolve_ref(root, version, profile)
+    entry, manifest = _open_entry(version, profile, cache_dir)
     as_ttnn = ttnn_host or device is not None
-    if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in entry.manifest["arrays"].values()):
-        raise CacheError(f"{entry.path}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")
-    reads = _plan_reads(entry.manifest, slot)
+    if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in manifest["arrays"].values()):
+        raise CacheError(f"{entry.describe('')}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")
+    reads = _plan_reads(manifest, slot)
     packed = [r for r in reads if as_ttnn and "tensorbin" in r[2]]
     plain = [r for r in reads if not (as_ttnn and "tensorbin" in r[2])]
     with ThreadPoolExecutor(threads) as pool:
-        chunks = list(pool.map(lambda r: _read_chunk(entry.path, *r), plain))
-        packed_tensors = list(pool.map(lambda r: _read_packed(entry.path, r[0], r[1], r[2]["tensorbin"]), packed))
+        chunks = list(pool.map(lambda r: _read_chunk(entry, *r), plain))
+        packed_tensors = list(pool.map(lambda r: _read_packed(entry, r[0], r[1], r[2]["tensorbin"]), packed))
     nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
-    arrays = entry.manifest["arrays"]
+    arrays = manifest["arrays"]
     if as_ttnn:
         from tasks import device as tt
 

@@ -1,0 +1,144 @@
+"""Where cache entries live: one small interface, with a local directory or an object store behind it.
+
+A local cache builds entries in place and publishes them by rename (cache/README.md). Object stores have no
+rename, so a cache at an `s3://…` (or any fsspec) URL is written by pushing an entry that was built and verified
+locally: every object first, `MANIFEST.json` last, the ref after it. A reader accepts an entry only through its
+manifest, so a half-pushed entry is invisible, and two teams pushing the same fingerprint write the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from tasks.errors import CacheError
+from tasks.zarr_v3 import write_bytes_atomic
+
+
+class Store(ABC):
+    """Keys are `/`-separated paths relative to the cache root."""
+
+    supports_rename: bool = False
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write a whole object; readers see the old object or the new one, never a mix."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (recursively)."""
+
+    @abstractmethod
+    def delete(self, prefix: str) -> None:
+        """Remove every key under `prefix`."""
+
+    def get_json(self, key: str) -> dict | None:
+        raw = self.get(key)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CacheError(f"{self.describe(key)}: not valid JSON ({e}); the object is corrupt") from e
+
+    def put_json(self, key: str, doc: object) -> None:
+        self.put(key, (json.dumps(doc, indent=1) + "\n").encode())
+
+    def describe(self, key: str) -> str:
+        return key
+
+
+class LocalStore(Store):
+    supports_rename = True
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return (self.root / key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        write_bytes_atomic(self.root / key, data)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root / prefix
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file()) if base.exists() else []
+
+    def delete(self, prefix: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.root / prefix, ignore_errors=True)
+
+    def describe(self, key: str) -> str:
+        return str(self.root / key)
+
+
+class FsspecStore(Store):
+    """An object store through fsspec (s3fs for `s3://`; the endpoint comes from AWS_ENDPOINT_URL when set)."""
+
+    def __init__(self, url: str):
+        import fsspec
+
+        self.url = url.rstrip("/")
+        self.fs, self.base = fsspec.core.url_to_fs(self.url)
+
+    def _path(self, key: str) -> str:
+        return f"{self.base}/{key}"
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(self._path(key))
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(key), data)  # one PUT: atomic per object
+
+    def list(self, prefix: str) -> list[str]:
+        try:
+            found = self.fs.find(self._path(prefix))
+        except FileNotFoundError:
+            return []
+        return sorted(p[len(self.base) + 1:] for p in found)
+
+    def delete(self, prefix: str) -> None:
+        paths = self.fs.find(self._path(prefix))
+        if paths:
+            self.fs.rm(paths)
+
+    def describe(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+
+def is_url(root: object) -> bool:
+    return isinstance(root, str) and "://" in root
+
+
+def open_store(root: str | Path) -> Store:
+    return FsspecStore(str(root)) if is_url(root) else LocalStore(Path(root))
+
+
+def push_entry(local_entry: Path, store: Store, name: str) -> int:
+    """Copy a published local entry to `store` under entries/<name>/: every object, then the manifest last.
+    Objects already there with the same size are skipped (they are named by content). Returns bytes sent."""
+    sent = 0
+    existing = set(store.list(f"entries/{name}"))
+    files = sorted(p for p in local_entry.rglob("*") if p.is_file() and p.name != "MANIFEST.json")
+    for path in files:
+        key = f"entries/{name}/{path.relative_to(local_entry)}"
+        if key in existing:
+            continue
+        data = path.read_bytes()
+        store.put(key, data)
+        sent += len(data)
+    manifest = (local_entry / "MANIFEST.json").read_bytes()
+    store.put(f"entries/{name}/MANIFEST.json", manifest)
+    return sent + len(manifest)

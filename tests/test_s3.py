@@ -1,0 +1,103 @@
+"""A shared cache on an object store: a real S3 API (moto's server on 127.0.0.1, started here), no rename."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pipeline.convert import ConvertOptions, convert
+from pipeline.load import load
+from pipeline.store import open_store
+from tasks.errors import CacheError
+
+BUCKET = "team-weights"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_url():
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+                      AWS_DEFAULT_REGION="us-east-1")
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+        yield f"s3://{BUCKET}/gr00t"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    first = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, cache_root=s3_url, progress=False))
+    assert not first["cache_hit"] and first["cache_path"].startswith(f"{s3_url}/entries/n17-bf16-")
+    assert first["pushed_bytes"] > 7e6
+    # a colleague with an empty local cache: the entry is found on S3, nothing is converted
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "colleague"))
+    again = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, cache_root=s3_url, progress=False))
+    assert again["cache_hit"] and again["fingerprint"] == first["fingerprint"]
+    assert not (tmp_path / "colleague" / "entries").exists()
+    remote = load("n17", s3_url, embodiment="new_embodiment")
+    local = load("n17", tmp_path / "local", embodiment="new_embodiment")
+    assert remote.entry == local.entry and remote.stats["bytes_read"] == local.stats["bytes_read"]
+    assert remote.tensors.keys() == local.tensors.keys()
+    for name, t in local.tensors.items():
+        assert torch.equal(remote.tensors[name].view(torch.int16), t.view(torch.int16)), name
+
+
+def test_a_half_pushed_entry_is_invisible_and_gets_completed(s3_url, hf_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    opts = ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, cache_root=s3_url, progress=False)
+    done = convert(opts)
+    store = open_store(s3_url)
+    name = done["cache_path"].rsplit("/", 1)[1]
+    store.put(f"entries/{name}/MANIFEST.json.bak", store.get(f"entries/{name}/MANIFEST.json"))
+    store.delete(f"entries/{name}/MANIFEST.json")  # as if the push died before its last object
+    with pytest.raises(CacheError, match="never completely pushed"):
+        load("n16", s3_url, embodiment="gr1")
+    again = convert(opts)  # the manifest is missing, so the entry is rebuilt (locally cached) and pushed again
+    assert not again["cache_hit"] and again["pushed_bytes"] < done["pushed_bytes"]  # existing objects are kept
+    assert load("n16", s3_url, embodiment="gr1").stats["tensors"] == done["targets"]
+
+
+def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    done = convert(ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, cache_root=s3_url, progress=False))
+    store = open_store(s3_url)
+    name = done["cache_path"].rsplit("/", 1)[1]
+    key = f"entries/{name}/llm.norm.weight/c/0/0"
+    data = bytearray(store.get(key))
+    data[0] ^= 1
+    store.put(key, bytes(data))
+    with pytest.raises(CacheError, match="does not match its manifest checksum"):
+        load("n15", s3_url, embodiment="gr1")
