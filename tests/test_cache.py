@@ -225,3 +225,17 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
     assert tuned["bytes_read"] == sum(per_key[k] for t in changed for k in t.sources)  # only the changed targets
     assert shared_bytes(Path(tuned["cache_path"])) == tuned["reused_bytes"] > 0
     assert cache_mod.verify_entry(cache_mod.open_entry(Path(base["cache_path"]))) == []
+
+
+def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_zeros(tmp_path):
+    from tasks.convert import Converted
+    from tasks.stage import stage_target
+    from tasks.zarr_v3 import read_chunk_into
+
+    zeros = np.zeros((64, 32), np.uint16)
+    staged = stage_target(tmp_path, Converted("t", None, zeros, "bfloat16", "TILE", (64, 32), 0.0, 1.0))
+    chunk = tmp_path / "t" / "c" / "0" / "0"
+    assert chunk.read_bytes() == bytes(64 * 32 * 2) and staged.nbytes == 4096  # zarr would have skipped it
+    chunk.unlink()
+    with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
+        read_chunk_into(tmp_path / "t", (0, 0), np.empty((64, 32), np.uint16))
