@@ -149,6 +149,11 @@ def cmd_load(a: argparse.Namespace) -> dict:
 
 
 def cmd_cache(a: argparse.Namespace) -> dict:
+    from pipeline.store import is_url
+
+    if is_url(a.cache):
+        raise PipelineError(f"{a.cache}: `cache {a.action}` works on a local cache; object-store entries are "
+                            "checked on every load (each chunk against the manifest)")
     root = cache.cache_root(a.cache)
     if a.action == "gc":
         removed = cache.collect_garbage(root, a.older_than_days, a.max_bytes)
