@@ -98,7 +98,7 @@ def _child_raw_read(a: dict) -> dict:
     return {"seconds": time.perf_counter() - t0, "bytes": total}
 
 
-def _naive_targets(version: str, snapshot: Path):
+def _naive_targets(version: str, snapshot: Path, profile: str = "bf16"):
     """The GR00T port's path: load_file every shard into one dict, then transform every target, all 32 slots."""
     import torch
     from safetensors.torch import load_file
@@ -109,7 +109,7 @@ def _naive_targets(version: str, snapshot: Path):
     state: dict = {}
     for shard in sorted(set(index["weight_map"].values())):
         state.update(load_file(str(snapshot / shard)))
-    plan = build_plan(version, {k: tuple(v.shape) for k, v in state.items()}, "bf16")
+    plan = build_plan(version, {k: tuple(v.shape) for k, v in state.items()}, profile)
     for t in plan.targets:
         src = [state[k] for k in t.sources]
         if t.transform in ("transpose", "flatten_transpose", "fuse_transpose"):
@@ -149,9 +149,10 @@ def _child_as_tensor(a: dict) -> dict:
     t0 = time.perf_counter()
     touched = 0
     dtypes = {"bfloat16": ttnn.bfloat16, "bfloat8_b": ttnn.bfloat8_b}
-    for t, x in _naive_targets(a["version"], Path(a["snapshot"])) if a["first"] else _targets_only(a):
+    targets = _naive_targets(a["version"], Path(a["snapshot"]), a["profile"]) if a["first"] else _targets_only(a)
+    for t, x in targets:
         layout = ttnn.TILE_LAYOUT if t.layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT
-        dtype = dtypes[t.device_dtype if a["profile"] == "bfp8" else "bfloat16"]
+        dtype = dtypes[t.device_dtype]
         ttnn.as_tensor(x, dtype=dtype, layout=layout, cache_file_name=str(cache_dir / t.name))
     if not a["first"]:  # the touch pass: load_tensor maps its file, so read every byte as an upload would
         for path in cache_dir.glob("*.tensorbin"):
@@ -167,7 +168,7 @@ def _targets_only(a: dict):
     from pipeline.layout import layout
     from pipeline.recipe import build_plan
 
-    plan = build_plan(a["version"], {s.key: s.shape for s in layout(a["version"], a["scale"])}, "bf16")
+    plan = build_plan(a["version"], {s.key: s.shape for s in layout(a["version"], a["scale"])}, a["profile"])
     empty = torch.empty(0, dtype=torch.bfloat16)
     for t in plan.targets:
         yield t, empty

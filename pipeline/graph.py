@@ -68,7 +68,8 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     transform_key, convert_key = ("transform", t.name, *suffix), ("convert", t.name, *suffix)
     graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads))
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
-                               t.device_dtype, t.layout, slot, inputs.check_bf16, _origin(inputs.checkpoint, t))
+                               t.device_dtype, t.layout, slot, inputs.check_bf16, _origin(inputs.checkpoint, t),
+                               t.device_file)
     graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
     if inputs.device is None:
         return stage_key

@@ -94,10 +94,10 @@ def _open_entry(version: str, profile: str, cache_dir: Path | str | None) -> tup
     return _LocalEntry(entry.path), entry.manifest
 
 
-def _read_chunk(entry, name: str, chunk: str, rec: dict, shape: list[int]) -> np.ndarray:
+def _read_chunk(entry, name: str, chunk: str, rec: dict, out: np.ndarray) -> np.ndarray:
+    """Fill `out` (the chunk's own buffer, or its slot's view of a whole bank) and check it."""
     slot = None if chunk == "all" else int(chunk)
-    out = np.empty(shape, STORAGE_DTYPE)
-    entry.read_into(name, chunk_coords(len(shape), slot), out)
+    entry.read_into(name, chunk_coords(out.ndim, slot), out)
     if checksum(out) != rec["xxh3"]:
         raise CacheError(f"{entry.describe(name)}: chunk {chunk} does not match its manifest checksum (tampered or "
                          "corrupt); run `python -m pipeline cache verify` and convert again with --force")
@@ -152,13 +152,21 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in manifest["arrays"].values()):
         raise CacheError(f"{entry.describe('')}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")
     reads = _plan_reads(manifest, slot)
+    arrays = manifest["arrays"]
+
+    def whole_bank(name: str) -> bool:  # all 32 slots of a bank, returned as one [32, ...] tensor
+        return slot is None and arrays[name]["attributes"]["embodiment_bank"]
+
     packed = [r for r in reads if as_ttnn and "tensorbin" in r[2]]
     plain = [r for r in reads if not (as_ttnn and "tensorbin" in r[2])]
+    # One buffer per returned tensor; a whole bank's slots are read straight into their slices (no stacking copy).
+    buffers = {name: np.empty(([len(arrays[name]["chunks"])] if whole_bank(name) else []) + shape, STORAGE_DTYPE)
+               for name, _, _, shape in plain}
+    outs = [buffers[name][int(chunk)] if whole_bank(name) else buffers[name] for name, chunk, _, _ in plain]
     with ThreadPoolExecutor(threads) as pool:
-        chunks = list(pool.map(lambda r: _read_chunk(entry, *r), plain))
+        chunks = list(pool.map(lambda ro: _read_chunk(entry, ro[0][0], ro[0][1], ro[0][2], ro[1]), zip(plain, outs)))
         packed_tensors = list(pool.map(lambda r: _read_packed(entry, r[0], r[1], r[2]["tensorbin"]), packed))
     nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
-    arrays = manifest["arrays"]
     if as_ttnn:
         from tasks import device as tt
 
@@ -169,10 +177,6 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
         if device is not None:
             out = {name: tt.upload(t, device) for name, t in out.items()}
     else:
-        parts: dict = {}
-        for (name, _, _, _), data in zip(plain, chunks):
-            parts.setdefault(name, []).append(torch.from_numpy(data).view(torch.bfloat16))
-        out = {name: p[0] if not arrays[name]["attributes"]["embodiment_bank"] or slot is not None else torch.stack(p)
-               for name, p in parts.items()}
+        out = {name: torch.from_numpy(buf).view(torch.bfloat16) for name, buf in buffers.items()}
     return Loaded(out, entry.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
                                           "bytes_read": nbytes, "chunks": len(reads)})

@@ -32,6 +32,7 @@ class Target:
     layout: str                # TILE | ROW_MAJOR
     shape: tuple[int, ...]     # logical shape of one target (one slot for embodiment banks)
     embodiment: bool = False   # stored as [slots, *shape], one chunk per slot
+    device_file: bool = False  # keep ttnn's .tensorbin of it too (packed dtypes always do)
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,9 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
         kind = recipes["kinds"][rule["kind"]]
         dtype = recipes["profiles"][profile]["matmul"] if kind["dtype"] == "matmul" else kind["dtype"]
         shape = output_shape(rule["transform"], [shapes[s] for s in sources])
+        keep = bool(recipes["profiles"][profile].get("device_files", False)) or dtype != "bfloat16"
         return Target(name, sources, rule["transform"], rule["kind"], dtype, kind["layout"], shape,
-                      bool(rule.get("embodiment", False)))
+                      bool(rule.get("embodiment", False)), keep)
 
     for rule in rules:  # fused rules claim keys first, whatever their position
         if "sources" not in rule:

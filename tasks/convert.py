@@ -54,17 +54,19 @@ def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin:
 
 
 def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], device_dtype: str, layout: str,
-                   slot: int | None = None, check_bf16: bool = False, origin: str = "") -> Converted:
-    """Finite check, then (for packed dtypes, or when asked) the real ttnn host conversion, its shape checks and
-    round-trip numerics."""
+                   slot: int | None = None, check_bf16: bool = False, origin: str = "",
+                   device_file: bool = False) -> Converted:
+    """Finite check, then (for packed dtypes, device files, or when asked) the real ttnn host conversion and its
+    shape checks; round-trip numerics for packed dtypes (and bf16 when asked); the `.tensorbin` when kept."""
     check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
-    if device_dtype == "bfloat16" and not check_bf16:
+    exact = device_dtype == "bfloat16"
+    if exact and not check_bf16 and not device_file:
         return Converted(name, slot, array, device_dtype, layout, expected, 0.0, 1.0)
     host = device.to_host_tensor(array, device_dtype, layout)
     if tuple(host.shape) != tuple(array.shape) or tuple(host.padded_shape) != expected:
         raise CheckpointError(sources[0], f"ttnn host tensor for {name!r} has shape {tuple(host.shape)} / padded "
                                           f"{tuple(host.padded_shape)}, expected {array.shape} / {expected}", sources[0])
-    numerics = device.host_numerics(host, array)
-    packed = device.packed_bytes(host) if device_dtype != "bfloat16" else None
+    numerics = device.host_numerics(host, array) if not exact or check_bf16 else device.Numerics(0.0, 1.0)
+    packed = device.packed_bytes(host) if device_file or not exact else None
     return Converted(name, slot, array, device_dtype, layout, expected, numerics.max_abs_err, numerics.pcc, packed)
