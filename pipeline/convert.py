@@ -22,7 +22,7 @@ from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError, ConfigError
 from tasks.publish import MANIFEST
-from tasks.stage import already_staged
+from tasks.stage import PROGRESS_DIR, already_staged
 
 
 @dataclass(frozen=True)
@@ -134,11 +134,12 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
             attrs = {t.name: cache.array_attributes(t, slots) for t in plan.targets}
             reused = plan_reuse(root, plan, slots, ck, ident["shards"], expected_sha, tmp, attrs)
         done = {}
-        for t in plan.targets:
-            for slot in (slots if t.embodiment else (None,)):
-                record = already_staged(tmp, t.name, slot, len(t.shape))
-                if record is not None:
-                    done[(t.name, slot)] = record
+        if (tmp / PROGRESS_DIR).is_dir():  # a fresh directory has nothing to resume: skip 1,000+ probes
+            for t in plan.targets:
+                for slot in (slots if t.embodiment else (None,)):
+                    record = already_staged(tmp, t.name, slot, len(t.shape))
+                    if record is not None:
+                        done[(t.name, slot)] = record
         read_from = {ck.shard_of(k) for t in plan.targets for slot in (slots if t.embodiment else (None,))
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known only by its sha256 is trusted like a cache hit, unless something is read from it.

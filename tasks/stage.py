@@ -67,7 +67,7 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
         write_bytes_atomic(packed_path(entry, converted.name, converted.slot), packed)
     record = Staged(converted.name, converted.slot, data.nbytes, checksum(data), converted.max_abs_err, converted.pcc,
                     None if packed is None else len(packed), None if packed is None else checksum(packed))
-    write_json_atomic(progress_path(entry, converted.name, converted.slot), asdict(record))
+    write_bytes_atomic(progress_path(entry, converted.name, converted.slot), json.dumps(asdict(record)).encode())
     return record
 
 
