@@ -130,7 +130,7 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
         cache.create_arrays(tmp, plan, slots, ident)
         expected_sha = {s: ck.blob_sha256(s) or ident["shards"][s] for s in ck.headers}
         reused = Reuse()
-        if opts.reuse:
+        if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
             attrs = {t.name: cache.array_attributes(t, slots) for t in plan.targets}
             reused = plan_reuse(root, plan, slots, ck, ident["shards"], expected_sha, tmp, attrs)
         done = {}
