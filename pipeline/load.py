@@ -1,7 +1,8 @@
 """Reload converted weights from the cache: no safetensors, no source checkpoint, no conversion.
 
-Reads go straight to the chunk files the manifest lists (uncompressed Zarr v3 chunks are raw bytes), into
-preallocated buffers, on a small thread pool; every chunk is checked against its manifest xxh3 before use. For one
+Reads go straight to the chunk files the manifest lists (uncompressed Zarr v3 chunks are raw bytes): locally they
+are memory-mapped copy-on-write (the page cache's pages; writes stay private), remotely fetched object by object,
+on a small thread pool; every chunk is checked against its manifest xxh3 before use, which touches every byte. For one
 embodiment, a bank contributes only that slot's chunk: about 1/32 of the bank's bytes.
 """
 
@@ -20,7 +21,7 @@ from pipeline.store import Store, is_url, open_store
 from pipeline.versions import load_config
 from tasks.errors import CacheError
 from tasks.stage import checksum, chunk_coords, packed_path
-from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, read_chunk_into
+from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, map_chunk, read_chunk_into
 
 
 @dataclass
@@ -43,9 +44,14 @@ class _LocalEntry:
     def read_into(self, name: str, coords: tuple[int, ...], out: np.ndarray) -> None:
         read_chunk_into(self.path / name, coords, out)
 
-    def packed_file(self, name: str, slot: int | None) -> tuple[Path, bytes | None]:
+    def fetch(self, name: str, coords: tuple[int, ...], shape: list[int]) -> np.ndarray:
+        return map_chunk(self.path / name, coords, shape)
+
+    def packed_file(self, name: str, slot: int | None) -> tuple[Path, np.ndarray | None]:
         path = packed_path(self.path, name, slot)
-        return path, path.read_bytes() if path.is_file() else None
+        if not path.is_file():
+            return path, None
+        return path, np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.empty(0, np.uint8)
 
 
 class _RemoteEntry:
@@ -67,8 +73,13 @@ class _RemoteEntry:
             raise CacheError(f"{self.store.describe(key)}: chunk is {found}; push the entry again")
         out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
 
+    def fetch(self, name: str, coords: tuple[int, ...], shape: list[int]) -> np.ndarray:
+        out = np.empty(shape, STORAGE_DTYPE)
+        self.read_into(name, coords, out)
+        return out
+
     def packed_file(self, name: str, slot: int | None) -> tuple[Path, bytes | None]:
-        rel = packed_path(Path(self.prefix), name, slot).as_posix()
+        rel = packed_path(Path(self.prefix), name, slot).as_posix()  # ttnn loads from a file: keep a local copy
         data = self.store.get(rel)
         local = Path(self._tmp.name) / Path(rel).name  # ttnn loads from a file
         if data is not None:
@@ -94,10 +105,14 @@ def _open_entry(version: str, profile: str, cache_dir: Path | str | None) -> tup
     return _LocalEntry(entry.path), entry.manifest
 
 
-def _read_chunk(entry, name: str, chunk: str, rec: dict, out: np.ndarray) -> np.ndarray:
-    """Fill `out` (the chunk's own buffer, or its slot's view of a whole bank) and check it."""
-    slot = None if chunk == "all" else int(chunk)
-    entry.read_into(name, chunk_coords(out.ndim, slot), out)
+def _read_chunk(entry, name: str, chunk: str, rec: dict, shape: list[int], out: np.ndarray | None) -> np.ndarray:
+    """One chunk, checked against its manifest checksum (the pass that touches every byte): read into `out` (a
+    slot's slice of a whole bank) or fetched on its own (mapped, locally)."""
+    coords = chunk_coords(len(shape), None if chunk == "all" else int(chunk))
+    if out is None:
+        out = entry.fetch(name, coords, shape)
+    else:
+        entry.read_into(name, coords, out)
     if checksum(out) != rec["xxh3"]:
         raise CacheError(f"{entry.describe(name)}: chunk {chunk} does not match its manifest checksum (tampered or "
                          "corrupt); run `python -m pipeline cache verify` and convert again with --force")
@@ -159,13 +174,15 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
 
     packed = [r for r in reads if as_ttnn and "tensorbin" in r[2]]
     plain = [r for r in reads if not (as_ttnn and "tensorbin" in r[2])]
-    # One buffer per returned tensor; a whole bank's slots are read straight into their slices (no stacking copy).
-    buffers = {name: np.empty(([len(arrays[name]["chunks"])] if whole_bank(name) else []) + shape, STORAGE_DTYPE)
-               for name, _, _, shape in plain}
-    outs = [buffers[name][int(chunk)] if whole_bank(name) else buffers[name] for name, chunk, _, _ in plain]
+    # A whole bank's slots are read straight into one [32, ...] buffer (no stacking copy); every other chunk is
+    # its own tensor.
+    banks = {name: np.empty([len(arrays[name]["chunks"])] + shape, STORAGE_DTYPE)
+             for name, _, _, shape in plain if whole_bank(name)}
+    outs = [banks[name][int(chunk)] if name in banks else None for name, chunk, _, _ in plain]
     with ThreadPoolExecutor(threads) as pool:
-        chunks = list(pool.map(lambda ro: _read_chunk(entry, ro[0][0], ro[0][1], ro[0][2], ro[1]), zip(plain, outs)))
+        chunks = list(pool.map(lambda ro: _read_chunk(entry, *ro[0], ro[1]), zip(plain, outs)))
         packed_tensors = list(pool.map(lambda r: _read_packed(entry, r[0], r[1], r[2]["tensorbin"]), packed))
+    buffers = {**{name: c for (name, _, _, _), c in zip(plain, chunks) if name not in banks}, **banks}
     nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
     if as_ttnn:
         from tasks import device as tt
