@@ -69,7 +69,7 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads))
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
                                t.device_dtype, t.layout, slot, inputs.check_bf16, _origin(inputs.checkpoint, t),
-                               t.device_file)
+                               t.device_file, t.min_pcc)
     graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
     if inputs.device is None:
         return stage_key

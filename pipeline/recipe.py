@@ -33,6 +33,7 @@ class Target:
     shape: tuple[int, ...]     # logical shape of one target (one slot for embodiment banks)
     embodiment: bool = False   # stored as [slots, *shape], one chunk per slot
     device_file: bool = False  # keep ttnn's .tensorbin of it too (packed dtypes always do)
+    min_pcc: float = 1.0       # recipes.toml [min_pcc]: below it, the conversion fails
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
         shape = output_shape(rule["transform"], [shapes[s] for s in sources])
         keep = bool(recipes["profiles"][profile].get("device_files", False)) or dtype != "bfloat16"
         return Target(name, sources, rule["transform"], rule["kind"], dtype, kind["layout"], shape,
-                      bool(rule.get("embodiment", False)), keep)
+                      bool(rule.get("embodiment", False)), keep, float(recipes["min_pcc"][dtype]))
 
     for rule in rules:  # fused rules claim keys first, whatever their position
         if "sources" not in rule:

@@ -55,7 +55,7 @@ def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin:
 
 def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], device_dtype: str, layout: str,
                    slot: int | None = None, check_bf16: bool = False, origin: str = "",
-                   device_file: bool = False) -> Converted:
+                   device_file: bool = False, min_pcc: float = 0.0) -> Converted:
     """Finite check, then (for packed dtypes, device files, or when asked) the real ttnn host conversion and its
     shape checks; round-trip numerics for packed dtypes (and bf16 when asked); the `.tensorbin` when kept."""
     check_finite(array, name, sources, origin)
@@ -68,5 +68,10 @@ def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], devic
         raise CheckpointError(sources[0], f"ttnn host tensor for {name!r} has shape {tuple(host.shape)} / padded "
                                           f"{tuple(host.padded_shape)}, expected {array.shape} / {expected}", sources[0])
     numerics = device.host_numerics(host, array) if not exact or check_bf16 else device.Numerics(0.0, 1.0)
+    if numerics.pcc < min_pcc:
+        raise CheckpointError(origin or sources[0], f"target {name!r} keeps PCC {numerics.pcc:.6f} against its bf16 "
+                                                    f"source in {device_dtype}, below the recipe's {min_pcc} (max abs "
+                                                    f"error {numerics.max_abs_err:.3g}); use a wider dtype for it in "
+                                                    "configs/recipes.toml", sources[0])
     packed = device.packed_bytes(host) if device_file or not exact else None
     return Converted(name, slot, array, device_dtype, layout, expected, numerics.max_abs_err, numerics.pcc, packed)

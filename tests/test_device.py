@@ -118,3 +118,17 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
     assert torch.equal(ttnn.to_torch(w2), ttnn.to_torch(fresh))  # packing is deterministic: identical values
     norm = loaded.tensors["llm.norm.weight"]
     assert str(norm.dtype) == "DataType.BFLOAT16" and str(norm.layout) == "Layout.ROW_MAJOR"
+
+
+def test_a_target_below_the_recipe_pcc_fails_naming_it():
+    from tasks.convert import convert_target
+    from tasks.errors import CheckpointError
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((64, 64)) * 0.02).astype(ml_dtypes.bfloat16)  # bfloat8_b keeps PCC ~0.99997
+    with pytest.raises(CheckpointError) as err:
+        convert_target(x, "t.weight", ("k.weight",), "bfloat8_b", "TILE", origin="shard.safetensors", min_pcc=0.99999)
+    assert "shard.safetensors, key 'k.weight': target 't.weight' keeps PCC" in str(err.value)
+    assert "below the recipe's 0.99999" in str(err.value)
+    ok = convert_target(x, "t.weight", ("k.weight",), "bfloat8_b", "TILE", min_pcc=0.999)
+    assert 0.999 <= ok.pcc < 0.99999
