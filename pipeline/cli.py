@@ -185,10 +185,11 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     from pipeline.load import load
     from pipeline.synth import synthesize
 
-    print(f"1. synthesizing a tiny GR00T N1.7 into {DEMO_HF_CACHE} (real key names, shapes' structure, shards)")
+    print(f"1. synthesizing a tiny GR00T N1.7 into {DEMO_HF_CACHE} (real key names, order, counts and shards; small dims)")
     synthesize("n17", DEMO_HF_CACHE, "tiny")
     print_inspect(inspect_report("n17", None, DEMO_HF_CACHE))
-    print("\n2. converting it (Dask graph: index -> verify -> read/slot -> transform -> convert -> stage -> publish)")
+    print("\n2. converting it (Dask graph: index -> read/slot -> transform -> convert -> stage -> unit -> publish;"
+          " verify hashes each shard alongside and gates its units)")
     summary = convert(ConvertOptions("n17", hf_cache=DEMO_HF_CACHE))
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
