@@ -1,16 +1,17 @@
 """The conversion graph: a plain dict of named Dask tasks. Wiring only; every function it calls lives in `tasks/`.
 
     ("index", shard) -> ("read", key) | ("slot", key, e) -> ("transform", target[, e]) -> ("convert", target[, e])
-      -> ("stage", target[, e]) -> ("unit", unit) -> ("publish",)
-    ("index", shard) -> ("verify", shard) -> ("unit", unit)   for every shard the unit reads from
+      -> ("stage", target[, e]) [-> ("upload", target[, e]) when a device is open] -> ("unit", unit) -> ("publish",)
+    ("index", shard) -> ("verify", shard) -> ("unit", unit)   for every shard the unit reads from, and ("publish",)
 
 Every read depends on the index task of the shard holding *that key*, and every unit on the verify tasks of the
 shards its keys live in: a unit cut by a shard boundary depends on two shards, every other unit on one. Hashing
 a shard (verify) runs alongside the reads instead of before them — it is the one pass that must see every byte,
 and on two cores overlapping it with conversion saves its whole duration — while nothing can be published
 before every unit, and so every shard, is verified. Embodiment banks fan out into one task chain per selected slot; each
-slot task reads only its slot. Chunks a killed run already staged (and whose bytes still match their record) enter
-the graph as constants, so a resumed run redoes only the rest.
+slot task reads only its slot. Chunks a killed run already staged, or a fine-tune linked from an earlier entry
+(and whose bytes still match their record), enter the graph as constants, so only the rest is redone; so do
+shards a fine-tune's pre-pass already hashed.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pipeline.layout import unit_of
 from pipeline.recipe import Plan, Target
 from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
-from tasks.publish import publish_entry, unit_done
 from tasks.device import upload_staged
+from tasks.publish import publish_entry, unit_done
 from tasks.source import index_shard, read_slot, read_tensor, verify_shard
 from tasks.stage import Staged, stage_target
 from tasks.transforms import apply
