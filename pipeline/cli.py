@@ -15,11 +15,11 @@ from pathlib import Path
 from pipeline import cache
 from pipeline.layout import straddling_unit
 from pipeline.reuse import shared_bytes
-from pipeline.snapshot import default_hf_cache, resolve_snapshot
+from pipeline.snapshot import PROJECT_HF_CACHE, default_hf_cache, resolve_snapshot
 from pipeline.versions import VERSIONS, load_config
 from tasks.errors import PipelineError
 
-DEMO_HF_CACHE = cache.DEFAULT_ROOT / "hf"
+DEMO_HF_CACHE = PROJECT_HF_CACHE
 
 
 def _mb(n: int) -> str:
@@ -215,7 +215,8 @@ def parser() -> argparse.ArgumentParser:
 
     def source_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--snapshot", type=Path, help="a snapshot folder (overrides the HF cache lookup)")
-        sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()})")
+        sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}, "
+                                                      f"then {PROJECT_HF_CACHE} where synth writes)")
 
     sp = add("synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
     sp.add_argument("--scale", choices=("tiny", "full"), default="tiny")
