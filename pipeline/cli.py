@@ -133,7 +133,11 @@ def cmd_graph(a: argparse.Namespace) -> dict:
     from pipeline.render import write_graph
 
     opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache)
-    return write_graph(opts, Path(a.out))
+    result = write_graph(opts, Path(a.out))
+    if not a.json:
+        extra = f", {result['units']} units, straddling: {', '.join(result['straddling'])}" if "units" in result else ""
+        print(f"wrote {result['out']}: {result['tasks']} tasks{extra}")
+    return result
 
 
 def cmd_load(a: argparse.Namespace) -> dict:
