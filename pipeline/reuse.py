@@ -85,7 +85,7 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
         entry, name = by_id[cid]
         for slot in (slots if t.embodiment else (None,)):
             rec = entry.manifest["arrays"][name]["chunks"].get("all" if slot is None else str(slot))
-            if rec is None:
+            if rec is None or (t.device_file and "tensorbin" not in rec):  # same bytes, but its device file is wanted
                 continue
             coords = chunk_coords(len(t.shape), slot)
             _link(chunk_path(entry.path / name, coords), chunk_path(tmp / t.name, coords))

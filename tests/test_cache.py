@@ -239,3 +239,10 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
     chunk.unlink()
     with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
         read_chunk_into(tmp_path / "t", (0, 0), np.empty((64, 32), np.uint16))
+
+
+def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):
+    convert(_opts("n17", tmp_path, hf_cache=hf_cache, embodiments="10"))  # bf16: no device files
+    bfp8 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, embodiments="10", profile="bfp8"))
+    manifest = json.loads((Path(bfp8["cache_path"]) / "MANIFEST.json").read_text())
+    assert all("tensorbin" in c for a in manifest["arrays"].values() for c in a["chunks"].values())
