@@ -33,8 +33,10 @@ TMP_MARK = ".tmp-"
 
 
 def cache_root(root: Path | str | None = None) -> Path:
-    """`--cache`, else $GR00T_CACHE, else the project's `cache/` folder."""
-    return Path(root or os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
+    """The local cache: `--cache`, else $GR00T_CACHE when it names a folder, else the project's `cache/` folder.
+    (An object-store $GR00T_CACHE is handled by convert/load, which build locally here and push there.)"""
+    env = os.environ.get("GR00T_CACHE")
+    return Path(root or (env if env and "://" not in env else None) or DEFAULT_ROOT)
 
 
 def _stat_key(path: Path) -> dict:

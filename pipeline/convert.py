@@ -15,7 +15,7 @@ from pipeline import cache
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.recipe import Plan, build_plan
 from pipeline.reuse import Reuse, plan_reuse
-from pipeline.store import is_url, open_store, push_entry
+from pipeline.store import is_url, open_store, push_entry, requested_root
 from pipeline.run import run
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
@@ -61,7 +61,7 @@ def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], di
 def convert(opts: ConvertOptions) -> dict:
     """Convert (or reuse) one entry; returns the summary that `convert --json` prints."""
     if is_url(opts.cache_root):
-        return _convert_to_store(opts)
+        return _convert_to_store(replace(opts, cache_root=requested_root(opts.cache_root)))
     t0 = time.perf_counter()
     ck, plan, slots, ident, root = prepare(opts)
     name = cache.entry_name(ident)
@@ -102,7 +102,7 @@ def _convert_to_store(opts: ConvertOptions) -> dict:
     and push it, manifest last (pipeline/store.py)."""
     t0 = time.perf_counter()
     store = open_store(str(opts.cache_root))
-    local = replace(opts, cache_root=None)  # builds (and remembers source hashes) in $GR00T_CACHE or ./cache
+    local = replace(opts, cache_root=cache.cache_root(None))  # builds (and remembers source hashes) locally
     ck, plan, slots, ident, _ = prepare(local)
     ck.close()
     name = cache.entry_name(ident)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import cache
-from pipeline.store import Store, is_url, open_store
+from pipeline.store import Store, is_url, open_store, requested_root
 from pipeline.versions import load_config
 from tasks.errors import CacheError
 from tasks.stage import checksum, chunk_coords, packed_path
@@ -89,6 +89,7 @@ class _RemoteEntry:
 
 def _open_entry(version: str, profile: str, cache_dir: Path | str | None) -> tuple[object, dict]:
     if is_url(cache_dir):
+        cache_dir = requested_root(cache_dir)
         store = open_store(cache_dir)
         ref = store.get_json(f"refs/{version}-{profile}.json")
         if ref is None:

@@ -9,6 +9,7 @@ manifest, so a half-pushed entry is invisible, and two teams pushing the same fi
 from __future__ import annotations
 
 import json
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -119,7 +120,14 @@ class FsspecStore(Store):
 
 
 def is_url(root: object) -> bool:
+    """True for an object-store cache: `--cache URL`, or no `--cache` and `$GR00T_CACHE` set to a URL."""
+    root = root if root is not None else os.environ.get("GR00T_CACHE")
     return isinstance(root, str) and "://" in root
+
+
+def requested_root(root: object) -> object:
+    """`--cache` as given, else `$GR00T_CACHE` (which may be a URL)."""
+    return root if root is not None else os.environ.get("GR00T_CACHE")
 
 
 def open_store(root: str | Path) -> Store:

@@ -101,3 +101,13 @@ def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
     store.put(key, bytes(data))
     with pytest.raises(CacheError, match="does not match its manifest checksum"):
         load("n15", s3_url, embodiment="gr1")
+
+
+def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch):
+    from pipeline import cache
+
+    monkeypatch.setenv("GR00T_CACHE", s3_url)  # no --cache anywhere: the team bucket is the default
+    monkeypatch.setattr(cache, "DEFAULT_ROOT", tmp_path / "local")  # where the local build happens
+    done = convert(ConvertOptions("n17", embodiments="11", hf_cache=hf_cache, progress=False))  # not pushed yet
+    assert done["cache_path"].startswith(s3_url) and (tmp_path / "local" / "entries").is_dir()
+    assert load("n17", embodiment=11).entry == done["cache_path"].rsplit("/", 1)[1]
