@@ -81,6 +81,8 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
         raise RuntimeError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it")
     write_json_atomic(tmp_dir / "zarr.json", group_metadata(array_meta, {"gr00t_cache": dict(identity)}))
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
+    for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
+        orphan.unlink(missing_ok=True)
     arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.get("converter"))
     manifest = {**identity, "published_unix": time.time(), "arrays": arrays,
                 "bytes": sum(s.nbytes for s in staged), "chunks": len(staged)}

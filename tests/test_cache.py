@@ -246,3 +246,16 @@ def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):
     bfp8 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, embodiments="10", profile="bfp8"))
     manifest = json.loads((Path(bfp8["cache_path"]) / "MANIFEST.json").read_text())
     assert all("tensorbin" in c for a in manifest["arrays"].values() for c in a["chunks"].values())
+
+
+def test_a_killed_runs_partial_files_never_reach_the_published_entry(hf_cache, tmp_path):
+    name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, embodiments="gr1"))["cache_path"]).name
+    orphan = entries_dir(tmp_path / "b") / f"{name}.tmp-999999999-deadbeef"  # a dead process's directory
+    (orphan / ".staged").mkdir(parents=True)
+    partial = orphan / "llm.norm.weight" / "c" / "0" / "0.0123456789abcdef.partial"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"half a chunk")
+    done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, embodiments="gr1"))
+    entry = Path(done["cache_path"])
+    assert entry.name == name and not orphan.exists()  # adopted
+    assert list(entry.rglob("*.partial")) == []
