@@ -74,19 +74,17 @@ def _child_load(a: dict) -> dict:
 
 
 def _entry_files(entry: Path, packed: bool) -> list[Path]:
+    from tasks.stage import chunk_coords, packed_path
+    from tasks.zarr_v3 import chunk_path
+
     manifest = json.loads((entry / "MANIFEST.json").read_text())
     files = []
     for name, arr in manifest["arrays"].items():
         for chunk, rec in arr["chunks"].items():
             slot = None if chunk == "all" else int(chunk)
             if packed and "tensorbin" in rec:
-                from tasks.stage import packed_path
-
                 files.append(packed_path(entry, name, slot))
             else:
-                from tasks.stage import chunk_coords
-                from tasks.zarr_v3 import chunk_path
-
                 files.append(chunk_path(entry / name, chunk_coords(len(arr["attributes"]["logical_shape"]), slot)))
     return files
 

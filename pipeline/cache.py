@@ -127,7 +127,7 @@ def claim_tmp(root: Path, name: str) -> Path:
 def create_arrays(tmp: Path, plan: Plan, slots: tuple[int, ...], ident: Mapping[str, object]) -> None:
     """Write every target's array metadata (idempotent, so a resumed run can repeat it)."""
     for t in plan.targets:
-        write_json_atomic(tmp / t.name / "zarr.json", _array_meta(t, plan, slots, ident))
+        write_json_atomic(tmp / t.name / "zarr.json", _array_meta(t, slots))
 
 
 def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
@@ -137,7 +137,7 @@ def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
             "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None}
 
 
-def _array_meta(t: Target, plan: Plan, slots: tuple[int, ...], ident: Mapping[str, object]) -> dict:
+def _array_meta(t: Target, slots: tuple[int, ...]) -> dict:
     shape = (32, *t.shape) if t.embodiment else t.shape  # banks keep all 32 slots addressable; chunk per slot
     chunks = (1, *t.shape) if t.embodiment else t.shape
     return array_metadata(shape, chunks, array_attributes(t, slots))

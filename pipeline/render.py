@@ -12,7 +12,7 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.graph import PUBLISH, GraphInputs, ancestors, build_graph, dependencies
+from pipeline.graph import GraphInputs, ancestors, build_graph, dependencies
 
 
 def graph_inputs(opts) -> GraphInputs:

@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 
 from tasks.convert import Converted
-from tasks.zarr_v3 import chunk_path, write_bytes_atomic, write_chunk, write_json_atomic
+from tasks.zarr_v3 import chunk_path, write_bytes_atomic, write_chunk
 
 PROGRESS_DIR = ".staged"
 PACKED_DIR = "tensorbin"
