@@ -1,7 +1,8 @@
 # Every target depends on .venv, which is built from pyproject.toml on first use.
 SHELL := /bin/bash
 VERSION ?= n17
-PROFILE ?= bf16
+LAYOUT ?=
+PROFILE ?=
 EMBODIMENTS ?= all
 SCHEDULER ?= threads
 SNAPSHOT ?=
@@ -30,13 +31,13 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 convert: $(STAMP)
-	$(PY) -m pipeline convert --version $(VERSION) --profile $(PROFILE) --embodiments $(EMBODIMENTS) --scheduler $(SCHEDULER) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+	$(PY) -m pipeline convert --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) $(if $(PROFILE),--profile $(PROFILE)) --embodiments $(EMBODIMENTS) --scheduler $(SCHEDULER) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
 
 inspect: $(STAMP)
 	$(PY) -m pipeline inspect --version $(VERSION) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
 
 graph: $(STAMP)
-	$(PY) -m pipeline graph --version $(VERSION) --embodiments $(EMBODIMENTS) --out build/graph-$(VERSION).svg $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+	$(PY) -m pipeline graph --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) --embodiments $(EMBODIMENTS) --out build/graph-$(VERSION).svg $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'

@@ -2,8 +2,8 @@
 
 The format is written down in cache/README.md; the constants below cite it. An entry's name is a fingerprint of
 everything that determines its bytes (source content, recipe and profile, selected slots, format version,
-converter code version). `refs/<version>-<profile>` names the entry the last conversion produced, so a later
-process can load without touching the source checkpoint.
+converter code version). `refs/<version>-<layout>-<profile>` names the entry the last conversion produced, so a
+later process can load without touching the source checkpoint.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from tasks.publish import MANIFEST
 from tasks.stage import checksum, chunk_coords, packed_path
 from tasks.zarr_v3 import array_metadata, chunk_path, write_json_atomic
 
-CACHE_FORMAT = 1               # bump when the on-disk layout changes (cache/README.md, "Versioning")
-CONVERTER_VERSION = "1"        # bump when a transform changes the bytes it produces
+CACHE_FORMAT = 2               # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "cache"
 TMP_MARK = ".tmp-"
 
@@ -71,15 +71,21 @@ def identity(plan: Plan, revision: str, shard_sha: Mapping[str, str], slots: tup
     """Everything that determines the entry's bytes, and its fingerprint (sha256 of the canonical JSON)."""
     rules = hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
     doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
-           "revision": revision, "profile": plan.profile, "shards": dict(sorted(shard_sha.items())),
-           "recipes_sha256": rules, "slots": list(slots),
-           "targets": [[t.name, list(t.sources), t.transform, t.device_dtype, t.layout] for t in plan.targets]}
+           "revision": revision, "layout": plan.layout, "profile": plan.profile,
+           "shards": dict(sorted(shard_sha.items())), "recipes_sha256": rules, "slots": list(slots),
+           "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
+                       for t in plan.targets]}
     fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     return {"fingerprint": fingerprint, **{k: v for k, v in doc.items() if k != "targets"}}
 
 
 def entry_name(ident: Mapping[str, object]) -> str:
-    return f"{ident['version']}-{ident['profile']}-{str(ident['fingerprint'])[:20]}"
+    return f"{ident['version']}-{ident['layout']}-{ident['profile']}-{str(ident['fingerprint'])[:20]}"
+
+
+def ref_name(version: str, layout: str, profile: str) -> str:
+    """The ref naming the entry last converted for this version, layout and profile (cache/README.md, "refs/")."""
+    return f"refs/{version}-{layout}-{profile}.json"
 
 
 def entries_dir(root: Path) -> Path:
@@ -132,13 +138,14 @@ def create_arrays(tmp: Path, plan: Plan, slots: tuple[int, ...], ident: Mapping[
 
 def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
     """What a target's array records about itself (cache/README.md, "entries/")."""
-    return {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform, "kind": t.kind,
-            "device_dtype": t.device_dtype, "device_layout": t.layout, "logical_shape": list(t.shape),
-            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None}
+    return {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform,
+            "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
+            "device_layout": t.layout, "host_only": t.host, "logical_shape": list(t.shape),
+            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}
 
 
 def _array_meta(t: Target, slots: tuple[int, ...]) -> dict:
-    shape = (32, *t.shape) if t.embodiment else t.shape  # banks keep all 32 slots addressable; chunk per slot
+    shape = (t.bank_slots, *t.shape) if t.embodiment else t.shape  # banks keep every slot addressable; chunk per slot
     chunks = (1, *t.shape) if t.embodiment else t.shape
     return array_metadata(shape, chunks, array_attributes(t, slots))
 
@@ -195,17 +202,17 @@ def verify_entry(entry: Entry) -> list[str]:
     return problems
 
 
-def set_ref(root: Path, version: str, profile: str, name: str) -> None:
-    write_json_atomic(root / "refs" / f"{version}-{profile}.json", {"entry": name, "updated_unix": time.time()})
+def set_ref(root: Path, version: str, layout: str, profile: str, name: str) -> None:
+    write_json_atomic(root / ref_name(version, layout, profile), {"entry": name, "updated_unix": time.time()})
 
 
-def resolve_ref(root: Path, version: str, profile: str) -> Entry:
-    ref = root / "refs" / f"{version}-{profile}.json"
+def resolve_ref(root: Path, version: str, layout: str, profile: str) -> Entry:
+    ref = root / ref_name(version, layout, profile)
     try:
         name = json.loads(ref.read_text())["entry"]
     except FileNotFoundError:
-        raise CacheError(f"{ref}: no converted {version} ({profile}) in cache {root}; run "
-                         f"`make convert VERSION={version} PROFILE={profile}` first") from None
+        raise CacheError(f"{ref}: no converted {version} ({layout}, {profile}) in cache {root}; run "
+                         f"`make convert VERSION={version} LAYOUT={layout} PROFILE={profile}` first") from None
     entry = find_entry(root, name)
     if entry is None:
         raise CacheError(f"{ref}: names entry {name}, which is not in {entries_dir(root)}; convert again")

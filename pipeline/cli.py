@@ -16,10 +16,13 @@ from pipeline import cache
 from pipeline.layout import straddling_unit
 from pipeline.reuse import shared_bytes
 from pipeline.snapshot import PROJECT_HF_CACHE, default_hf_cache, resolve_snapshot
-from pipeline.versions import VERSIONS, load_config
+from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks.errors import PipelineError
 
 DEMO_HF_CACHE = PROJECT_HF_CACHE
+LAYOUT_HELP = ("tt-n16 (what tt-metal's GR00T N1.6 port builds; n16's default) or generic (the original unpadded "
+               "layout; n15/n17's default)")
+PROFILE_HELP = "port (the layout's per-family dtypes; tt-n16's default), bf16 (generic's default) or bfp8"
 
 
 def _mb(n: int) -> str:
@@ -74,7 +77,8 @@ def _convert_options(a: argparse.Namespace, device=None):
     from pipeline.convert import ConvertOptions
 
     return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
-                          a.force, progress=not a.json, check_against_cache=a.check_against_cache, device=device)
+                          a.force, progress=not a.json, check_against_cache=a.check_against_cache, device=device,
+                          layout=a.layout)
 
 
 @contextlib.contextmanager
@@ -97,7 +101,7 @@ def opened_device(choice: str):
 
 
 def print_convert(s: dict) -> None:
-    print(f"\n{s['version']} ({s['profile']}): {'cache hit, nothing converted' if s['cache_hit'] else 'converted'}"
+    print(f"\n{s['version']} ({s['layout']}, {s['profile']}): {'cache hit, nothing converted' if s['cache_hit'] else 'converted'}"
           f" in {s['seconds']:.2f} s")
     print(f"  cache entry   {s['cache_path']}")
     print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
@@ -135,7 +139,8 @@ def cmd_graph(a: argparse.Namespace) -> dict:
     from pipeline.convert import ConvertOptions
     from pipeline.render import write_graph
 
-    opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache)
+    opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache,
+                          layout=a.layout)
     result = write_graph(opts, Path(a.out))
     if not a.json:
         extra = f", {result['units']} units, straddling: {', '.join(result['straddling'])}" if "units" in result else ""
@@ -147,8 +152,8 @@ def cmd_load(a: argparse.Namespace) -> dict:
     from pipeline.load import load
 
     with opened_device(a.device) as dev:
-        loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev)
-    result = {"entry": loaded.entry, "slot": loaded.slot, **loaded.stats}
+        loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout)
+    result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, **loaded.stats}
     if not a.json:
         print(f"loaded {result['tensors']} tensors ({_mb(result['bytes_read'])}) from {loaded.entry} "
               f"in {result['seconds']:.3f} s")
@@ -226,7 +231,8 @@ def parser() -> argparse.ArgumentParser:
                                                       f"then {PROJECT_HF_CACHE} where synth writes)")
 
     sp = add("synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
-    sp.add_argument("--scale", choices=("tiny", "full"), default="tiny")
+    sp.add_argument("--scale", choices=SCALES, default="tiny",
+                    help="tiny: every key, small dims; attn: real attention shapes, 1-2 layers per stack; full")
     sp.add_argument("--hf-cache", type=Path, default=DEMO_HF_CACHE)
     sp.add_argument("--seed", type=int, default=0)
     sp = add("inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
@@ -235,7 +241,8 @@ def parser() -> argparse.ArgumentParser:
                             ("graph", cmd_graph, "render the conversion graph (SVG/PNG/DOT) or write it as JSON")):
         sp = add(name, fn, help_)
         source_args(sp)
-        sp.add_argument("--profile", default="bf16", help="bf16 (default) or bfp8")
+        sp.add_argument("--layout", help=LAYOUT_HELP)
+        sp.add_argument("--profile", help=PROFILE_HELP)
         sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas")
         if name == "convert":
             sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
@@ -246,7 +253,8 @@ def parser() -> argparse.ArgumentParser:
         else:
             sp.add_argument("--out", required=True, help="FILE.svg, FILE.png, FILE.dot or FILE.json")
     sp = add("load", cmd_load, "reload converted tensors from the cache and time it")
-    sp.add_argument("--profile", default="bf16")
+    sp.add_argument("--layout", help=LAYOUT_HELP)
+    sp.add_argument("--profile", help=PROFILE_HELP)
     sp.add_argument("--embodiment", help="a tag or slot id (default: all slots)")
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id")
     sp = add("cache", cmd_cache, "list, verify or clean the cache", version=False)

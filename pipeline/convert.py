@@ -28,7 +28,7 @@ from tasks.stage import PROGRESS_DIR, already_staged
 @dataclass(frozen=True)
 class ConvertOptions:
     version: str
-    profile: str = "bf16"
+    profile: str | None = None  # default: the layout's (recipes.toml [layouts.<layout>] default_profile)
     embodiments: str = "all"
     scheduler: str = "threads"
     snapshot: Path | None = None
@@ -41,6 +41,7 @@ class ConvertOptions:
     check_against_cache: bool = False  # convert afresh and compare byte for byte with the published entry
     reuse: bool = True  # link arrays whose content another published entry already holds (fine-tunes)
     device: object = None  # an open ttnn device or mesh: targets are uploaded as they are staged
+    layout: str | None = None  # default: the version's (configs/<version>.toml default_layout)
 
 
 def peak_rss_bytes() -> int:
@@ -51,7 +52,7 @@ def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], di
     """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry."""
     cfg = load_config(opts.version)
     ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, opts.hf_cache))
-    plan = build_plan(opts.version, {k: ck.shape(k) for k in ck.keys()}, opts.profile)
+    plan = build_plan(opts.version, {k: ck.shape(k) for k in ck.keys()}, opts.profile, opts.layout)
     slots = cfg.slot_ids(opts.embodiments)
     root = cache.cache_root(opts.cache_root)
     ident = cache.identity(plan, cfg.revision, cache.source_sha256(root, ck), slots)
@@ -66,7 +67,7 @@ def convert(opts: ConvertOptions) -> dict:
     ck, plan, slots, ident, root = prepare(opts)
     name = cache.entry_name(ident)
     final = cache.entries_dir(root) / name
-    summary = {"version": opts.version, "profile": opts.profile, "fingerprint": ident["fingerprint"],
+    summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
                "cache_path": str(final), "slots": list(slots), "targets": len(plan.targets),
                "skipped": dict(plan.skipped)}
     existing = cache.find_entry(root, name) if not opts.force else None
@@ -74,18 +75,19 @@ def convert(opts: ConvertOptions) -> dict:
         return {**summary, **check_against(existing, opts, ck, plan, slots, ident, root)}
     if existing is not None:
         ck.close()
-        cache.set_ref(root, opts.version, opts.profile, name)
+        cache.set_ref(root, opts.version, plan.layout, plan.profile, name)
         hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
         if opts.device is not None:  # nothing to convert: upload straight from the cache
             from pipeline.load import load
 
             slot = slots[0] if len(slots) == 1 else None
-            hit["device_tensors"] = load(opts.version, root, slot, opts.profile, device=opts.device).tensors
+            hit["device_tensors"] = load(opts.version, root, slot, plan.profile, device=opts.device,
+                                        layout=plan.layout).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     if opts.force and final.exists():
         shutil.rmtree(final)
     result, timings, graph, done, reused = _build(opts, ck, plan, slots, ident, root, name, final)
-    cache.set_ref(root, opts.version, opts.profile, name)
+    cache.set_ref(root, opts.version, plan.layout, plan.profile, name)
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
             "hashed_shards_before_graph": sorted(set(reused.verified) - reused.identified), "tasks": len(graph),
@@ -106,11 +108,11 @@ def _convert_to_store(opts: ConvertOptions) -> dict:
     ck, plan, slots, ident, _ = prepare(local)
     ck.close()
     name = cache.entry_name(ident)
-    ref = (f"refs/{opts.version}-{opts.profile}.json", {"entry": name, "updated_unix": time.time()})
+    ref = (cache.ref_name(opts.version, plan.layout, plan.profile), {"entry": name, "updated_unix": time.time()})
     manifest = None if opts.force else store.get_json(f"entries/{name}/MANIFEST.json")
     if manifest is not None and manifest.get("fingerprint") == ident["fingerprint"]:
         store.put_json(*ref)
-        return {"version": opts.version, "profile": opts.profile, "fingerprint": ident["fingerprint"],
+        return {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
                 "cache_path": store.describe(f"entries/{name}"), "slots": list(slots), "targets": len(plan.targets),
                 "skipped": dict(plan.skipped), "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
                 "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}

@@ -67,12 +67,12 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
         graph[stage_key] = DataNode(stage_key, inputs.done[(t.name, slot)])
         return stage_key
     transform_key, convert_key = ("transform", t.name, *suffix), ("convert", t.name, *suffix)
-    graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads))
+    graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads), t.params)
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
                                t.device_dtype, t.layout, slot, inputs.check_bf16, _origin(inputs.checkpoint, t),
                                t.device_file, t.min_pcc)
     graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
-    if inputs.device is None:
+    if inputs.device is None or t.host:  # host-only targets are never uploaded
         return stage_key
     upload_key = ("upload", t.name, *suffix)  # uploads as soon as the target is staged, while others still convert
     graph[upload_key] = _task(upload_key, upload_staged, TaskRef(stage_key), TaskRef(convert_key), t.kind, inputs.device)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Iterator, Mapping
 
-from pipeline.versions import VersionConfig, load_config
+from pipeline.versions import SCALES, VersionConfig, load_config
 from tasks.errors import ConfigError
 
 Shape = tuple[int, ...]
@@ -208,13 +208,26 @@ def _assign_shards(entries: list[tuple[str, Shape]], max_bytes: int) -> list[int
 
 @cache
 def layout(version: str, scale: str = "full") -> tuple[TensorSpec, ...]:
-    """The ordered tensor list of `version` at `scale`, each with its shard file name."""
+    """The ordered tensor list of `version` at `scale`, each with its shard file name: the shard its key has at
+    full scale (a scale with fewer layers keeps a subset of the keys)."""
     cfg = load_config(version)
     full = _state_dict(cfg, cfg.dims)
     assignment = _assign_shards(full, cfg.max_shard_size)
     names = shard_names(max(assignment) + 1)
+    shard_of = {k: names[i] for (k, _), i in zip(full, assignment, strict=True)}
     entries = full if scale == "full" else _state_dict(cfg, cfg.dims_for(scale))
-    return tuple(TensorSpec(k, s, names[i]) for (k, s), i in zip(entries, assignment, strict=True))
+    return tuple(TensorSpec(k, s, shard_of[k]) for k, s in entries)
+
+
+def dims_of(version: str, shapes: Mapping[str, Shape]) -> Mapping[str, int]:
+    """The dims a checkpoint was made with: those of the scale whose layout has exactly these keys and shapes (a
+    synthetic stand-in), else the real ones. Recipes read head counts and head sizes from them."""
+    cfg = load_config(version)
+    for scale in SCALES[1:]:
+        specs = layout(version, scale)
+        if len(specs) == len(shapes) and all(tuple(shapes.get(s.key, ())) == s.shape for s in specs):
+            return cfg.dims_for(scale)
+    return cfg.dims
 
 
 _NUMBERED_UNIT = re.compile(r"^(.*?\.(?:layers|blocks|transformer_blocks|deepstack_merger_list)\.\d+)\.")

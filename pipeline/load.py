@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline import cache
 from pipeline.store import Store, is_url, open_store, requested_root
+from pipeline.recipe import resolve
 from pipeline.versions import load_config
 from tasks.errors import CacheError
 from tasks.stage import checksum, chunk_coords, packed_path
@@ -26,10 +27,23 @@ from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, map_chunk, read_chunk_into
 
 @dataclass
 class Loaded:
-    tensors: dict                  # canonical target name -> torch.bfloat16 tensor (or ttnn tensor on a device)
+    tensors: dict                  # target name -> torch.bfloat16 tensor (or ttnn tensor); host-only: torch.float32
     entry: str
     slot: int | None
     stats: dict = field(default_factory=dict)
+    layout: str = "generic"
+    banks: tuple[str, ...] = ()    # targets holding every slot of a bank, as [slots, ...]
+
+    def components(self) -> dict[str, dict[str, object]]:
+        """The tensors grouped the way the port's weight loader groups them: component -> {name inside it: tensor}
+        (tt-n16: vision, language, connector, dit, state_encoder, action_encoder, action_decoder, vlln,
+        position_embedding). A bank loaded with every slot becomes {slot: tensor}."""
+        grouped: dict[str, dict[str, object]] = {}
+        for name, tensor in self.tensors.items():
+            component, inside = name.split(".", 1)
+            grouped.setdefault(component, {})[inside] = (
+                {s: tensor[s] for s in range(tensor.shape[0])} if name in self.banks else tensor)
+        return grouped
 
 
 class _LocalEntry:
@@ -87,22 +101,23 @@ class _RemoteEntry:
         return local, data
 
 
-def _open_entry(version: str, profile: str, cache_dir: Path | str | None) -> tuple[object, dict]:
+def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str | None) -> tuple[object, dict]:
     if is_url(cache_dir):
         cache_dir = requested_root(cache_dir)
         store = open_store(cache_dir)
-        ref = store.get_json(f"refs/{version}-{profile}.json")
+        ref_key = cache.ref_name(version, layout, profile)
+        ref = store.get_json(ref_key)
         if ref is None:
-            raise CacheError(f"{store.describe(f'refs/{version}-{profile}.json')}: no converted {version} ({profile}) "
-                             f"in this cache; run `python -m pipeline convert --version {version} --profile {profile} "
-                             f"--cache {cache_dir}` first")
+            raise CacheError(f"{store.describe(ref_key)}: no converted {version} ({layout}, {profile}) in this cache; "
+                             f"run `python -m pipeline convert --version {version} --layout {layout} --profile "
+                             f"{profile} --cache {cache_dir}` first")
         name = ref["entry"]
         manifest = store.get_json(f"entries/{name}/MANIFEST.json")
         if manifest is None or not name.endswith(str(manifest.get("fingerprint", ""))[:20] or "-"):
             raise CacheError(f"{store.describe(f'entries/{name}/MANIFEST.json')}: missing or not the manifest of "
                              f"{name}; the entry was never completely pushed — convert again")
         return _RemoteEntry(store, name), manifest
-    entry = cache.resolve_ref(cache.cache_root(cache_dir), version, profile)
+    entry = cache.resolve_ref(cache.cache_root(cache_dir), version, layout, profile)
     return _LocalEntry(entry.path), entry.manifest
 
 
@@ -152,18 +167,22 @@ def _read_packed(entry, name: str, chunk: str, rec: dict):
 
 
 def load(version: str, cache_dir: Path | str | None = None, embodiment: str | int | None = None,
-         profile: str = "bf16", device=None, ttnn_host: bool = False, threads: int = 4) -> Loaded:
-    """Target tensors of the last conversion of `version`/`profile`, by canonical name.
+         profile: str | None = None, device=None, ttnn_host: bool = False, threads: int = 4,
+         layout: str | None = None) -> Loaded:
+    """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
+    its default profile), by target name; `.components()` groups them as the consumer does.
 
-    `embodiment` (a tag or slot id) keeps one slot of every bank, as `[in, out]` / `[1, out]`; None keeps all 32
-    as `[32, in, out]`. By default tensors are torch bf16 on the host. `ttnn_host=True` returns ttnn host tensors
-    in their device dtype and layout (packed targets straight from their `.tensorbin`, no repacking); `device`
-    also uploads them."""
+    `embodiment` (a tag or slot id) keeps one slot of every bank, as `[in, out]` / `[1, out]`; None keeps every
+    slot as `[slots, in, out]`. By default tensors are torch bf16 on the host. `ttnn_host=True` returns ttnn host
+    tensors in their device dtype and layout (packed targets straight from their `.tensorbin`, no repacking);
+    `device` also uploads them. Host-only targets (tt-n16: q_norm, k_norm, embed_tokens) are always torch float32
+    host tensors, as the port keeps them."""
     import torch
 
     t0 = time.perf_counter()
+    layout, profile = resolve(version, layout, profile)
     slot = None if embodiment is None else load_config(version).slot_ids(str(embodiment))[0]
-    entry, manifest = _open_entry(version, profile, cache_dir)
+    entry, manifest = _open_entry(version, layout, profile, cache_dir)
     as_ttnn = ttnn_host or device is not None
     if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in manifest["arrays"].values()):
         raise CacheError(f"{entry.describe('')}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")
@@ -185,16 +204,21 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
         packed_tensors = list(pool.map(lambda r: _read_packed(entry, r[0], r[1], r[2]["tensorbin"]), packed))
     buffers = {**{name: c for (name, _, _, _), c in zip(plain, chunks) if name not in banks}, **banks}
     nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
+    host = {name for name, arr in arrays.items() if arr["attributes"].get("host_only")}
     if as_ttnn:
         from tasks import device as tt
 
         out = {name: tt.to_host_tensor(data, arrays[name]["attributes"]["device_dtype"],
                                        arrays[name]["attributes"]["device_layout"])
-               for (name, _, _, _), data in zip(plain, chunks)}
+               for (name, _, _, _), data in zip(plain, chunks) if name not in host}
         out |= {r[0]: t for r, t in zip(packed, packed_tensors)}
         if device is not None:
             out = {name: tt.upload(t, device) for name, t in out.items()}
+        out |= {name: torch.from_numpy(buffers[name]).view(torch.bfloat16).float() for name in host}
     else:
         out = {name: torch.from_numpy(buf).view(torch.bfloat16) for name, buf in buffers.items()}
+        out |= {name: out[name].float() for name in host}  # bf16 -> float32 is exact
+    out = {name: out[name] for name in arrays if name in out}  # the plan's order
     return Loaded(out, entry.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
-                                          "bytes_read": nbytes, "chunks": len(reads)})
+                                          "bytes_read": nbytes, "chunks": len(reads)},
+                  manifest.get("layout", "generic"), tuple(sorted(banks)))

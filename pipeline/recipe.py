@@ -1,7 +1,9 @@
 """Recipes: the rules of `configs/recipes.toml` applied to a checkpoint's keys, giving the list of device targets.
 
-Every source key ends up in exactly one target or in `skipped` with a reason; a key no rule consumes is an error
-that names it. Pure: takes the key list and shapes, returns values.
+A layout (`tt-n16`: what tt-metal's GR00T N1.6 port builds; `generic`: the original unpadded layout) picks the
+rule sets, the kinds (device layout and dtype per kind of tensor), the profiles it accepts and how targets are
+named. Every source key ends up in exactly one target or in `skipped` with a reason; a key no rule consumes is
+an error that names it. Pure: takes the key list and shapes, returns values.
 """
 
 from __future__ import annotations
@@ -12,28 +14,40 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Mapping
 
-from pipeline.layout import canonical_key
+from pipeline.layout import canonical_key, dims_of
 from pipeline.versions import CONFIG_DIR, load_config
 from tasks.errors import ConfigError, RecipeError
-from tasks.transforms import output_shape
+from tasks.transforms import output_shape, padded_dim
 
 RECIPES_PATH = CONFIG_DIR / "recipes.toml"
+HOST = "HOST"  # the layout of host-only targets: kept on the host as float32, never uploaded
 
 
 @dataclass(frozen=True)
 class Target:
-    """One array in the cache and one tensor on the device."""
+    """One array in the cache and one tensor on the device (or, with layout HOST, one float32 host tensor)."""
 
-    name: str                  # canonical name, e.g. llm.layers.5.self_attn.qkv.weight
+    name: str                  # e.g. vision.encoder.layers.5.self_attn.qkv_padded.weight
     sources: tuple[str, ...]   # checkpoint keys, in concatenation order
     transform: str
-    kind: str                  # matmul | bias | norm | table
-    device_dtype: str          # bfloat16 | bfloat8_b
-    layout: str                # TILE | ROW_MAJOR
+    kind: str                  # matmul | bias | norm | table | host
+    device_dtype: str          # bfloat16 | bfloat8_b | bfloat4_b | float32 (host)
+    layout: str                # TILE | ROW_MAJOR | HOST
     shape: tuple[int, ...]     # logical shape of one target (one slot for embodiment banks)
-    embodiment: bool = False   # stored as [slots, *shape], one chunk per slot
+    embodiment: bool = False   # stored as [bank_slots, *shape], one chunk per slot
     device_file: bool = False  # keep ttnn's .tensorbin of it too (packed dtypes always do)
     min_pcc: float = 1.0       # recipes.toml [min_pcc]: below it, the conversion fails
+    params: tuple[int, ...] = ()  # (heads, head_dim, padded_head_dim) of a head-padding transform
+    bank_slots: int = 0        # slots in the source bank (embodiment targets)
+    mirrors: str = ""          # the consumer's file@commit and function this target reproduces
+
+    @property
+    def host(self) -> bool:
+        return self.layout == HOST
+
+    @property
+    def component(self) -> str:
+        return self.name.split(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -42,11 +56,25 @@ class Plan:
     profile: str
     targets: tuple[Target, ...]
     skipped: Mapping[str, str]  # key -> reason
+    layout: str = "generic"
 
 
 @cache
-def _recipes() -> dict:
+def recipes() -> dict:
     return tomllib.loads(RECIPES_PATH.read_text())
+
+
+def resolve(version: str, layout: str | None = None, profile: str | None = None) -> tuple[str, str]:
+    """The layout (default: the version's) and profile (default: the layout's) a request means, both checked."""
+    cfg, layouts = load_config(version), recipes()["layouts"]
+    layout = layout or cfg.default_layout
+    cfg.rule_sets(layout)  # unknown for this version: an error listing the known ones
+    known = layouts[layout]["profiles"]
+    profile = profile or layouts[layout]["default_profile"]
+    if profile not in known:
+        raise ConfigError(f"unknown profile {profile!r} for layout {layout}: expected one of {', '.join(known)} "
+                          f"({RECIPES_PATH})")
+    return layout, profile
 
 
 def _pattern(template: str, containers: Mapping[str, str]) -> re.Pattern[str]:
@@ -54,6 +82,8 @@ def _pattern(template: str, containers: Mapping[str, str]) -> re.Pattern[str]:
     for token in re.split(r"(\{\w+\}|\*\*|\*)", template):
         if token == "{n}":
             out.append(r"(?P<n>\d+)")
+        elif token == "{part}":
+            out.append(r"(?P<part>[^.]+)")
         elif token.startswith("{"):
             role = token[1:-1]
             if role not in containers:
@@ -68,9 +98,11 @@ def _pattern(template: str, containers: Mapping[str, str]) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
-def _expand(template: str, containers: Mapping[str, str], n: str) -> str:
-    """A fused rule's source template with its container prefixes and layer number filled in."""
-    out = template.replace("{n}", n)
+def _fill(template: str, containers: Mapping[str, str], groups: Mapping[str, str | None]) -> str:
+    """A template with its container prefixes and captured `{n}` / `{part}` filled in."""
+    out = template
+    for name, value in groups.items():
+        out = out.replace("{" + name + "}", value or "")
     for role, prefix in containers.items():
         out = out.replace("{" + role + "}", prefix)
     return out
@@ -81,27 +113,55 @@ def _parity_ok(rule: dict, n: str | None) -> bool:
     return parity is None or (n is not None and int(n) % 2 == (1 if parity == "odd" else 0))
 
 
-def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str = "bf16") -> Plan:
+def component_key(version: str, key: str) -> str:
+    """`component.key-inside-it`, the port's weight groups (configs/<version>.toml [components])."""
+    components = load_config(version).components
+    for comp, prefix in sorted(components.items(), key=lambda cp: len(cp[1]), reverse=True):
+        if key.startswith(prefix):
+            return f"{comp}.{key[len(prefix):]}"
+    raise ConfigError(f"key {key!r} is under none of {version}'s components ({', '.join(components.values())})")
+
+
+def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str | None = None,
+               layout: str | None = None) -> Plan:
     """Targets for a checkpoint whose keys and shapes are `shapes` (state-dict order is kept)."""
-    cfg, recipes = load_config(version), _recipes()
-    if profile not in recipes["profiles"]:
-        raise ConfigError(f"unknown profile {profile!r}: expected one of {', '.join(recipes['profiles'])} ({RECIPES_PATH})")
+    layout, profile = resolve(version, layout, profile)
+    cfg, book = load_config(version), recipes()
+    spec, prof = book["layouts"][layout], book["profiles"][profile]
+    dims = dims_of(version, shapes)
     rules = []
-    for name in cfg.recipe:
-        if name not in recipes["rules"]:
+    for name in cfg.rule_sets(layout):
+        if name not in book["rules"]:
             raise ConfigError(f"configs/{version}.toml names rule set {name!r}, which {RECIPES_PATH} does not define")
-        rules += recipes["rules"][name]
+        rules += book["rules"][name]
     consumed: dict[str, str] = {}
     targets: list[Target] = []
     skipped: dict[str, str] = {}
+    name_of = component_key if spec["naming"] == "component" else canonical_key
 
     def make_target(rule: dict, name: str, sources: tuple[str, ...]) -> Target:
-        kind = recipes["kinds"][rule["kind"]]
-        dtype = recipes["profiles"][profile]["matmul"] if kind["dtype"] == "matmul" else kind["dtype"]
-        shape = output_shape(rule["transform"], [shapes[s] for s in sources])
-        keep = bool(recipes["profiles"][profile].get("device_files", False)) or dtype != "bfloat16"
-        return Target(name, sources, rule["transform"], rule["kind"], dtype, kind["layout"], shape,
-                      bool(rule.get("embodiment", False)), keep, float(recipes["min_pcc"][dtype]))
+        kind = spec["kinds"][rule["kind"]]
+        dtype = kind["dtype"]
+        if dtype in ("rule", "profile"):  # a matmul weight: the profile's dtype, else the consumer's (the rule's)
+            dtype = prof.get("matmul") or rule.get("dtype")
+            if dtype is None:
+                raise ConfigError(f"{RECIPES_PATH}: the rule for {sources[0]!r} gives no dtype and profile "
+                                  f"{profile!r} none either")
+        source_shapes = [shapes[s] for s in sources]
+        params: tuple[int, ...] = ()
+        if "padded_head_dim" in rule:
+            params = (int(dims[rule["heads"]]), int(dims[rule["head_dim"]]), int(rule["padded_head_dim"]))
+            split = padded_dim(rule["transform"], source_shapes)
+            if split != params[0] * params[1] or params[2] < params[1]:
+                raise RecipeError(f"{version}: {sources[0]!r} has shape {list(source_shapes[0])}, but the rule pads "
+                                  f"{params[0]} heads of {params[1]} to {params[2]} (expected a dim of "
+                                  f"{params[0] * params[1]}); the checkpoint does not have {version}'s attention shapes")
+        shape = output_shape(rule["transform"], source_shapes, params)
+        keep = kind["layout"] != HOST and (bool(prof.get("device_files", False)) or dtype != "bfloat16")
+        embodiment = bool(rule.get("embodiment", False))
+        return Target(name, sources, rule["transform"], rule["kind"], dtype, kind["layout"], shape, embodiment,
+                      keep, float(book["min_pcc"][dtype]), params, source_shapes[0][0] if embodiment else 0,
+                      rule.get("mirrors", ""))
 
     for rule in rules:  # fused rules claim keys first, whatever their position
         if "sources" not in rule:
@@ -111,27 +171,27 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
             m = first.match(key)
             if not m or key in consumed or not _parity_ok(rule, m.groupdict().get("n")):
                 continue
-            n = m.groupdict().get("n", "")
-            sources = tuple(_expand(s, cfg.containers, n) for s in rule["sources"])
+            sources = tuple(_fill(s, cfg.containers, m.groupdict()) for s in rule["sources"])
             missing = [s for s in sources if s not in shapes]
             if missing:
                 raise RecipeError(f"rule for {rule['target']!r} fuses {key!r} with {missing[0]!r}, which the checkpoint lacks")
-            name = rule["target"].replace("{n}", n)
+            name = _fill(rule["target"], {}, m.groupdict())
             targets.append(make_target(rule, name, sources))
             consumed.update({s: name for s in sources})
     compiled = [(_pattern(r["match"], cfg.containers), r) for r in rules if "match" in r]
     for key in shapes:
         if key in consumed:
             continue
-        rule = next((r for p, r in compiled if p.match(key)), None)
+        m, rule = next(((m, r) for p, r in compiled if (m := p.match(key))), (None, None))
         if rule is None:
-            raise RecipeError(f"{version}: no recipe rule consumes {key!r} (shape {list(shapes[key])}); add a rule "
-                              f"or a skip with a reason to {RECIPES_PATH}")
+            raise RecipeError(f"{version}: no {layout} recipe rule consumes {key!r} (shape {list(shapes[key])}); add "
+                              f"a rule or a skip with a reason to {RECIPES_PATH}")
         if "skip" in rule:
             skipped[key] = rule["skip"]
         else:
-            targets.append(make_target(rule, canonical_key(version, key), (key,)))
+            name = _fill(rule["target"], {}, m.groupdict()) if "target" in rule else name_of(version, key)
+            targets.append(make_target(rule, name, (key,)))
         consumed[key] = rule.get("skip", "")
     order = {k: i for i, k in enumerate(shapes)}
     targets.sort(key=lambda t: order[t.sources[0]])
-    return Plan(version, profile, tuple(targets), skipped)
+    return Plan(version, profile, tuple(targets), skipped, layout)

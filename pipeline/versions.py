@@ -37,17 +37,26 @@ class VersionConfig:
     containers: Mapping[str, str]
     architecture: Mapping[str, str]
     dims: Mapping[str, int]
-    tiny_dims: Mapping[str, int]
-    recipe: tuple[str, ...]
+    scaled_dims: Mapping[str, Mapping[str, int]]  # scale -> the dims it overrides (SCALES)
+    layouts: Mapping[str, tuple[str, ...]]        # layout -> rule sets of configs/recipes.toml, tried in order
+    default_layout: str
+    components: Mapping[str, str]                 # the port's weight groups: component -> key prefix
     embodiment_ids: Mapping[str, int] = field(default_factory=dict)
 
     def dims_for(self, scale: str) -> Mapping[str, int]:
-        """The real dims (`full`) or the small stand-in dims (`tiny`) that keep every key and count."""
+        """The real dims (`full`), or stand-ins: `tiny` keeps every key and count with small dims, `attn` keeps the
+        real attention shapes with one or two layers per stack."""
         if scale == "full":
             return self.dims
-        if scale == "tiny":
-            return MappingProxyType({**self.dims, **self.tiny_dims})
-        raise ConfigError(f"unknown scale {scale!r}: expected 'tiny' or 'full'")
+        if scale in self.scaled_dims:
+            return MappingProxyType({**self.dims, **self.scaled_dims[scale]})
+        raise ConfigError(f"unknown scale {scale!r}: expected one of {', '.join(SCALES)}")
+
+    def rule_sets(self, layout: str) -> tuple[str, ...]:
+        if layout not in self.layouts:
+            raise ConfigError(f"unknown layout {layout!r} for {self.version}: expected one of "
+                              f"{', '.join(self.layouts)} (configs/{self.version}.toml [layouts])")
+        return self.layouts[layout]
 
     @property
     def embodiment_keys(self) -> tuple[str, ...]:
@@ -83,6 +92,7 @@ class VersionConfig:
 
 
 VERSIONS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("n*.toml")))
+SCALES = ("full", "tiny", "attn")
 
 
 @cache
@@ -93,12 +103,14 @@ def load_config(version: str) -> VersionConfig:
         raise ConfigError(f"unknown version {version!r}: expected one of {', '.join(VERSIONS)} (files in {CONFIG_DIR})")
     raw = tomllib.loads(path.read_text())
     dims = dict(raw["dims"])
-    tiny = dims.pop("tiny", {})
+    scaled = {scale: MappingProxyType(dims.pop(scale)) for scale in SCALES[1:] if scale in dims}
     return VersionConfig(
         version=raw["version"], title=raw["title"], repo_id=raw["repo_id"], revision=raw["revision"],
         dtype=raw["dtype"], max_shard_size=int(raw["max_shard_size"]),
         expected=MappingProxyType(raw["expected"]), containers=MappingProxyType(raw["containers"]),
         architecture=MappingProxyType(raw["architecture"]),
-        dims=MappingProxyType(dims), tiny_dims=MappingProxyType(tiny), recipe=tuple(raw["recipe"]),
+        dims=MappingProxyType(dims), scaled_dims=MappingProxyType(scaled),
+        layouts=MappingProxyType({k: tuple(v) for k, v in raw["layouts"].items()}),
+        default_layout=raw["default_layout"], components=MappingProxyType(raw["components"]),
         embodiment_ids=MappingProxyType(raw.get("embodiments", {})),
     )

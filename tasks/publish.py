@@ -46,8 +46,8 @@ def _fsync_tree(root: Path) -> None:
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
     """What one array's bytes are a function of: its sources' bytes, its transform and device format, and the
     converter version. Equal ids mean equal bytes, whichever entry they sit in. Does not perform I/O."""
-    doc = [list(source_xxh3), attributes["transform"], attributes["device_dtype"], attributes["device_layout"],
-           attributes["logical_shape"], converter]
+    doc = [list(source_xxh3), attributes["transform"], attributes.get("transform_params", []),
+           attributes["device_dtype"], attributes["device_layout"], attributes["logical_shape"], converter]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 

@@ -55,11 +55,11 @@ def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypa
         'match = "{vision}head.**"', 'match = "{vision}head.**"\n# edited'))
     monkeypatch.setattr(recipe_mod, "RECIPES_PATH", edited)
     monkeypatch.setattr(cache_mod, "RECIPES_PATH", edited)
-    recipe_mod._recipes.cache_clear()
+    recipe_mod.recipes.cache_clear()
     try:
         changed = convert(_opts("n15", tmp_path, hf_cache=hf_cache, embodiments="gr1"))
     finally:
-        recipe_mod._recipes.cache_clear()
+        recipe_mod.recipes.cache_clear()
     assert changed["fingerprint"] != base["fingerprint"] and not changed["cache_hit"]
     assert len([p for p in entries_dir(tmp_path).iterdir()]) == 3
 
