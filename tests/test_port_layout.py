@@ -139,10 +139,9 @@ def port_oracle(state: dict, dims: dict, slots: list[int]) -> dict[str, tuple[to
     return out
 
 
-def _cached_bf16(entry: Path, name: str) -> torch.Tensor:
+def _cached_bf16(group, name: str) -> torch.Tensor:
     """Our stored values, read through zarr-python (an independent reader of the cache format)."""
-    arr = zarr.open_group(str(entry), mode="r")[name]
-    return torch.from_numpy(np.ascontiguousarray(arr[...])).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(group[name][...])).view(torch.bfloat16)
 
 
 def _conformance(version: str, snapshot: Path, cache_root: Path, scale: str, slots: list[int], slot: int) -> int:
@@ -154,10 +153,11 @@ def _conformance(version: str, snapshot: Path, cache_root: Path, scale: str, slo
     manifest = json.loads((entry / "MANIFEST.json").read_text())["arrays"]
     assert sorted(manifest) == sorted(oracle)  # the same tensors, no more and no fewer
     host = load(version, cache_root, embodiment=slot, ttnn_host=True)
+    group = zarr.open_group(str(entry), mode="r")
     assert sorted(host.tensors) == sorted(oracle)
     for name, (expected, dtype) in oracle.items():
         attrs = manifest[name]["attributes"]
-        ours = _cached_bf16(entry, name)
+        ours = _cached_bf16(group, name)
         if dtype == HOST:  # stored bf16, handed out as the port's float32
             assert attrs["host_only"] and attrs["device_layout"] == "HOST", name
             assert host.tensors[name].dtype == torch.float32 and torch.equal(host.tensors[name], expected), name
