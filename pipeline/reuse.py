@@ -96,7 +96,7 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
                             packed and packed["nbytes"], packed and packed["xxh3"])
             write_json_atomic(progress_path(tmp, t.name, slot), asdict(staged))
             reuse.records[(t.name, slot)] = staged
-            reuse.linked_bytes += rec["nbytes"]
+            reuse.linked_bytes += rec["nbytes"] + (packed["nbytes"] if packed else 0)  # chunk and device file
     return reuse
 
 

@@ -85,7 +85,7 @@ def test_a_key_no_rule_consumes_fails_naming_it():
     shapes = {s.key: s.shape for s in layout("n16", "tiny")} | {"backbone.model.extra_module.x": (3,)}
     with pytest.raises(RecipeError) as err:
         build_plan("n16", shapes)
-    assert str(err.value).startswith("n16: no recipe rule consumes 'backbone.model.extra_module.x' (shape [3])")
+    assert str(err.value).startswith("n16: no tt-n16 recipe rule consumes 'backbone.model.extra_module.x' (shape [3])")
 
 
 def test_second_convert_is_a_cache_hit(hf_cache, tmp_path):

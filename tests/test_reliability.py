@@ -194,7 +194,7 @@ def published(hf_cache, tmp_path) -> Path:
 
 
 def _chunk(entry: Path) -> Path:
-    return entry / "llm.layers.2.mlp.up_proj.weight" / "c" / "0" / "0"
+    return entry / "language.model.layers.2.mlp.up_proj.weight" / "c" / "0" / "0"
 
 
 @pytest.mark.parametrize("case,damage,expected", [

@@ -60,7 +60,7 @@ def s3_url():
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
     first = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, cache_root=s3_url, progress=False))
-    assert not first["cache_hit"] and first["cache_path"].startswith(f"{s3_url}/entries/n17-bf16-")
+    assert not first["cache_hit"] and first["cache_path"].startswith(f"{s3_url}/entries/n17-generic-bf16-")
     assert first["pushed_bytes"] > 7e6
     # a colleague with an empty local cache: the entry is found on S3, nothing is converted
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "colleague"))
