@@ -33,7 +33,8 @@ def _child_convert(a: dict) -> dict:
 
     shutil.rmtree(a["cache"], ignore_errors=True)
     s = convert(ConvertOptions(a["version"], a["profile"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
-                               progress=False, scheduler=a.get("scheduler", "threads")))
+                               progress=False, scheduler=a.get("scheduler", "threads"),
+                               layout=a.get("layout", "generic")))
     return {"seconds": s["seconds"], "stage_seconds": s["stage_seconds"], "bytes": s["bytes_written"]}
 
 
@@ -69,7 +70,7 @@ def _child_load(a: dict) -> dict:
 
     t0 = time.perf_counter()
     w = load(a["version"], a["cache"], embodiment=a.get("embodiment"), profile=a.get("profile", "bf16"),
-             ttnn_host=a.get("ttnn_host", False))
+             ttnn_host=a.get("ttnn_host", False), layout=a.get("layout", "generic"))
     return {"seconds": time.perf_counter() - t0, "bytes": w.stats["bytes_read"], "tensors": w.stats["tensors"]}
 
 
@@ -116,7 +117,7 @@ def _naive_targets(version: str, snapshot: Path, profile: str = "bf16"):
     state: dict = {}
     for shard in sorted(set(index["weight_map"].values())):
         state.update(load_file(str(snapshot / shard)))
-    plan = build_plan(version, {k: tuple(v.shape) for k, v in state.items()}, profile)
+    plan = build_plan(version, {k: tuple(v.shape) for k, v in state.items()}, profile, "generic")
     for t in plan.targets:
         src = [state[k] for k in t.sources]
         if t.transform in ("transpose", "flatten_transpose", "fuse_transpose"):
@@ -180,7 +181,7 @@ def _targets_only(a: dict):
     from pipeline.layout import layout
     from pipeline.recipe import build_plan
 
-    plan = build_plan(a["version"], {s.key: s.shape for s in layout(a["version"], a["scale"])}, a["profile"])
+    plan = build_plan(a["version"], {s.key: s.shape for s in layout(a["version"], a["scale"])}, a["profile"], "generic")
     empty = torch.empty(0, dtype=torch.bfloat16)
     for t in plan.targets:
         yield t, empty
@@ -197,7 +198,8 @@ def _child_plain_loop(a: dict) -> dict:
 
     shutil.rmtree(a["cache"], ignore_errors=True)
     t0 = time.perf_counter()  # like convert's own clock: from opening the snapshot to the published entry
-    ck, plan, slots, ident, root = prepare(ConvertOptions(a["version"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"])))
+    ck, plan, slots, ident, root = prepare(ConvertOptions(a["version"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
+                                                          layout="generic"))
     tmp = cache.claim_tmp(root, "plain-loop")
     cache.create_arrays(tmp, plan, slots, ident)
     headers = {s: source.index_shard(h.path, frozenset(h.entries)) for s, h in ck.headers.items()}
@@ -207,7 +209,7 @@ def _child_plain_loop(a: dict) -> dict:
         for slot in (slots if t.embodiment else (None,)):
             arrays = [source.read_tensor(headers[ck.shard_of(k)], k) if slot is None
                       else source.read_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
-            converted = convert_target(transforms.apply(t.transform, arrays), t.name, t.sources, t.device_dtype, t.layout, slot)
+            converted = convert_target(transforms.apply(t.transform, arrays, t.params), t.name, t.sources, t.device_dtype, t.layout, slot)
             staged.append(stage.stage_target(tmp, converted))
     publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident,
                           [publish.unit_done("all", staged, verified)], verified)
@@ -216,8 +218,76 @@ def _child_plain_loop(a: dict) -> dict:
     return {"seconds": seconds}
 
 
+def _port_tensors(a: dict):
+    """The port's own load path (tests/port_oracle.py, written from its files): `load_file` every shard, then its
+    preprocessing of every weight, all 32 slots; yields (file name, tensor, dtype)."""
+    from pipeline.layout import dims_of
+    from tests.port_oracle import hf_state, port_oracle
+
+    state = hf_state(Path(a["snapshot"]))
+    dims = dict(dims_of(a["version"], {k: tuple(v.shape) for k, v in state.items()}))
+    for name, (x, dtype) in port_oracle(state, dims, range(dims["embodiments"])).items():
+        for i, one in enumerate(x) if isinstance(x, list) else ((None, x),):
+            yield name if i is None else f"{name}@{i}", one, dtype
+
+
+def _child_port_path(a: dict) -> dict:
+    """What the port's constructors do, host only: every device tensor through `ttnn.from_torch` in its dtype."""
+    import ttnn
+
+    from tasks.device import configure_ttnn_env, hardware_present
+
+    configure_ttnn_env(os.environ, hardware_present())
+    t0 = time.perf_counter()
+    n = 0
+    for _, x, dtype in _port_tensors(a):
+        if dtype != "host":  # host tensors are float32 torch tensors already
+            ttnn.from_torch(x, dtype=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
+        n += 1
+    return {"seconds": time.perf_counter() - t0, "tensors": n}
+
+
+def _child_as_tensor_port(a: dict) -> dict:
+    """The port's tensors through tt-metal's cache, `ttnn.as_tensor(cache_file_name=…)`: the first run converts
+    and writes `.tensorbin` files, a warm run loads them (placeholder inputs, as model code passes on a hit) and
+    reads every byte once through a read-only map."""
+    import numpy as np
+    import torch
+    import ttnn
+    import xxhash
+
+    from tasks.device import configure_ttnn_env, hardware_present
+
+    configure_ttnn_env(os.environ, hardware_present())
+    cache_dir = Path(a["cache_dir"])
+    t0 = time.perf_counter()
+    touched = n = 0
+    if a["first"]:
+        tensors = _port_tensors(a)
+    else:
+        names = json.loads((cache_dir / "names.json").read_text())
+        empty = torch.empty(0, dtype=torch.bfloat16)
+        tensors = ((name, empty, dtype) for name, dtype in names)
+    written = []
+    for name, x, dtype in tensors:
+        n += 1
+        if dtype == "host":
+            continue
+        ttnn.as_tensor(x, dtype=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT, cache_file_name=str(cache_dir / name))
+        written.append((name, dtype))
+    if a["first"]:
+        (cache_dir / "names.json").write_text(json.dumps(written))
+    else:
+        for path in cache_dir.glob("*.tensorbin"):
+            data = np.memmap(path, dtype=np.uint8, mode="r")
+            xxhash.xxh3_64_hexdigest(data)
+            touched += data.nbytes
+    return {"seconds": time.perf_counter() - t0, "bytes": touched, "tensors": n}
+
+
 CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_convert, _child_raw_copy, _child_load, _child_raw_read,
-                                                     _child_naive, _child_as_tensor, _child_plain_loop)}
+                                                     _child_naive, _child_as_tensor, _child_plain_loop,
+                                                     _child_port_path, _child_as_tensor_port)}
 
 
 # ---- parent side --------------------------------------------------------------------------------------------------
@@ -231,6 +301,7 @@ def run_child(name: str, args: dict, cold: bool = False) -> dict:
         except OSError:
             pass
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    started = time.perf_counter()
     with open(BENCH / "last-child-stderr.log", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.bench", "--child", name, json.dumps(args)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err, env=env, text=True)
@@ -241,7 +312,9 @@ def run_child(name: str, args: dict, cold: bool = False) -> dict:
         tail = (BENCH / "last-child-stderr.log").read_text()[-3000:]
         raise RuntimeError(f"bench child {name} failed (status {status}):\n{tail}")
     result = json.loads(out.strip().splitlines()[-1])
-    return {**result, "peak_rss_bytes": usage.ru_maxrss * 1024, "cpu_seconds": usage.ru_utime + usage.ru_stime}
+    return {**result, "process_seconds": time.perf_counter() - started, "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime, "user_seconds": usage.ru_utime,
+            "sys_seconds": usage.ru_stime, "minor_faults": usage.ru_minflt, "major_faults": usage.ru_majflt}
 
 
 def median(runs: list[dict], key: str = "seconds") -> float:
@@ -255,12 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--scale", choices=("tiny", "full"), default="full")
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
+    p.add_argument("--only", choices=("port",), help="port: only the tt-n16 rows against the port's own path "
+                                                     "(writes bench/port-results.*)")
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
         return 0
-    from pipeline.bench_report import run_all
+    from pipeline.bench_report import run_all, run_port
 
+    if a.only == "port":
+        return run_port(a.scale, a.runs, a.cold)
     return run_all(a.scale, a.runs, a.cold)
 
 
