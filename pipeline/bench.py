@@ -34,7 +34,7 @@ def _child_convert(a: dict) -> dict:
     shutil.rmtree(a["cache"], ignore_errors=True)
     s = convert(ConvertOptions(a["version"], a["profile"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
                                progress=False, scheduler=a.get("scheduler", "threads"),
-                               layout=a.get("layout", "generic")))
+                               layout=a.get("layout", "generic"), synthetic=a.get("synthetic")))
     return {"seconds": s["seconds"], "stage_seconds": s["stage_seconds"], "bytes": s["bytes_written"]}
 
 
@@ -199,7 +199,7 @@ def _child_plain_loop(a: dict) -> dict:
     shutil.rmtree(a["cache"], ignore_errors=True)
     t0 = time.perf_counter()  # like convert's own clock: from opening the snapshot to the published entry
     ck, plan, slots, ident, root = prepare(ConvertOptions(a["version"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
-                                                          layout="generic"))
+                                                          layout="generic", synthetic=a.get("synthetic")))
     tmp = cache.claim_tmp(root, "plain-loop")
     cache.create_arrays(tmp, plan, slots, ident)
     headers = {s: source.index_shard(h.path, frozenset(h.entries)) for s, h in ck.headers.items()}

@@ -30,13 +30,13 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     cfg = load_config(VERSION)
     for root, sc in ((hf, scale), (tiny_hf, "tiny")):
         try:
-            resolve_snapshot(cfg, hf_cache=root)
+            resolve_snapshot(cfg, hf_cache=root, synthetic=sc)
         except Exception:
             from pipeline.synth import synthesize
 
             print(f"synthesizing {VERSION} ({sc}) into {root} (once)", flush=True)
             synthesize(VERSION, root, sc)
-    snapshot = resolve_snapshot(cfg, hf_cache=hf)
+    snapshot = resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
     caches = {p: DATA / f"cache-{scale}-{p}" for p in ("bf16", "bfp8")}
     scratch = DATA / "scratch"
     rows: list[dict] = []
@@ -50,7 +50,7 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     raw["raw_copy"] = []
     for _ in range(runs):  # contenders alternate run by run
         for profile in ("bf16", "bfp8"):
-            raw[f"convert_{profile}"].append(run_child("convert", {"version": VERSION, "profile": profile, "hf": str(hf),
+            raw[f"convert_{profile}"].append(run_child("convert", {"version": VERSION, "profile": profile, "hf": str(hf), "synthetic": scale,
                                                                    "cache": str(caches[profile])}, cold))
         raw["raw_copy"].append(run_child("raw_copy", {"snapshot": str(snapshot), "scratch": str(scratch)}, cold))
     conv = raw["convert_bf16"]
@@ -80,10 +80,10 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
 
     raw["dask_sync"], raw["plain_loop"], raw["dask_sync_tiny"], raw["plain_loop_tiny"] = [], [], [], []
     for _ in range(runs):
-        for suffix, source in (("", hf), ("_tiny", tiny_hf)):
-            raw[f"dask_sync{suffix}"].append(run_child("convert", {"version": VERSION, "profile": "bf16", "hf": str(source),
+        for suffix, source, sc in (("", hf, scale), ("_tiny", tiny_hf, "tiny")):
+            raw[f"dask_sync{suffix}"].append(run_child("convert", {"version": VERSION, "profile": "bf16", "hf": str(source), "synthetic": sc,
                                                                    "cache": str(DATA / "cache-overhead"), "scheduler": "sync"}))
-            raw[f"plain_loop{suffix}"].append(run_child("plain_loop", {"version": VERSION, "hf": str(source),
+            raw[f"plain_loop{suffix}"].append(run_child("plain_loop", {"version": VERSION, "hf": str(source), "synthetic": sc,
                                                                        "cache": str(DATA / "cache-overhead")}))
     _metric(rows, "Dask overhead: graph (sync, 1 thread) / plain loop", median(raw["dask_sync"]), median(raw["plain_loop"]),
             "<= 1.1", median(raw["dask_sync"]) <= 1.1 * median(raw["plain_loop"]), note=f"{scale} n16")
@@ -143,12 +143,12 @@ def run_port(scale: str, runs: int, cold: bool) -> int:
     hf = DATA / f"hf-{scale}"
     cfg = load_config(VERSION)
     try:
-        resolve_snapshot(cfg, hf_cache=hf)
+        resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
     except Exception:
         from pipeline.synth import synthesize
 
         synthesize(VERSION, hf, scale)
-    snapshot = resolve_snapshot(cfg, hf_cache=hf)
+    snapshot = resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
     cache, ast = DATA / f"cache-{scale}-tt-n16", DATA / f"as_tensor-{scale}-tt-n16"
     args = {"version": VERSION, "snapshot": str(snapshot)}
     raw: dict[str, list] = {k: [] for k in ("convert", "port_path", "as_tensor_first", "reload", "as_tensor_warm")}
@@ -157,7 +157,7 @@ def run_port(scale: str, runs: int, cold: bool) -> int:
     for _ in range(runs):
         _warm(snapshot.resolve(), *(p.resolve() for p in snapshot.iterdir()))
         raw["convert"].append(run_child("convert", {"version": VERSION, "profile": "port", "layout": "tt-n16",
-                                                    "hf": str(hf), "cache": str(cache)}, cold))
+                                                    "hf": str(hf), "cache": str(cache), "synthetic": scale}, cold))
         _warm(*(p.resolve() for p in snapshot.iterdir()))
         raw["port_path"].append(run_child("port_path", args, cold))
         shutil.rmtree(ast, ignore_errors=True)

@@ -67,16 +67,18 @@ def source_sha256(root: Path, ck: Checkpoint) -> dict[str, str]:
     return out
 
 
-def identity(plan: Plan, revision: str, shard_sha: Mapping[str, str], slots: tuple[int, ...]) -> dict:
-    """Everything that determines the entry's bytes, and its fingerprint (sha256 of the canonical JSON)."""
+def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...]) -> dict:
+    """Everything that determines the entry's bytes, and its fingerprint (sha256 of the canonical JSON); plus
+    `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed beyond
+    the revision and the synthetic mark: the same bytes in another folder are the same entry."""
     rules = hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
     doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
-           "revision": revision, "layout": plan.layout, "profile": plan.profile,
+           "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout, "profile": plan.profile,
            "shards": dict(sorted(shard_sha.items())), "recipes_sha256": rules, "slots": list(slots),
            "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
                        for t in plan.targets]}
     fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": fingerprint, **{k: v for k, v in doc.items() if k != "targets"}}
+    return {"fingerprint": fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, "source": dict(source)}
 
 
 def entry_name(ident: Mapping[str, object]) -> str:

@@ -17,7 +17,7 @@ from pipeline.recipe import Plan, build_plan
 from pipeline.reuse import Reuse, plan_reuse
 from pipeline.store import is_url, open_store, push_entry, requested_root
 from pipeline.run import run
-from pipeline.snapshot import resolve_snapshot
+from pipeline.snapshot import resolve_snapshot, snapshot_revision
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError, ConfigError
@@ -42,6 +42,8 @@ class ConvertOptions:
     reuse: bool = True  # link arrays whose content another published entry already holds (fine-tunes)
     device: object = None  # an open ttnn device or mesh: targets are uploaded as they are staged
     layout: str | None = None  # default: the version's (configs/<version>.toml default_layout)
+    revision: str | None = None  # the release's revision to read (default: the pinned one)
+    synthetic: str | None = None  # a scale: convert the project's synthetic stand-in instead of the release
 
 
 def peak_rss_bytes() -> int:
@@ -51,11 +53,12 @@ def peak_rss_bytes() -> int:
 def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], dict, Path]:
     """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry."""
     cfg = load_config(opts.version)
-    ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, opts.hf_cache))
+    ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, opts.hf_cache, opts.revision, opts.synthetic))
     plan = build_plan(opts.version, {k: ck.shape(k) for k in ck.keys()}, opts.profile, opts.layout)
     slots = cfg.slot_ids(opts.embodiments)
     root = cache.cache_root(opts.cache_root)
-    ident = cache.identity(plan, cfg.revision, cache.source_sha256(root, ck), slots)
+    source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic}
+    ident = cache.identity(plan, source, cache.source_sha256(root, ck), slots)
     return ck, plan, slots, ident, root
 
 
@@ -69,7 +72,7 @@ def convert(opts: ConvertOptions) -> dict:
     final = cache.entries_dir(root) / name
     summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
                "cache_path": str(final), "slots": list(slots), "targets": len(plan.targets),
-               "skipped": dict(plan.skipped)}
+               "skipped": dict(plan.skipped), "source": ident["source"]}
     existing = cache.find_entry(root, name) if not opts.force else None
     if existing is not None and opts.check_against_cache:
         return {**summary, **check_against(existing, opts, ck, plan, slots, ident, root)}
@@ -114,7 +117,7 @@ def _convert_to_store(opts: ConvertOptions) -> dict:
         store.put_json(*ref)
         return {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
                 "cache_path": store.describe(f"entries/{name}"), "slots": list(slots), "targets": len(plan.targets),
-                "skipped": dict(plan.skipped), "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
+                "skipped": dict(plan.skipped), "source": ident["source"], "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
                 "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     summary = convert(local)
     pushed = push_entry(Path(summary["cache_path"]), store, name)

@@ -1,46 +1,87 @@
-"""Find a version's pinned snapshot: `--snapshot DIR`, else the Hugging Face cache (offline-aware, never downloads)."""
+"""Find the snapshot to convert: `--snapshot DIR`; a synthetic stand-in, only when asked (`--synthetic SCALE`); else
+the real release from the user's Hugging Face cache at `--revision` (default: the pinned one), fetched with
+huggingface_hub's own `snapshot_download` when the hub is allowed. The user's cache is never swapped for the
+project's folder, and a miss lists the revisions that are present.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
 from pipeline.versions import VersionConfig
 from tasks.checkpoint import INDEX_NAME
 from tasks.errors import CheckpointError
 
+# Where `synth` writes by default and `make demo` synthesizes; read only for --synthetic.
+PROJECT_HF_CACHE = Path(__file__).resolve().parent.parent / "cache" / "hf"
+# Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
+SYNTHETIC_ORG = "gr00t-tt-synthetic"
+
+
+def synthetic_repo_id(cfg: VersionConfig, scale: str) -> str:
+    return f"{SYNTHETIC_ORG}/{cfg.repo_id.split('/')[-1]}-{scale}"
+
 
 def default_hf_cache() -> Path:
     """HF_HUB_CACHE (or HF_HOME/hub, or ~/.cache/huggingface/hub), as huggingface_hub resolves it."""
-    return Path(constants.HF_HUB_CACHE)
+    return Path(os.environ.get("HF_HUB_CACHE") or (Path(os.environ["HF_HOME"]) / "hub" if "HF_HOME" in os.environ
+                                                   else constants.HF_HUB_CACHE))
 
 
-def repo_folder(cfg: VersionConfig, hf_cache: Path) -> Path:
+def repo_folder(repo_id: str, hf_cache: Path) -> Path:
     """`models--org--name` under the cache, as huggingface_hub names it."""
-    return Path(hf_cache) / ("models--" + cfg.repo_id.replace("/", "--"))
+    return Path(hf_cache) / ("models--" + repo_id.replace("/", "--"))
 
 
-# Where `synth` writes by default (and `make demo` synthesizes): looked at after the user's own HF cache, so that
-# `make convert` works right after `make demo`.
-PROJECT_HF_CACHE = Path(__file__).resolve().parent.parent / "cache" / "hf"
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
-def resolve_snapshot(cfg: VersionConfig, snapshot: Path | None = None, hf_cache: Path | None = None) -> Path:
-    """The snapshot folder holding `model.safetensors.index.json` at the config's pinned revision."""
+def snapshot_revision(snapshot: Path) -> str | None:
+    """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder."""
+    return Path(snapshot).name if Path(snapshot).parent.name == "snapshots" else None
+
+
+def _present(repo_id: str, cache_dir: Path) -> str:
+    snaps = repo_folder(repo_id, cache_dir) / "snapshots"
+    revs = sorted(p.name for p in snaps.iterdir()) if snaps.is_dir() else []
+    return f"revisions present: {', '.join(revs)}" if revs else "no revision of it is present"
+
+
+def resolve_snapshot(cfg: VersionConfig, snapshot: Path | None = None, hf_cache: Path | None = None,
+                     revision: str | None = None, synthetic: str | None = None) -> Path:
+    """The snapshot folder holding `model.safetensors.index.json`."""
     if snapshot is not None:
         if not (Path(snapshot) / INDEX_NAME).is_file():
             raise CheckpointError(Path(snapshot) / INDEX_NAME, "--snapshot folder has no index file: pass the folder "
                                                                 "that holds the shards and their index")
         return Path(snapshot)
-    candidates = [Path(hf_cache)] if hf_cache is not None else [default_hf_cache(), PROJECT_HF_CACHE]
-    for cache_dir in candidates:
-        found = try_to_load_from_cache(cfg.repo_id, INDEX_NAME, cache_dir=str(cache_dir), revision=cfg.revision)
+    if synthetic is not None:
+        repo_id, cache_dir = synthetic_repo_id(cfg, synthetic), Path(hf_cache or PROJECT_HF_CACHE)
+        found = try_to_load_from_cache(repo_id, INDEX_NAME, cache_dir=str(cache_dir), revision=revision or "main")
         if isinstance(found, str):
             return Path(found).parent
-    cache_dir = candidates[0]
+        raise CheckpointError(repo_folder(repo_id, cache_dir), f"no synthetic {synthetic} {cfg.version} here; make one "
+                              f"with `python -m pipeline synth --version {cfg.version} --scale {synthetic}"
+                              f"{'' if hf_cache is None else f' --hf-cache {cache_dir}'}`")
+    cache_dir, revision = Path(hf_cache or default_hf_cache()), revision or cfg.revision
+    found = try_to_load_from_cache(cfg.repo_id, INDEX_NAME, cache_dir=str(cache_dir), revision=revision)
+    if isinstance(found, str):
+        return Path(found).parent
+    if not hub_offline():
+        try:
+            return Path(snapshot_download(cfg.repo_id, revision=revision, cache_dir=str(cache_dir),
+                                          allow_patterns=[INDEX_NAME, "model-*.safetensors"]))
+        except Exception as e:  # network, auth, unknown revision: say what failed and what to run
+            raise CheckpointError(repo_folder(cfg.repo_id, cache_dir), f"{cfg.repo_id} at revision {revision} is not "
+                                  f"in the Hugging Face cache and could not be fetched ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}); {_present(cfg.repo_id, cache_dir)}; "
+                                  "pass --snapshot DIR or --revision REV") from None
     raise CheckpointError(
-        repo_folder(cfg, cache_dir), f"{cfg.repo_id} at revision {cfg.revision} is not in the Hugging Face cache. "
-        f"Download it with `hf download {cfg.repo_id} --revision {cfg.revision} --cache-dir {cache_dir}`, "
-        f"or make a synthetic stand-in with `python -m pipeline synth --version {cfg.version} --hf-cache {cache_dir}`, "
-        "or pass --snapshot DIR")
+        repo_folder(cfg.repo_id, cache_dir), f"{cfg.repo_id} at revision {revision} is not in the Hugging Face cache "
+        f"({_present(cfg.repo_id, cache_dir)}) and HF_HUB_OFFLINE is set. Fetch it with `hf download {cfg.repo_id} "
+        f"--revision {revision} --cache-dir {cache_dir}`, or pass --revision REV or --snapshot DIR "
+        f"(for a synthetic stand-in instead: --synthetic tiny after `python -m pipeline synth --version {cfg.version}`)")

@@ -1,7 +1,10 @@
 """Synthetic GR00T checkpoints with the real key names, order, shapes, dtype and shard assignment.
 
 Written into an HF-cache-shaped repo (`blobs/<sha256>`, `snapshots/<rev>/<file>` relative symlinks, `refs/main`),
-so snapshot resolution treats it exactly like a download. Values are deterministic and weight-like: bf16 windows
+so snapshot resolution treats it exactly like a download, but under a repo id of its own
+(`gr00t-tt-synthetic/GR00T-N1.6-3B-tiny`) at a revision derived from what was synthesized, never NVIDIA's repo or
+a real commit. The index metadata and every shard's `__metadata__` carry `gr00t_tt_synthetic`, so a synthetic
+checkpoint is recognised wherever it is copied. Values are deterministic and weight-like: bf16 windows
 of a seeded normal(0, 0.02) pool (norm weights around 1), streamed tensor by tensor in pieces, so peak memory stays
 at the pool size whatever the scale. Windows have a prime length and random offsets, so no two slots or tensors
 share content by accident.
@@ -20,9 +23,9 @@ import ml_dtypes
 import numpy as np
 
 from pipeline.layout import TensorSpec, layout
-from pipeline.snapshot import repo_folder
+from pipeline.snapshot import repo_folder, synthetic_repo_id
 from pipeline.versions import load_config
-from tasks.checkpoint import INDEX_NAME
+from tasks.checkpoint import INDEX_NAME, SYNTHETIC_MARK
 from tasks.safetensors_file import write_file
 
 POOL_SIZE = 1 << 22
@@ -67,8 +70,10 @@ def synthesize(version: str, hf_cache: Path, scale: str = "tiny", seed: int = 0,
     `mutate` names keys whose values are drawn from another seed: a synthetic fine-tune of the same checkpoint."""
     cfg = load_config(version)
     specs = layout(version, scale)
-    repo = repo_folder(cfg, hf_cache)
-    blobs, snap = repo / "blobs", repo / "snapshots" / cfg.revision
+    mark = f"synthetic {version} ({scale} scale, seed {seed}{', a fine-tune' if mutate else ''}), not NVIDIA weights"
+    revision = hashlib.sha1(json.dumps([version, scale, seed, sorted(mutate)]).encode()).hexdigest()
+    repo = repo_folder(synthetic_repo_id(cfg, scale), hf_cache)
+    blobs, snap = repo / "blobs", repo / "snapshots" / revision
     blobs.mkdir(parents=True, exist_ok=True)
     snap.mkdir(parents=True, exist_ok=True)
     pool_rng = np.random.default_rng(seed)
@@ -89,19 +94,20 @@ def synthesize(version: str, hf_cache: Path, scale: str = "tiny", seed: int = 0,
         try:
             with open(tmp, "wb") as fh:
                 sink = _HashingFile(fh)
-                write_file(sink, [(s.key, cfg.dtype, s.shape) for s in members], chunks)
+                write_file(sink, [(s.key, cfg.dtype, s.shape) for s in members], chunks,
+                           {"format": "pt", SYNTHETIC_MARK: mark})
             sha = _publish_blob(blobs, tmp, sink.sha.hexdigest())
         finally:
             tmp.unlink(missing_ok=True)
         _link(snap / shard, sha)
-    index = {"metadata": {"total_size": sum(s.nbytes for s in specs)},
+    index = {"metadata": {"total_size": sum(s.nbytes for s in specs), SYNTHETIC_MARK: mark},
              "weight_map": {s.key: s.shard for s in specs}}
     raw = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
     sha = hashlib.sha256(raw).hexdigest()
     (blobs / sha).write_bytes(raw)
     _link(snap / INDEX_NAME, sha)
     (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(cfg.revision)
+    (repo / "refs" / "main").write_text(revision)
     return snap
 
 

@@ -22,6 +22,7 @@ from tasks.errors import CheckpointError
 from tasks.safetensors_file import ShardHeader, TensorEntry, read_header, read_rows
 
 INDEX_NAME = "model.safetensors.index.json"
+SYNTHETIC_MARK = "gr00t_tt_synthetic"  # pipeline/synth.py writes it; read here so a copy is still recognised
 _SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -145,6 +146,13 @@ class Checkpoint:
     @property
     def total_bytes(self) -> int:
         return sum(h.data_bytes for h in self.headers.values())
+
+    @property
+    def synthetic(self) -> str | None:
+        """What the project's synthesizer wrote into the index or a shard's `__metadata__` (`gr00t_tt_synthetic`),
+        or None for a checkpoint that does not say it is synthetic."""
+        marks = [self.metadata.get(SYNTHETIC_MARK)] + [h.metadata.get(SYNTHETIC_MARK) for h in self.headers.values()]
+        return next((str(m) for m in marks if m), None)
 
     def blob_sha256(self, shard: str) -> str | None:
         """The sha256 an HF cache names this shard's blob by, or None outside an HF cache."""
