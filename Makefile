@@ -6,6 +6,8 @@ PROFILE ?=
 EMBODIMENTS ?= all
 SCHEDULER ?= threads
 SNAPSHOT ?=
+SYNTHETIC ?=
+REVISION ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -31,13 +33,13 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 convert: $(STAMP)
-	$(PY) -m pipeline convert --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) $(if $(PROFILE),--profile $(PROFILE)) --embodiments $(EMBODIMENTS) --scheduler $(SCHEDULER) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+	$(PY) -m pipeline convert --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) $(if $(PROFILE),--profile $(PROFILE)) --embodiments $(EMBODIMENTS) --scheduler $(SCHEDULER) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT)) $(if $(SYNTHETIC),--synthetic $(SYNTHETIC)) $(if $(REVISION),--revision $(REVISION))
 
 inspect: $(STAMP)
-	$(PY) -m pipeline inspect --version $(VERSION) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+	$(PY) -m pipeline inspect --version $(VERSION) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT)) $(if $(SYNTHETIC),--synthetic $(SYNTHETIC)) $(if $(REVISION),--revision $(REVISION))
 
 graph: $(STAMP)
-	$(PY) -m pipeline graph --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) --embodiments $(EMBODIMENTS) --out build/graph-$(VERSION).svg $(if $(SNAPSHOT),--snapshot $(SNAPSHOT))
+	$(PY) -m pipeline graph --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) --embodiments $(EMBODIMENTS) --out build/graph-$(VERSION).svg $(if $(SNAPSHOT),--snapshot $(SNAPSHOT)) $(if $(SYNTHETIC),--synthetic $(SYNTHETIC)) $(if $(REVISION),--revision $(REVISION))
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'

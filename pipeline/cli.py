@@ -10,6 +10,7 @@ import contextlib
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline import cache
@@ -34,18 +35,23 @@ def cmd_synth(a: argparse.Namespace) -> dict:
 
     t0 = time.perf_counter()
     snap = synthesize(a.version, Path(a.hf_cache), a.scale, a.seed)
-    return {"snapshot": str(snap), "seconds": round(time.perf_counter() - t0, 3)}
+    if not a.json:
+        print(f"wrote a SYNTHETIC {a.version} ({a.scale} scale, seed {a.seed}) to {snap}\n"
+              f"  convert it with: python -m pipeline convert --version {a.version} --synthetic {a.scale}"
+              f"{'' if Path(a.hf_cache) == DEMO_HF_CACHE else f' --hf-cache {a.hf_cache}'}")
+    return {"snapshot": str(snap), "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None) -> dict:
+def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,
+                   synthetic: str | None = None) -> dict:
     from tasks.checkpoint import Checkpoint
 
     cfg = load_config(version)
-    with Checkpoint(resolve_snapshot(cfg, snapshot, hf_cache)) as ck:
+    with Checkpoint(resolve_snapshot(cfg, snapshot, hf_cache, revision, synthetic)) as ck:
         unit = straddling_unit(version)
         straddle = {s: [k[len(unit) + 1:] for k in ck.keys_with_prefix(unit + ".") if ck.shard_of(k) == s]
                     for s in ck.shards_for_prefix(unit + ".")}
-        return {"version": version, "snapshot": str(ck.dir), "tensors": len(ck), "total_bytes": ck.total_bytes,
+        return {"version": version, "snapshot": str(ck.dir), "synthetic": ck.synthetic, "tensors": len(ck), "total_bytes": ck.total_bytes,
                 "index_total_size": ck.metadata.get("total_size"), "shards": ck.byte_accounting(),
                 "straddling_unit": unit, "straddle": straddle,
                 "embodiment_tensors": {k: list(ck.shape(k)) for k in cfg.embodiment_keys},
@@ -54,6 +60,8 @@ def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None) -
 
 def print_inspect(r: dict) -> None:
     print(f"{r['version']}: {r['tensors']} tensors, {_mb(r['total_bytes'])} of data in {len(r['shards'])} shards\n  {r['snapshot']}")
+    if r["synthetic"]:
+        print(f"  SYNTHETIC: {r['synthetic']}")
     print(f"\n  {'shard':36} {'header B':>10} {'tensors':>8} {'data B':>15} {'file B':>15}")
     for name, s in r["shards"].items():
         print(f"  {name:36} {s['header_bytes']:>10,} {s['tensors']:>8} {s['data_bytes']:>15,} {s['file_size']:>15,}")
@@ -67,7 +75,7 @@ def print_inspect(r: dict) -> None:
 
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
-    report = inspect_report(a.version, a.snapshot, a.hf_cache)
+    report = inspect_report(a.version, a.snapshot, a.hf_cache, a.revision, a.synthetic)
     if not a.json:
         print_inspect(report)
     return report
@@ -78,7 +86,7 @@ def _convert_options(a: argparse.Namespace, device=None):
 
     return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
                           a.force, progress=not a.json, check_against_cache=a.check_against_cache, device=device,
-                          layout=a.layout)
+                          layout=a.layout, revision=a.revision, synthetic=a.synthetic)
 
 
 @contextlib.contextmanager
@@ -103,6 +111,10 @@ def opened_device(choice: str):
 def print_convert(s: dict) -> None:
     print(f"\n{s['version']} ({s['layout']}, {s['profile']}): {'cache hit, nothing converted' if s['cache_hit'] else 'converted'}"
           f" in {s['seconds']:.2f} s")
+    src = s.get("source", {})
+    print(f"  source        {src.get('snapshot')} (revision {src.get('revision') or 'unknown'})")
+    if src.get("synthetic"):
+        print(f"  SYNTHETIC     {src['synthetic']}")
     print(f"  cache entry   {s['cache_path']}")
     print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
     if s["cache_hit"]:
@@ -140,7 +152,7 @@ def cmd_graph(a: argparse.Namespace) -> dict:
     from pipeline.render import write_graph
 
     opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache,
-                          layout=a.layout)
+                          layout=a.layout, revision=a.revision, synthetic=a.synthetic)
     result = write_graph(opts, Path(a.out))
     if not a.json:
         extra = f", {result['units']} units, straddling: {', '.join(result['straddling'])}" if "units" in result else ""
@@ -153,8 +165,10 @@ def cmd_load(a: argparse.Namespace) -> dict:
 
     with opened_device(a.device) as dev:
         loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout)
-    result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, **loaded.stats}
+    result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source, **loaded.stats}
     if not a.json:
+        if loaded.source.get("synthetic"):
+            print(f"SYNTHETIC weights: {loaded.source['synthetic']}")
         print(f"loaded {result['tensors']} tensors ({_mb(result['bytes_read'])}) from {loaded.entry} "
               f"in {result['seconds']:.3f} s")
     return result
@@ -197,16 +211,18 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     from pipeline.load import load
     from pipeline.synth import synthesize
 
-    print(f"1. synthesizing a tiny GR00T N1.7 into {DEMO_HF_CACHE} (real key names, order, counts and shards; small dims)")
+    print(f"1. synthesizing a tiny GR00T N1.7 into {DEMO_HF_CACHE} (real key names, order, counts and shards; small "
+          "dims; marked synthetic, under a repo id of its own)")
     synthesize("n17", DEMO_HF_CACHE, "tiny")
-    print_inspect(inspect_report("n17", None, DEMO_HF_CACHE))
+    print_inspect(inspect_report("n17", None, DEMO_HF_CACHE, synthetic="tiny"))
     print("\n2. converting it (Dask graph: index -> read/slot -> transform -> convert -> stage -> unit -> publish;"
           " verify hashes each shard alongside and gates its units)")
-    summary = convert(ConvertOptions("n17", hf_cache=DEMO_HF_CACHE))
+    opts = ConvertOptions("n17", hf_cache=DEMO_HF_CACHE, synthetic="tiny", cache_root=a.cache)
+    summary = convert(opts)
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
-    print_convert(convert(ConvertOptions("n17", hf_cache=DEMO_HF_CACHE, progress=False)))
-    loaded = load("n17", embodiment="new_embodiment")
+    print_convert(convert(replace(opts, progress=False)))
+    loaded = load("n17", a.cache, embodiment="new_embodiment")
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
           f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read")
     return summary
@@ -227,8 +243,11 @@ def parser() -> argparse.ArgumentParser:
 
     def source_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--snapshot", type=Path, help="a snapshot folder (overrides the HF cache lookup)")
-        sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}, "
-                                                      f"then {PROJECT_HF_CACHE} where synth writes)")
+        sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
+                                                      f"with --synthetic, {PROJECT_HF_CACHE})")
+        sp.add_argument("--revision", help="the release's revision (default: the one pinned in configs/<version>.toml)")
+        sp.add_argument("--synthetic", choices=SCALES, help="convert the project's synthetic stand-in of this scale "
+                                                            "(made by `synth`), never the real release")
 
     sp = add("synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
     sp.add_argument("--scale", choices=SCALES, default="tiny",

@@ -33,6 +33,7 @@ class Loaded:
     stats: dict = field(default_factory=dict)
     layout: str = "generic"
     banks: tuple[str, ...] = ()    # targets holding every slot of a bank, as [slots, ...]
+    source: dict = field(default_factory=dict)  # what the entry was converted from (snapshot, revision, synthetic)
 
     def components(self) -> dict[str, dict[str, object]]:
         """The tensors grouped the way the port's weight loader groups them: component -> {name inside it: tensor}
@@ -221,4 +222,4 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     out = {name: out[name] for name in arrays if name in out}  # the plan's order
     return Loaded(out, entry.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
                                           "bytes_read": nbytes, "chunks": len(reads)},
-                  manifest.get("layout", "generic"), tuple(sorted(banks)))
+                  manifest.get("layout", "generic"), tuple(sorted(banks)), manifest.get("source", {}))

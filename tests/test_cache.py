@@ -47,8 +47,8 @@ def test_changing_one_source_byte_makes_a_new_entry_and_keeps_the_old(copy_snaps
 
 
 def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypatch):
-    base = convert(_opts("n15", tmp_path, hf_cache=hf_cache, embodiments="gr1"))
-    other_profile = convert(_opts("n15", tmp_path, hf_cache=hf_cache, embodiments="gr1", profile="bfp8"))
+    base = convert(_opts("n15", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
+    other_profile = convert(_opts("n15", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1", profile="bfp8"))
     assert other_profile["fingerprint"] != base["fingerprint"]
     edited = tmp_path / "recipes.toml"
     edited.write_text(recipe_mod.RECIPES_PATH.read_text().replace(
@@ -57,7 +57,7 @@ def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypa
     monkeypatch.setattr(cache_mod, "RECIPES_PATH", edited)
     recipe_mod.recipes.cache_clear()
     try:
-        changed = convert(_opts("n15", tmp_path, hf_cache=hf_cache, embodiments="gr1"))
+        changed = convert(_opts("n15", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
     finally:
         recipe_mod.recipes.cache_clear()
     assert changed["fingerprint"] != base["fingerprint"] and not changed["cache_hit"]
@@ -65,12 +65,12 @@ def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypa
 
 
 def _convert_cmd(hf_cache: Path, root: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache),
+    return [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny",
             "--cache", str(root), "--json", *extra]
 
 
 def test_kill_9_then_resume_gives_the_bytes_of_an_uninterrupted_run(hf_cache, tmp_path):
-    clean = convert(_opts("n16", tmp_path / "clean", hf_cache=hf_cache))
+    clean = convert(_opts("n16", tmp_path / "clean", hf_cache=hf_cache, synthetic="tiny"))
     root = tmp_path / "killed"
     proc = subprocess.Popen(_convert_cmd(hf_cache, root, "--scheduler", "sync"), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -85,7 +85,7 @@ def test_kill_9_then_resume_gives_the_bytes_of_an_uninterrupted_run(hf_cache, tm
     proc.wait()
     assert staged >= 300, "the run finished before it could be killed"
     assert not [p for p in entries_dir(root).iterdir() if ".tmp-" not in p.name]  # nothing published
-    resumed = convert(_opts("n16", root, hf_cache=hf_cache))
+    resumed = convert(_opts("n16", root, hf_cache=hf_cache, synthetic="tiny"))
     assert resumed["resumed_chunks"] >= 300 and not resumed["cache_hit"]
     assert _chunks(Path(resumed["cache_path"])) == _chunks(Path(clean["cache_path"]))
     assert [p.name for p in entries_dir(root).iterdir()] == [Path(resumed["cache_path"]).name]  # orphan adopted
@@ -104,7 +104,7 @@ def test_concurrent_converts_publish_one_entry_and_all_succeed(hf_cache, tmp_pat
 
 @pytest.fixture
 def n17_cache(hf_cache, tmp_path) -> tuple[Path, Path]:
-    summary = convert(_opts("n17", tmp_path / "cache", hf_cache=hf_cache))
+    summary = convert(_opts("n17", tmp_path / "cache", hf_cache=hf_cache, synthetic="tiny"))
     return tmp_path / "cache", Path(summary["cache_path"])
 
 
@@ -181,13 +181,13 @@ def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_ca
 
 def test_check_against_cache_catches_a_doctored_entry(n17_cache, hf_cache):
     root, entry = n17_cache
-    ok = convert(_opts("n17", root, hf_cache=hf_cache, check_against_cache=True))
+    ok = convert(_opts("n17", root, hf_cache=hf_cache, synthetic="tiny", check_against_cache=True))
     assert ok["checked_against_fresh_conversion"] and ok["arrays_compared"] == 886
     manifest = json.loads((entry / "MANIFEST.json").read_text())
     manifest["arrays"]["llm.norm.weight"]["chunks"]["all"]["xxh3"] = "0" * 16
     (entry / "MANIFEST.json").write_text(json.dumps(manifest))
     with pytest.raises(CacheError, match="differs from a fresh conversion in 1 array"):
-        convert(_opts("n17", root, hf_cache=hf_cache, check_against_cache=True))
+        convert(_opts("n17", root, hf_cache=hf_cache, synthetic="tiny", check_against_cache=True))
 
 
 def test_gc_removes_orphans_of_dead_processes_and_broken_entries(n17_cache):
@@ -211,9 +211,9 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
     tuned_hf = tmp_path / "tuned-hf"
     synthesize("n16", tuned_hf, "tiny", mutate=head)
     root = tmp_path / "cache"
-    base = convert(_opts("n16", root, hf_cache=hf_cache))
-    tuned = convert(_opts("n16", root, hf_cache=tuned_hf))
-    fresh = convert(_opts("n16", tmp_path / "fresh", hf_cache=tuned_hf, reuse=False))
+    base = convert(_opts("n16", root, hf_cache=hf_cache, synthetic="tiny"))
+    tuned = convert(_opts("n16", root, hf_cache=tuned_hf, synthetic="tiny"))
+    fresh = convert(_opts("n16", tmp_path / "fresh", hf_cache=tuned_hf, synthetic="tiny", reuse=False))
     assert tuned["fingerprint"] == fresh["fingerprint"] != base["fingerprint"]
     assert _chunks(Path(tuned["cache_path"])) == _chunks(Path(fresh["cache_path"]))  # reuse changes no byte
     plan = recipe_mod.build_plan("n16", {s.key: s.shape for s in layout("n16", "tiny")})
@@ -242,20 +242,20 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
 
 
 def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):
-    convert(_opts("n17", tmp_path, hf_cache=hf_cache, embodiments="10"))  # bf16: no device files
-    bfp8 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, embodiments="10", profile="bfp8"))
+    convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10"))  # bf16: no device files
+    bfp8 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10", profile="bfp8"))
     manifest = json.loads((Path(bfp8["cache_path"]) / "MANIFEST.json").read_text())
     assert all("tensorbin" in c for a in manifest["arrays"].values() for c in a["chunks"].values())
 
 
 def test_a_killed_runs_partial_files_never_reach_the_published_entry(hf_cache, tmp_path):
-    name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, embodiments="gr1"))["cache_path"]).name
+    name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"]).name
     orphan = entries_dir(tmp_path / "b") / f"{name}.tmp-999999999-deadbeef"  # a dead process's directory
     (orphan / ".staged").mkdir(parents=True)
     partial = orphan / "llm.norm.weight" / "c" / "0" / "0.0123456789abcdef.partial"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"half a chunk")
-    done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, embodiments="gr1"))
+    done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
     entry = Path(done["cache_path"])
     assert entry.name == name and not orphan.exists()  # adopted
     assert list(entry.rglob("*.partial")) == []

@@ -37,7 +37,7 @@ def _cached(entry: Path, name: str) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def n17_entry(hf_cache, tmp_path_factory):
-    summary = convert(ConvertOptions("n17", hf_cache=hf_cache, cache_root=tmp_path_factory.mktemp("c17"), progress=False))
+    summary = convert(ConvertOptions("n17", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path_factory.mktemp("c17"), progress=False))
     return summary, Path(summary["cache_path"])
 
 
@@ -89,7 +89,7 @@ def test_a_key_no_rule_consumes_fails_naming_it():
 
 
 def test_second_convert_is_a_cache_hit(hf_cache, tmp_path):
-    opts = ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, cache_root=tmp_path, progress=False)
+    opts = ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False)
     first, second = convert(opts), convert(opts)
     assert not first["cache_hit"] and second["cache_hit"] and second["tasks"] == 0
     assert first["fingerprint"] == second["fingerprint"] and first["cache_path"] == second["cache_path"]
@@ -109,10 +109,10 @@ def test_all_four_schedulers_produce_identical_entries(hf_cache, tmp_path):
     runs = {}
     for scheduler in ("sync", "threads", "processes"):
         runs[scheduler] = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", scheduler=scheduler,
-                                                 hf_cache=hf_cache, cache_root=tmp_path / scheduler, progress=False))
+                                                 hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path / scheduler, progress=False))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         runs["tcp"] = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", scheduler=cluster.scheduler_address,
-                                             hf_cache=hf_cache, cache_root=tmp_path / "tcp", progress=False))
+                                             hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path / "tcp", progress=False))
     reference = _entry_bytes(runs["sync"])
     assert len(reference) > 900
     for scheduler, summary in runs.items():
@@ -129,12 +129,12 @@ def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path
 
     hf = tmp_path / "hf"
     shutil.copytree(hf_cache, hf, symlinks=True)
-    snap = next((hf / "models--nvidia--GR00T-N1.6-3B" / "snapshots").iterdir())
+    snap = next((hf / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
     blob = (snap / "model-00002-of-00002.safetensors").resolve()
     data = bytearray(blob.read_bytes())
     data[-100] ^= 0x01
     blob.write_bytes(bytes(data))
-    proc = _cli("convert", "--version", "n16", "--hf-cache", str(hf), "--cache", str(tmp_path / "cache"), "--json")
+    proc = _cli("convert", "--version", "n16", "--hf-cache", str(hf), "--synthetic", "tiny", "--cache", str(tmp_path / "cache"), "--json")
     assert proc.returncode == 2
     assert f"{snap / 'model-00002-of-00002.safetensors'}: content sha256 is" in proc.stderr and "the file changed or is corrupt" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -142,9 +142,9 @@ def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path
 
 
 def test_unknown_version_and_embodiment_are_one_line_errors(hf_cache, tmp_path):
-    proc = _cli("convert", "--version", "n99", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    proc = _cli("convert", "--version", "n99", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown version 'n99': expected one of n15, n16, n17")
-    proc = _cli("convert", "--version", "n16", "--embodiments", "robot9", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    proc = _cli("convert", "--version", "n16", "--embodiments", "robot9", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and "error: unknown embodiment tag 'robot9' for n16" in proc.stderr
-    proc = _cli("convert", "--version", "n16", "--embodiments", "40", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    proc = _cli("convert", "--version", "n16", "--embodiments", "40", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and "embodiment slot 40 is out of range for n16: slots are 0..31" in proc.stderr

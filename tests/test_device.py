@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("profile", ["bf16", "bfp8"])
 def test_every_target_converts_with_real_ttnn(hf_cache, tmp_path, version, profile):
-    summary = convert(ConvertOptions(version, profile, embodiments="new_embodiment", hf_cache=hf_cache,
+    summary = convert(ConvertOptions(version, profile, embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=tmp_path, progress=False, check_bf16=True))
     numerics = summary["numerics"]
     assert len(numerics) == summary["targets"]  # one slot per bank
@@ -86,7 +86,7 @@ def test_device_round_trip_matches_the_source(hf_cache, tmp_path):
     import ttnn
     from pipeline.load import load
 
-    convert(ConvertOptions("n17", "bfp8", embodiments="10", hf_cache=hf_cache, cache_root=tmp_path, progress=False))
+    convert(ConvertOptions("n17", "bfp8", embodiments="10", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))
     dev = device.open_device(0)
     try:
         host = load("n17", tmp_path, embodiment=10, profile="bfp8")
@@ -104,7 +104,7 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
 
     from pipeline.load import load
 
-    summary = convert(ConvertOptions("n17", "bfp8", embodiments="new_embodiment", hf_cache=hf_cache,
+    summary = convert(ConvertOptions("n17", "bfp8", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=tmp_path, progress=False))
     loaded = load("n17", tmp_path, embodiment="new_embodiment", profile="bfp8", ttnn_host=True)
     assert len(loaded.tensors) == summary["targets"]

@@ -14,7 +14,7 @@ from pipeline.versions import VERSIONS
 
 
 def _graph(hf_cache, cache_root, version, embodiments="all"):
-    return graph_for(ConvertOptions(version, embodiments=embodiments, hf_cache=hf_cache, cache_root=cache_root))[0]
+    return graph_for(ConvertOptions(version, embodiments=embodiments, hf_cache=hf_cache, synthetic="tiny", cache_root=cache_root))[0]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -81,7 +81,7 @@ def test_with_an_open_device_each_target_uploads_right_after_staging(hf_cache, c
     from pipeline.graph import build_graph
     from pipeline.render import graph_inputs
 
-    inputs = graph_inputs(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, cache_root=cache_root))
+    inputs = graph_inputs(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=cache_root))
     graph = build_graph(replace(inputs, device=object()))  # wiring only: nothing runs, no hardware needed
     uploads = [k for k in graph if k[0] == "upload"]
     stages = [k for k in graph if k[0] == "stage"]

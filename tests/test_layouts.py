@@ -66,7 +66,7 @@ def test_generic_recipes_claim_no_tt_metal_convention():
 
 def test_tt_n16_converts_n15_and_n17_too(hf_cache, tmp_path):
     for version in ("n15", "n17"):
-        s = convert(ConvertOptions(version, layout="tt-n16", embodiments="new_embodiment", hf_cache=hf_cache,
+        s = convert(ConvertOptions(version, layout="tt-n16", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                    cache_root=tmp_path, progress=False))
         assert (s["layout"], s["profile"]) == ("tt-n16", "port") and Path(s["cache_path"]).name.startswith(f"{version}-tt-n16-port-")
         w = load(version, tmp_path, "new_embodiment", layout="tt-n16")
@@ -74,7 +74,7 @@ def test_tt_n16_converts_n15_and_n17_too(hf_cache, tmp_path):
 
 
 def test_reload_groups_tensors_as_the_port_weight_loader_does(hf_cache, tmp_path):
-    convert(ConvertOptions("n16", embodiments="all", hf_cache=hf_cache, cache_root=tmp_path, progress=False))
+    convert(ConvertOptions("n16", embodiments="all", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))
     one = load("n16", tmp_path, "gr1")
     groups = one.components()
     assert sorted(groups) == ["action_decoder", "action_encoder", "connector", "dit", "language", "position_embedding",
@@ -90,7 +90,7 @@ def test_readme_python_examples_run_as_written(hf_cache, tmp_path):
     assert len(blocks) >= 2
     env = {"GR00T_CACHE": str(tmp_path)}
     for version in ("n16", "n17"):
-        convert(ConvertOptions(version, hf_cache=hf_cache, cache_root=tmp_path, progress=False))
+        convert(ConvertOptions(version, hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))
     for block in blocks:
         proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True,
                               env={**__import__("os").environ, **env})

@@ -71,7 +71,7 @@ def attn_snapshot(tmp_path_factory) -> Path:
     """n16 with the real attention shapes (SigLIP2 16 x 72, DiT 32 x 48), one or two layers per stack."""
     hf = tmp_path_factory.mktemp("hf-attn")
     synthesize("n16", hf, "attn")
-    return resolve_snapshot(load_config("n16"), hf_cache=hf)
+    return resolve_snapshot(load_config("n16"), hf_cache=hf, synthetic="attn")
 
 
 @pytest.fixture(scope="module")

@@ -181,7 +181,7 @@ def _assert_nothing_published(root: Path) -> None:
     ("unknown profile", ["--version", "n16", "--profile", "fp4"], "unknown profile 'fp4'"),
 ])
 def test_bad_request(hf_cache, tmp_path, capsys, case, args, expected):
-    rc = main(["convert", *args, "--hf-cache", str(hf_cache), "--cache", str(tmp_path)])
+    rc = main(["convert", *args, "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and expected in err and err.count("\n") == 1
     TABLE.append((case, err.strip()[len("error: "):]))
@@ -189,7 +189,7 @@ def test_bad_request(hf_cache, tmp_path, capsys, case, args, expected):
 
 @pytest.fixture
 def published(hf_cache, tmp_path) -> Path:
-    return Path(convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, cache_root=tmp_path,
+    return Path(convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
                                        progress=False))["cache_path"])
 
 
@@ -224,9 +224,9 @@ def _entry_chunks(entry: Path) -> dict[str, bytes]:
 
 
 def test_kill_9_at_ten_seeded_points_never_publishes_and_resumes_exactly(hf_cache, tmp_path):
-    clean = convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=tmp_path / "clean", progress=False))
+    clean = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path / "clean", progress=False))
     root = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache),
+    cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny",
            "--cache", str(root), "--scheduler", "sync", "--json"]
     started = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)  # how long a whole run takes here
@@ -242,7 +242,7 @@ def test_kill_9_at_ten_seeded_points_never_publishes_and_resumes_exactly(hf_cach
             if cache_mod.entries_dir(root).exists() else []
         for entry in published:  # a run that finished before the kill published a complete entry, never a half one
             assert cache_mod.verify_entry(cache_mod.open_entry(entry)) == []
-    final = convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=root, progress=False))
+    final = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=root, progress=False))
     assert _entry_chunks(Path(final["cache_path"])) == _entry_chunks(Path(clean["cache_path"]))
 
 
@@ -252,7 +252,7 @@ def test_disk_full_is_a_clean_error(hf_cache, tmp_path, capsys):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root): disk-full not exercised")
     try:
-        rc = main(["convert", "--version", "n16", "--hf-cache", str(hf_cache), "--cache", str(mount), "--json"])
+        rc = main(["convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(mount), "--json"])
         err = capsys.readouterr().err
         assert rc == 2 and "no space left on the device while staging" in err and err.count("\n") == 1
         assert [p for p in cache_mod.entries_dir(mount).iterdir()] == []  # temporaries removed, nothing published
@@ -265,10 +265,10 @@ def test_a_worker_dying_mid_graph_never_publishes_a_bad_entry(hf_cache, tmp_path
     import psutil
     from distributed import LocalCluster
 
-    clean = convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=tmp_path / "clean", progress=False))
+    clean = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path / "clean", progress=False))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         workers = [c for c in psutil.Process().children(recursive=True) if "python" in c.name()]
-        opts = ConvertOptions("n16", scheduler=cluster.scheduler_address, hf_cache=hf_cache,
+        opts = ConvertOptions("n16", scheduler=cluster.scheduler_address, hf_cache=hf_cache, synthetic="tiny",
                               cache_root=tmp_path / "dist", progress=False)
         import threading
 
@@ -290,7 +290,7 @@ def test_a_worker_dying_mid_graph_never_publishes_a_bad_entry(hf_cache, tmp_path
 
 
 def test_readers_during_publish_never_see_a_partial_entry(hf_cache, tmp_path):
-    cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache),
+    cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny",
            "--cache", str(tmp_path), "--json"]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _ in range(2)]
     seen = 0
@@ -327,7 +327,7 @@ def test_no_pickle_anywhere_in_the_project():
 def test_new_cache_files_follow_the_umask(hf_cache, tmp_path):
     old = os.umask(0o027)
     try:
-        entry = Path(convert(ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, cache_root=tmp_path,
+        entry = Path(convert(ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
                                             progress=False))["cache_path"])
     finally:
         os.umask(old)

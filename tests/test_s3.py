@@ -59,12 +59,12 @@ def s3_url():
 
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
-    first = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, cache_root=s3_url, progress=False))
+    first = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     assert not first["cache_hit"] and first["cache_path"].startswith(f"{s3_url}/entries/n17-generic-bf16-")
     assert first["pushed_bytes"] > 7e6
     # a colleague with an empty local cache: the entry is found on S3, nothing is converted
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "colleague"))
-    again = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, cache_root=s3_url, progress=False))
+    again = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     assert again["cache_hit"] and again["fingerprint"] == first["fingerprint"]
     assert not (tmp_path / "colleague" / "entries").exists()
     remote = load("n17", s3_url, embodiment="new_embodiment")
@@ -77,7 +77,7 @@ def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkey
 
 def test_a_half_pushed_entry_is_invisible_and_gets_completed(s3_url, hf_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
-    opts = ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, cache_root=s3_url, progress=False)
+    opts = ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False)
     done = convert(opts)
     store = open_store(s3_url)
     name = done["cache_path"].rsplit("/", 1)[1]
@@ -92,7 +92,7 @@ def test_a_half_pushed_entry_is_invisible_and_gets_completed(s3_url, hf_cache, t
 
 def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
-    done = convert(ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, cache_root=s3_url, progress=False))
+    done = convert(ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     store = open_store(s3_url)
     name = done["cache_path"].rsplit("/", 1)[1]
     key = f"entries/{name}/llm.norm.weight/c/0/0"
@@ -108,6 +108,6 @@ def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch
 
     monkeypatch.setenv("GR00T_CACHE", s3_url)  # no --cache anywhere: the team bucket is the default
     monkeypatch.setattr(cache, "DEFAULT_ROOT", tmp_path / "local")  # where the local build happens
-    done = convert(ConvertOptions("n17", embodiments="11", hf_cache=hf_cache, progress=False))  # not pushed yet
+    done = convert(ConvertOptions("n17", embodiments="11", hf_cache=hf_cache, synthetic="tiny", progress=False))  # not pushed yet
     assert done["cache_path"].startswith(s3_url) and (tmp_path / "local" / "entries").is_dir()
     assert load("n17", embodiment=11).entry == done["cache_path"].rsplit("/", 1)[1]

@@ -1,0 +1,87 @@
+"""Where weights come from: synthetic stand-ins can never pass for NVIDIA's release, the user's HF cache is never
+swapped for the project's folder, and the revision read is the one recorded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.convert import ConvertOptions, convert
+from pipeline.snapshot import resolve_snapshot
+from pipeline.versions import load_config
+from tasks.checkpoint import Checkpoint
+from tasks.errors import CheckpointError
+from tasks.safetensors_file import read_header
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_synthetic_snapshot_has_its_own_repo_and_revision_and_says_so_in_every_file(snapshots):
+    snap, cfg = snapshots["n16"], load_config("n16")
+    assert snap.parent.parent.name == "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny"
+    assert snap.name != cfg.revision and len(snap.name) == 40
+    index = json.loads((snap / "model.safetensors.index.json").read_text())
+    assert "not NVIDIA weights" in index["metadata"]["gr00t_tt_synthetic"]
+    for shard in sorted(set(index["weight_map"].values())):
+        assert "not NVIDIA weights" in read_header(snap / shard).metadata["gr00t_tt_synthetic"]
+    with Checkpoint(snap) as ck:
+        assert ck.synthetic.startswith("synthetic n16 (tiny scale, seed 0)")
+
+
+def test_the_release_is_never_resolved_to_a_synthetic_stand_in(hf_cache):
+    with pytest.raises(CheckpointError) as err:
+        resolve_snapshot(load_config("n16"), hf_cache=hf_cache)  # this cache holds only synthetic repos
+    msg = str(err.value)
+    assert "nvidia/GR00T-N1.6-3B at revision d0814e7ecb19202e7c8468b46098b0b7ef3a6d61 is not in the Hugging Face cache" in msg
+    assert "no revision of it is present) and HF_HUB_OFFLINE is set. Fetch it with `hf download nvidia/GR00T-N1.6-3B" in msg
+    assert "synth" not in msg.split("(for a synthetic stand-in instead")[0]  # never: write synthetic data there
+    assert "--hf-cache" not in msg
+
+
+def _real_looking(hf_cache: Path, tmp_path: Path, revision: str) -> Path:
+    """A copy of a synthetic snapshot filed as nvidia's repo at another revision (what a user's cache may hold)."""
+    src = resolve_snapshot(load_config("n17"), hf_cache=hf_cache, synthetic="tiny")
+    repo = tmp_path / "hf" / "models--nvidia--GR00T-N1.7-3B"
+    shutil.copytree(src.parent.parent, repo, symlinks=True)
+    (repo / "snapshots" / src.name).rename(repo / "snapshots" / revision)
+    return tmp_path / "hf"
+
+
+def test_revision_is_chosen_recorded_and_listed_on_a_miss(hf_cache, tmp_path):
+    other = "1" * 40
+    user_hf = _real_looking(hf_cache, tmp_path, other)
+    with pytest.raises(CheckpointError) as err:  # the pinned revision is absent: say which ones are present
+        convert(ConvertOptions("n17", hf_cache=user_hf, cache_root=tmp_path / "c", progress=False))
+    assert f"revisions present: {other}" in str(err.value)
+    s = convert(ConvertOptions("n17", revision=other, hf_cache=user_hf, cache_root=tmp_path / "c", progress=False))
+    manifest = json.loads((Path(s["cache_path"]) / "MANIFEST.json").read_text())
+    assert manifest["revision"] == s["source"]["revision"] == other  # the revision read, not the pinned one
+    assert manifest["source"]["synthetic"] == s["source"]["synthetic"]  # the marks travel with the files
+    assert s["source"]["synthetic"].startswith("synthetic n17")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_convert_and_load_print_and_record_a_synthetic_source(hf_cache, tmp_path):
+    proc = _cli("convert", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "SYNTHETIC     synthetic n17 (tiny scale, seed 0), not NVIDIA weights" in proc.stdout
+    proc = _cli("load", "--version", "n17", "--embodiment", "new_embodiment", "--cache", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["source"]["synthetic"].startswith("synthetic n17 (tiny scale")
+    proc = _cli("load", "--version", "n17", "--embodiment", "new_embodiment", "--cache", str(tmp_path))
+    assert proc.stdout.startswith("SYNTHETIC weights: synthetic n17")
+
+
+def test_without_a_flag_convert_never_falls_back_to_the_demo_folder(tmp_path):
+    proc = _cli("convert", "--version", "n17", "--hf-cache", str(tmp_path / "empty-hf"), "--cache", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "nvidia/GR00T-N1.7-3B at revision 2fc962b973bccdd5d8ce4f67cc63b264d6886495 is not in the Hugging Face cache" in proc.stderr
