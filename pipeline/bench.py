@@ -264,10 +264,19 @@ def _child_as_tensor_port(a: dict) -> dict:
     touched = n = 0
     if a["first"]:
         tensors = _port_tensors(a)
-    else:
+    else:  # device tensors from the cache; the port's host tensors (embed_tokens, q/k_norm) from the checkpoint
+        from safetensors import safe_open
+
         names = json.loads((cache_dir / "names.json").read_text())
         empty = torch.empty(0, dtype=torch.bfloat16)
         tensors = ((name, empty, dtype) for name, dtype in names)
+        index = json.loads((Path(a["snapshot"]) / "model.safetensors.index.json").read_text())
+        host = [k for k in index["weight_map"] if k.endswith(("embed_tokens.weight", "q_norm.weight", "k_norm.weight"))
+                and "language_model" in k]
+        for key in host:
+            with safe_open(str(Path(a["snapshot"]) / index["weight_map"][key]), "pt") as f:
+                f.get_tensor(key).to(torch.float32)
+            n += 1
     written = []
     for name, x, dtype in tensors:
         n += 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Mapping
 
-from dask._task_spec import DataNode, List, Task, TaskRef
+from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
 
 from pipeline.layout import unit_of
 from pipeline.recipe import Plan, Target

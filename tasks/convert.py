@@ -2,20 +2,21 @@
 what the device dtype costs against the bf16 source. The cache keeps the lossless bf16 array either way.
 
 A bf16 target converts to a bf16 device tensor by relayout only (tilize + zero padding), which cannot change a
-value; building it on the host just to compare it with itself would cost more than the rest of the conversion.
-So bf16 targets get the shape arithmetic and exact numerics, and go through ttnn only when `check_bf16` asks
-(the test suite does, on every target of every version) or when they are uploaded. Packed dtypes (bfloat8_b,
-bfloat4_b) always go through ttnn, their error is measured, and ttnn's own serialization of the packed tensor
-is kept: ttnn cannot rebuild a packed tensor from raw bytes, and repacking on every reload runs at ~0.2 GB/s.
+value, so without a device file it gets the shape arithmetic and exact numerics only. TILE targets that keep a
+device file (every packed target, and every target of a device_files profile) get ttnn's `.tensorbin` made in
+numpy (tasks/tensorbin.py: byte-identical to `dump_tensor`, checked against ttnn once per rank and dtype), with
+bfloat8_b's read-back values measured in the same pass: ~4x ttnn's packing, and no `to_torch` round trip. ttnn's
+own path remains for what the numpy packer does not cover (bfloat4_b, ROW_MAJOR device files, another ttnn) and
+for `check_bf16` (the test suite round-trips every target through ttnn). The file is kept because ttnn cannot
+rebuild a packed tensor from raw bytes.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from tasks import device
+from tasks import device, tensorbin
 from tasks.errors import CheckpointError
 
 _EXPONENT = np.uint16(0x7F80)  # bf16 exponent bits: all ones means Inf or NaN
@@ -53,6 +54,15 @@ def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin:
                                                   f"{first}); the checkpoint is corrupt or was saved mid-divergence", sources[0])
 
 
+def _floor(pcc: float, max_abs_err: float, name: str, sources: tuple[str, ...], device_dtype: str, origin: str,
+           min_pcc: float) -> None:
+    if pcc < min_pcc:
+        raise CheckpointError(origin or sources[0], f"target {name!r} keeps PCC {pcc:.6f} against its bf16 source in "
+                                                    f"{device_dtype}, below the recipe's {min_pcc} (max abs error "
+                                                    f"{max_abs_err:.3g}); use a wider dtype for it in "
+                                                    "configs/recipes.toml", sources[0])
+
+
 def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], device_dtype: str, layout: str,
                    slot: int | None = None, check_bf16: bool = False, origin: str = "",
                    device_file: bool = False, min_pcc: float = 0.0) -> Converted:
@@ -65,15 +75,16 @@ def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], devic
     exact = device_dtype == "bfloat16"
     if exact and not check_bf16 and not device_file:
         return Converted(name, slot, array, device_dtype, layout, expected, 0.0, 1.0)
+    made = tensorbin.tensorbin(array, device_dtype) if layout == "TILE" and not check_bf16 else None
+    if made is not None:  # ttnn's bytes made in numpy (checked against ttnn once per rank and dtype)
+        blob, packed = made
+        _floor(packed.pcc, packed.max_abs_err, name, sources, device_dtype, origin, min_pcc)
+        return Converted(name, slot, array, device_dtype, layout, expected, packed.max_abs_err, packed.pcc, blob)
     host = device.to_host_tensor(array, device_dtype, layout)
     if tuple(host.shape) != tuple(array.shape) or tuple(host.padded_shape) != expected:
         raise CheckpointError(sources[0], f"ttnn host tensor for {name!r} has shape {tuple(host.shape)} / padded "
                                           f"{tuple(host.padded_shape)}, expected {array.shape} / {expected}", sources[0])
     numerics = device.host_numerics(host, array) if not exact or check_bf16 else device.Numerics(0.0, 1.0)
-    if numerics.pcc < min_pcc:
-        raise CheckpointError(origin or sources[0], f"target {name!r} keeps PCC {numerics.pcc:.6f} against its bf16 "
-                                                    f"source in {device_dtype}, below the recipe's {min_pcc} (max abs "
-                                                    f"error {numerics.max_abs_err:.3g}); use a wider dtype for it in "
-                                                    "configs/recipes.toml", sources[0])
+    _floor(numerics.pcc, numerics.max_abs_err, name, sources, device_dtype, origin, min_pcc)
     packed = device.packed_bytes(host) if device_file or not exact else None
     return Converted(name, slot, array, device_dtype, layout, expected, numerics.max_abs_err, numerics.pcc, packed)

@@ -1,0 +1,259 @@
+"""ttnn's `.tensorbin` of a TILE host tensor, made in numpy: bfloat16 tilized, or bfloat8_b packed, plus the values
+ttnn would hand back (`to_torch`) for the numerics check. No ttnn on the hot path; ttnn only to take the header.
+
+Format (ttnn 0.81.1, ../shared/reference/bfp8-format.md): a little-endian u64 header size N, an N-byte flatbuffer
+header that, for a given rank, differs only in the logical shape and the payload size, then the host buffer.
+The buffer is the tensor zero-padded to multiples of 32 in its last two dims, cut into 32x32 tiles (row-major over
+the leading dims, tile rows, tile columns), each tile as four 16x16 faces (top-left, top-right, bottom-left,
+bottom-right), each face row-major.
+- bfloat16: a face is its 256 bf16 values.
+- bfloat8_b: per tile, 64 exponent bytes (the 16 rows of face 0, then faces 1-3), then 1024 codes (the faces in
+  the same order, row-major). A face row of 16 shares the largest float32 exponent field E among its values;
+  each code is sign << 7 | magnitude, where the magnitude is the 24-bit significand shifted right by E - e (the
+  bits shifted out are lost), rounded to 7 bits to nearest-even and saturated at 127; exponent field 0 gives 0,
+  and a zero magnitude drops its sign. A code reads back as magnitude * 2**(E - 133).
+
+The header is taken at run time from ttnn itself (one tiny `dump_tensor` per rank), patched for the shape and
+size, and the whole file is checked once per rank and dtype against `dump_tensor` of a test tensor; when they
+differ (another ttnn), `writer()` says so and the caller uses ttnn's own path. Measured: see `pack` below.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+TILE, FACE = 32, 16
+_BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor
+
+
+def padded(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ttnn stores for TILE: the last two dims rounded up to 32 (rank 1 becomes [1, n])."""
+    full = (1, *shape) if len(shape) == 1 else tuple(shape)
+    up = lambda n: -(-n // TILE) * TILE  # noqa: E731
+    return (*full[:-2], up(full[-2]), up(full[-1]))
+
+
+def _faces(bits: np.ndarray) -> np.ndarray:
+    """[rows, cols] (multiples of 32) -> [tiles, 4 faces, 16, 16] in ttnn's tile order (a copy)."""
+    rows, cols = bits.shape
+    t = bits.reshape(rows // TILE, 2, FACE, cols // TILE, 2, FACE)  # tile row, face row, r, tile col, face col, c
+    return np.ascontiguousarray(t.transpose(0, 3, 1, 4, 2, 5)).reshape(-1, 4, FACE, FACE)
+
+
+def _blocks(bits: np.ndarray):
+    """The tensor as 2-D [rows, cols] padded blocks of at most _ROWS_PER_BLOCK tile rows, in payload order."""
+    shape = padded(bits.shape)
+    flat = bits.reshape(-1, bits.shape[-1]) if bits.ndim > 1 else bits.reshape(1, -1)
+    rows_per_matrix, cols = (bits.shape[-2] if bits.ndim > 1 else 1), bits.shape[-1]
+    step = TILE * max(1, _BLOCK_ELEMENTS // (TILE * shape[-1]))
+    for m in range(flat.shape[0] // rows_per_matrix):
+        matrix = flat[m * rows_per_matrix:(m + 1) * rows_per_matrix]
+        for r0 in range(0, shape[-2], step):
+            r1 = min(r0 + step, shape[-2])
+            block = np.zeros((r1 - r0, shape[-1]), np.uint16)
+            src = matrix[r0:min(r1, rows_per_matrix)]
+            block[:src.shape[0], :cols] = src
+            yield block
+
+
+TILE_BYTES = {"bfloat16": 2 * TILE * TILE, "bfloat8_b": 64 + TILE * TILE}
+
+
+def payload_size(shape: tuple[int, ...], dtype: str) -> int:
+    p = padded(shape)
+    return int(np.prod(p[:-2], dtype=np.int64)) * (p[-2] // TILE) * (p[-1] // TILE) * TILE_BYTES[dtype]
+
+
+@dataclass
+class Packed:
+    payload: np.ndarray   # uint8: the host buffer ttnn would hold
+    max_abs_err: float    # of the values ttnn reads back, against the bf16 source
+    pcc: float
+
+
+def _pcc(sums: np.ndarray, n: int) -> float:
+    sx, sy, sxx, syy, sxy = sums
+    cov, vx, vy = sxy - sx * sy / n, sxx - sx * sx / n, syy - sy * sy / n
+    if vx <= 0 or vy <= 0:
+        return 1.0 if sxx == syy == sxy else 0.0
+    return float(min(1.0, cov / np.sqrt(vx * vy)))
+
+
+def _reference_codes(bits: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """The rule, spelled out: codes of bf16 `bits` whose face row's shared exponent is `gap` above their own.
+
+    In bf16 the 24-bit significand is the 8-bit one followed by 16 zeros, so shifting right by `gap` and rounding
+    away 17 bits is rounding away gap + 1 bits of the 8-bit significand; past 8 nothing is left and nothing
+    rounds up. Exponent field 0 gives 0, a zero magnitude drops its sign."""
+    exp = (bits >> 7) & 0xFF
+    significand = np.where(exp > 0, (bits & 0x7F) | 0x80, 0).astype(np.uint16)
+    drop = np.minimum(gap + 1, 9).astype(np.uint16)
+    kept = significand >> drop
+    rest = significand & ((np.uint16(1) << drop) - np.uint16(1))
+    half = np.uint16(1) << (drop - np.uint16(1))
+    up = (rest > half) | ((rest == half) & (kept & 1).astype(bool))          # to nearest, ties to even
+    magnitude = np.minimum(kept + up, 127).astype(np.uint8)                  # saturated, never carried
+    return magnitude | (((bits >> 8) & 0x80).astype(np.uint8) * (magnitude > 0))
+
+
+def _decoded(codes: np.ndarray, shared: np.ndarray) -> np.ndarray:
+    """The float32 values ttnn reads back for bfloat8_b codes: magnitude * 2**(E - 133), signed; in a row whose
+    shared exponent is 255 (it held an Inf or NaN) a full-width magnitude is Inf if it is exactly 64, else NaN."""
+    magnitude, shared = (codes & 0x7F), shared.astype(np.int32)
+    with np.errstate(over="ignore"):
+        values = np.ldexp(magnitude.astype(np.float32), shared - 133).astype(np.float32)
+    values = np.where((shared == 255) & (magnitude > 64), np.float32(np.nan), values)
+    return np.where(codes & 0x80, -values, values)
+
+
+_GAPS = 9  # a gap of 8 or more leaves nothing: one table row serves them all
+
+
+@functools.cache
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    """Every (gap, bf16 pattern) -> its code and the float32 value it reads back as: packing is two gathers."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    codes = np.stack([_reference_codes(bits, np.full(bits.shape, g, np.uint16)) for g in range(_GAPS)])
+    shared = ((bits >> 7) & 0xFF).astype(np.int32)[None, :] + np.arange(_GAPS, dtype=np.int32)[:, None]
+    return codes.reshape(-1), _decoded(codes, shared).reshape(-1)
+
+
+def _bfp8_block(faces: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Pack [tiles, 4, 16, 16] bf16 bits into `out` ([tiles, 1088] uint8); returns the read-back float32 values."""
+    codes, values = _tables()
+    exp7 = faces & 0x7F80                                                    # exponent field, left in place
+    shared7 = exp7.max(axis=-1, keepdims=True)                               # per face row of 16
+    gap = np.minimum((shared7 - exp7) >> 7, _GAPS - 1).astype(np.uint32)
+    index = (gap << 16) | faces
+    tiles = faces.shape[0]
+    out[:, :64] = (shared7 >> 7).reshape(tiles, 64)
+    out[:, 64:] = codes.take(index.reshape(tiles, 1024))
+    return values.take(index)
+
+
+def pack(array: np.ndarray, dtype: str, out: np.ndarray | None = None) -> Packed:
+    """The TILE host buffer of a bf16 array (numpy bfloat16 or its uint16 bits) in `dtype`, written into `out`
+    (or a new buffer), and the numerics of the values it reads back as. bfloat16 is a relayout (exact);
+    bfloat8_b's read-back values are measured in the same pass, without a round trip through ttnn."""
+    if dtype not in TILE_BYTES:
+        raise ValueError(f"no numpy packer for {dtype}")
+    bits = np.ascontiguousarray(array).view(np.uint16)
+    size = payload_size(bits.shape, dtype)
+    out = np.empty(size, np.uint8) if out is None else out
+    pos, sums, worst = 0, np.zeros(5), 0.0
+    for block in _blocks(bits):
+        faces = _faces(block)                                        # [tiles, 4, 16, 16] bf16 bits
+        n = faces.shape[0] * TILE_BYTES[dtype]
+        view = out[pos:pos + n].reshape(faces.shape[0], -1)
+        pos += n
+        if dtype == "bfloat16":
+            view.view(np.uint16)[:] = faces.reshape(faces.shape[0], -1)
+            continue
+        back = _bfp8_block(faces, view).reshape(-1)
+        ref = (faces.astype(np.uint32) << 16).view(np.float32).reshape(-1)
+        worst = max(worst, float(np.abs(back - ref).max(initial=0.0)))
+        with np.errstate(over="ignore", invalid="ignore"):
+            block_sums = np.array([back.sum(dtype=np.float64), ref.sum(dtype=np.float64), back @ back, ref @ ref,
+                                   back @ ref], dtype=np.float64)
+        if not np.isfinite(block_sums).all():  # float32 dot products overflowed: redo this block in float64
+            b64, r64 = back.astype(np.float64), ref.astype(np.float64)
+            block_sums = np.array([b64.sum(), r64.sum(), b64 @ b64, r64 @ r64, b64 @ r64])
+        sums += block_sums
+    if dtype == "bfloat16":
+        return Packed(out, 0.0, 1.0)
+    # padding is zero on both sides, so sums over the padded tiles equal sums over the tensor itself
+    return Packed(out, worst, _pcc(sums, max(1, bits.size)))
+
+
+def unpack_bfp8(payload: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The logical float32 values of a bfloat8_b TILE buffer (what `ttnn.to_torch` returns); for checks."""
+    p = padded(shape)
+    tiles = payload.reshape(-1, TILE_BYTES["bfloat8_b"])
+    shared = tiles[:, :64].reshape(-1, 4, FACE, 1).astype(np.int32)
+    values = _decoded(tiles[:, 64:].reshape(-1, 4, FACE, FACE), shared)
+    lead, th, tw = int(np.prod(p[:-2], dtype=np.int64)), p[-2] // TILE, p[-1] // TILE
+    grid = values.reshape(lead, th, tw, 2, 2, FACE, FACE).transpose(0, 1, 3, 5, 2, 4, 6).reshape(lead, p[-2], p[-1])
+    full = (1, *shape) if len(shape) == 1 else shape
+    return np.ascontiguousarray(grid[:, :full[-2], :full[-1]]).reshape(shape)
+
+
+class _Headers:
+    """Per (rank, dtype): ttnn's header with the positions of the shape and payload size, checked once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[tuple[int, str], tuple[bytes, int, int] | None] = {}
+
+    @staticmethod
+    def _dump(ttnn, array: np.ndarray, dtype: str) -> bytes:
+        from tasks.device import widen_bf16  # the one bf16 -> float32 widening
+
+        host = ttnn.Tensor(tensor=widen_bf16(array), data_type=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
+        with tempfile.TemporaryDirectory(prefix="tensorbin-") as tmp:
+            path = Path(tmp) / "t.tensorbin"
+            ttnn.dump_tensor(str(path), host)
+            return path.read_bytes()
+
+    def _learn(self, ttnn, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
+        rng = np.random.default_rng(rank)
+        probe_shape = (1,) * (rank - 2) + (37, 70) if rank >= 2 else (70,)
+        probe = (rng.standard_normal(probe_shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        blob = self._dump(ttnn, probe, dtype)
+        size = struct.unpack_from("<Q", blob)[0]
+        header = blob[8:8 + size]
+        payload = pack(probe, dtype).payload
+        if blob[8 + size:] != payload.tobytes():
+            return None
+        shape_at = header.find(struct.pack(f"<{len(probe_shape)}I", *probe_shape))
+        size_at = header.find(struct.pack("<Q", payload.nbytes))
+        if shape_at < 0 or size_at < 0:
+            return None
+        template = (header, shape_at, size_at)
+        check_shape = (1,) * (rank - 2) + (64, 33) if rank >= 2 else (33,)
+        check = (rng.standard_normal(check_shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return template if _assemble(template, check.shape, pack(check, dtype).payload) == self._dump(ttnn, check, dtype) else None
+
+    def get(self, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
+        with self._lock:
+            if (rank, dtype) not in self._known:
+                from tasks.device import _ttnn  # ttnn only here, once per rank and dtype
+
+                self._known[(rank, dtype)] = self._learn(_ttnn(), rank, dtype)
+            return self._known[(rank, dtype)]
+
+
+_HEADERS = _Headers()
+
+
+def _header(template: tuple[bytes, int, int], shape: tuple[int, ...], nbytes: int) -> bytes:
+    header, shape_at, size_at = bytearray(template[0]), template[1], template[2]
+    struct.pack_into(f"<{len(shape)}I", header, shape_at, *shape)
+    struct.pack_into("<Q", header, size_at, nbytes)
+    return struct.pack("<Q", len(header)) + bytes(header)
+
+
+def _assemble(template: tuple[bytes, int, int], shape: tuple[int, ...], payload: np.ndarray) -> bytes:
+    return _header(template, shape, payload.nbytes) + payload.tobytes()
+
+
+def tensorbin(array: np.ndarray, dtype: str) -> tuple[np.ndarray, Packed] | None:
+    """The `.tensorbin` bytes `ttnn.dump_tensor` writes for this bf16 array in `dtype`, TILE (one buffer, header
+    then payload), and its numerics; None when this ttnn's format is not the one checked (then use ttnn)."""
+    if dtype not in TILE_BYTES or array.ndim < 2:
+        return None
+    template = _HEADERS.get(array.ndim, dtype)
+    if template is None:
+        return None
+    size = payload_size(array.shape, dtype)
+    head = _header(template, tuple(array.shape), size)
+    out = np.empty(len(head) + size, np.uint8)
+    out[:len(head)] = np.frombuffer(head, np.uint8)
+    packed = pack(array, dtype, out[len(head):])
+    return out, packed

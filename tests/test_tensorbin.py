@@ -1,0 +1,85 @@
+"""ttnn's `.tensorbin` made in numpy (tasks/tensorbin.py) against ttnn itself, on inputs chosen to break it: every
+finite bf16 pattern, exact ties, saturation, denormals and tiny exponents, Inf/NaN rows, row and column padding,
+ranks 2 and 3. Byte for byte against `dump_tensor`, value for value against `to_torch`."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import ttnn
+
+from tasks import tensorbin
+from tasks.convert import convert_target
+from tasks.device import widen_bf16
+
+RNG = np.random.default_rng(7)
+
+
+def _bf16(shape) -> np.ndarray:
+    return (RNG.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _patterns() -> dict[str, np.ndarray]:
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = every[((every >> 7) & 0xFF) != 0xFF]
+    cut = lambda x, w: x[: x.size // w * w].reshape(-1, w)  # noqa: E731
+    inf_nan = _bf16((32, 64))
+    inf_nan[3, 5], inf_nan[7, 20], inf_nan[10, 40], inf_nan[20, 1] = 0x7F80, 0xFF80, 0x7FC0, 0x7FC0
+    tiny = (RNG.integers(0, 4, (32, 64)) << 7 | RNG.integers(0, 128, (32, 64))).astype(np.uint16)
+    return {
+        "every finite pattern, in order": cut(finite, 128),
+        "every finite pattern, shuffled": cut(RNG.permutation(finite), 96),
+        "exact ties": np.full((32, 32), 0x3F81, np.uint16),
+        "saturation": np.tile(np.array([0x3FFF, 0x3F80] * 8, np.uint16), (32, 2)),
+        "denormals and tiny exponents": tiny,
+        "zeros and signed zeros": np.tile(np.array([0x0000, 0x8000], np.uint16), (32, 16)),
+        "Inf and NaN rows (NaN as 0x7FC0: ttnn makes every bf16 NaN that)": inf_nan,
+        "row and column padding": _bf16((37, 70)),
+        "rank 3 (position tables)": _bf16((1, 50, 40)),
+        "one row (biases, norms)": _bf16((1, 300)),
+    }
+
+
+def _ttnn_file(bits: np.ndarray, dtype: str) -> tuple[bytes, object]:
+    host = ttnn.Tensor(tensor=widen_bf16(bits), data_type=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
+    with tempfile.TemporaryDirectory() as tmp:
+        ttnn.dump_tensor(str(Path(tmp) / "t.tensorbin"), host)
+        return (Path(tmp) / "t.tensorbin").read_bytes(), host
+
+
+@pytest.mark.parametrize("dtype", ["bfloat8_b", "bfloat16"])
+@pytest.mark.parametrize("case", list(_patterns()))
+def test_numpy_tensorbin_is_byte_identical_to_dump_tensor(case, dtype):
+    bits = _patterns()[case]
+    expected, host = _ttnn_file(bits, dtype)
+    made = tensorbin.tensorbin(bits, dtype)
+    assert made is not None, "the header template did not check out against this ttnn"
+    blob, packed = made
+    assert blob.tobytes() == expected
+    if dtype == "bfloat8_b":  # the values the numerics are computed from are the ones ttnn reads back
+        back = ttnn.to_torch(host).float().numpy().reshape(bits.shape)
+        assert np.array_equal(tensorbin.unpack_bfp8(packed.payload, bits.shape), back, equal_nan=True)
+        if np.isfinite(back).all():
+            assert packed.max_abs_err == float(np.abs(back - widen_bf16(bits)).max())
+
+
+def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path():
+    bits = _bf16((96, 200))
+    ours = convert_target(bits.view(np.uint16), "w", ("k",), "bfloat8_b", "TILE", min_pcc=0.999)
+    theirs = convert_target(bits.view(np.uint16), "w", ("k",), "bfloat8_b", "TILE", check_bf16=True, min_pcc=0.999)
+    assert bytes(ours.packed) == bytes(theirs.packed)  # the ttnn path: from_torch, dump_tensor, to_torch numerics
+    assert ours.max_abs_err == theirs.max_abs_err
+    assert ours.pcc == pytest.approx(theirs.pcc, abs=1e-7) and ours.pcc < 1.0
+    loaded = ttnn.load_tensor(_write(ours.packed))
+    assert torch.equal(ttnn.to_torch(loaded), ttnn.to_torch(ttnn.Tensor(tensor=widen_bf16(bits), data_type=ttnn.bfloat8_b,
+                                                                            layout=ttnn.TILE_LAYOUT)))
+
+
+def _write(blob) -> str:
+    path = Path(tempfile.mkdtemp()) / "t.tensorbin"
+    path.write_bytes(bytes(blob))
+    return str(path)
