@@ -221,6 +221,51 @@ def resolve_ref(root: Path, version: str, layout: str, profile: str) -> Entry:
     return entry
 
 
+def holds_slot(entry: Entry, slot: int | None) -> bool:
+    """Whether every bank of the entry has this slot (None: every slot of every bank)."""
+    for arr in entry.manifest["arrays"].values():
+        if arr["attributes"]["embodiment_bank"]:
+            wanted = range(arr["shape"][0]) if slot is None else (slot,)
+            if any(str(s) not in arr["chunks"] for s in wanted):
+                return False
+    return True
+
+
+def choose_entry(root: Path, version: str, layout: str, profile: str, entry: str | None = None,
+                 revision: str | None = None, slot: int | None = None) -> Entry:
+    """The entry `load` opens: `entry` (a name or a fingerprint prefix) when given; else the one the ref names, if
+    it matches `revision` and holds `slot`; else the newest published entry of this version, layout and profile
+    that does. An error lists what there is."""
+    published = [e for _, e, state in iter_entries(root) if state == "published"]
+    if entry is not None:
+        found = [e for e in published if e.name == entry or str(e.manifest.get("fingerprint", "")).startswith(entry)]
+        if len(found) != 1:
+            names = ", ".join(e.name for e in (found or published)) or "none"
+            raise CacheError(f"{entries_dir(root)}: {'no' if not found else 'more than one'} entry matches {entry!r} "
+                             f"({'candidates' if found else 'entries'}: {names})")
+        return found[0]
+    try:
+        current = resolve_ref(root, version, layout, profile)
+    except CacheError:
+        current = None
+    fits = lambda e: holds_slot(e, slot) and (revision is None or e.manifest.get("revision") == revision)  # noqa: E731
+    if current is not None and fits(current):
+        return current
+    same = [e for e in published if (e.manifest.get("version"), e.manifest.get("layout", "generic"),
+                                     e.manifest.get("profile")) == (version, layout, profile)]
+    match = sorted((e for e in same if fits(e)), key=lambda e: e.manifest.get("published_unix", 0), reverse=True)
+    if match:
+        return match[0]
+    if current is None and not same:
+        return resolve_ref(root, version, layout, profile)  # the "convert first" error
+    want = " and ".join(x for x in (f"slot {slot}" if slot is not None else "every slot",
+                                    f"revision {revision}" if revision else "") if x)
+    have = "; ".join(f"{e.name}: slots {e.manifest.get('slots')}, revision {e.manifest.get('revision')}" for e in same)
+    raise CacheError(f"{entries_dir(root)}: no published {version} ({layout}, {profile}) entry holds {want} ({have}); "
+                     f"convert with --embodiments {slot if slot is not None else 'all'}"
+                     f"{f' --revision {revision}' if revision else ''}")
+
+
 def iter_entries(root: Path) -> Iterator[tuple[Path, Entry | None, str]]:
     """Every directory under entries/: (path, entry or None, state: published | incomplete | broken)."""
     base = entries_dir(root)
@@ -238,15 +283,45 @@ def _tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def collect_garbage(root: Path, older_than_days: float | None = None, max_bytes: int | None = None) -> list[dict]:
-    """Remove temporaries of dead processes and broken entries; then, if asked, published entries older than
-    `older_than_days`, then the oldest until the cache holds at most `max_bytes`. Entries a ref names go last."""
+def referenced(root: Path) -> dict[str, list[str]]:
+    """Entry name -> the refs that point to it (what `load` opens: in use)."""
+    out: dict[str, list[str]] = {}
+    for ref in sorted((root / "refs").glob("*.json")) if (root / "refs").is_dir() else []:
+        try:
+            out.setdefault(json.loads(ref.read_text())["entry"], []).append(ref.stem)
+        except (OSError, ValueError, KeyError):
+            pass
+    return out
+
+
+def parse_size(text: str) -> int:
+    """`20000000`, `500M`, `10G`, `1.5T` (powers of 1000, as `cache ls` prints them)."""
+    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    t = text.strip().upper().removesuffix("B")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[:len(t) - len(unit)])
+    except ValueError:
+        raise CacheError(f"size {text!r} is not a number with an optional K, M, G or T suffix (e.g. 10G)") from None
+    if value < 0:
+        raise CacheError(f"size {text!r} is negative")
+    return int(value * units[unit])
+
+
+def collect_garbage(root: Path, older_than_days: float | None = None, max_bytes: int | None = None,
+                    include_current: bool = False, dry_run: bool = False) -> list[dict]:
+    """Remove temporaries of dead processes, broken and corrupt entries (a chunk that fails its checksum); then,
+    if asked, published entries older than `older_than_days`, then the oldest until the cache holds at most
+    `max_bytes`. An entry a ref points to is never removed by age or size unless `include_current`; a corrupt
+    one is removed with its refs (it cannot be loaded anyway). `dry_run` lists without removing."""
     removed: list[dict] = []
+    in_use = referenced(root)
 
     def remove(path: Path, reason: str) -> None:
         size = _tree_bytes(path)
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append({"entry": path.name, "reason": reason, "bytes": size})
+        if not dry_run:
+            shutil.rmtree(path, ignore_errors=True)
+        removed.append({"entry": path.name, "reason": reason, "bytes": size, "refs": in_use.get(path.name, [])})
 
     published = []
     for path, entry, state in iter_entries(root):
@@ -256,25 +331,46 @@ def collect_garbage(root: Path, older_than_days: float | None = None, max_bytes:
         elif state == "broken":
             remove(path, "no valid manifest")
         elif state == "published":
-            published.append(path)
-    referenced = set()
-    for ref in (root / "refs").glob("*.json") if (root / "refs").is_dir() else []:
-        try:
-            referenced.add(json.loads(ref.read_text())["entry"])
-        except (OSError, ValueError, KeyError):
-            pass
-    published.sort(key=lambda p: (p.name in referenced, p.stat().st_mtime))  # unreferenced and oldest first
+            problems = verify_entry(entry)
+            if problems:
+                remove(path, f"corrupt: {problems[0]}")
+                if not dry_run:
+                    for ref in in_use.get(path.name, []):
+                        (root / "refs" / f"{ref}.json").unlink(missing_ok=True)
+            else:
+                published.append(path)
+    candidates = [p for p in published if include_current or p.name not in in_use]
+    candidates.sort(key=lambda p: p.stat().st_mtime)  # oldest first
     if older_than_days is not None:
         cutoff = time.time() - older_than_days * 86400
-        for path in [p for p in published if p.stat().st_mtime < cutoff]:
+        for path in [p for p in candidates if p.stat().st_mtime < cutoff]:
             remove(path, f"older than {older_than_days:g} days")
+            candidates.remove(path)
             published.remove(path)
     if max_bytes is not None:
         sizes = {p: _tree_bytes(p) for p in published}
         total = sum(sizes.values())
-        for path in list(published):
+        for path in list(candidates):
             if total <= max_bytes:
                 break
-            remove(path, f"cache over {max_bytes} bytes")
+            remove(path, f"cache over {max_bytes:,} bytes")
             total -= sizes[path]
     return removed
+
+
+def remove_entry(root: Path, name: str, include_current: bool = False) -> dict:
+    """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
+    and then its refs go too."""
+    path = entries_dir(root) / name
+    if not path.is_dir() or TMP_MARK in name:
+        known = ", ".join(p.name for p, _, _ in iter_entries(root) if TMP_MARK not in p.name) or "none"
+        raise CacheError(f"{path}: no such entry in cache {root} (entries: {known})")
+    refs = referenced(root).get(name, [])
+    if refs and not include_current:
+        raise CacheError(f"{path}: refs/{', refs/'.join(refs)} point to this entry (it is what `load` opens); "
+                         "pass --include-current to remove it and those refs")
+    size = _tree_bytes(path)
+    shutil.rmtree(path)
+    for ref in refs:
+        (root / "refs" / f"{ref}.json").unlink(missing_ok=True)
+    return {"entry": name, "reason": "removed on request", "bytes": size, "refs": refs}

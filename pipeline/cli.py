@@ -6,8 +6,10 @@ Every command exits 0 on success and 2 with one sentence on stderr for a known e
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -24,6 +26,13 @@ DEMO_HF_CACHE = PROJECT_HF_CACHE
 LAYOUT_HELP = ("tt-n16 (what tt-metal's GR00T N1.6 port builds; n16's default) or generic (the original unpadded "
                "layout; n15/n17's default)")
 PROFILE_HELP = "port (the layout's per-family dtypes; tt-n16's default), bf16 (generic's default) or bfp8"
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("gr00t-tt-weights")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _mb(n: int) -> str:
@@ -109,8 +118,10 @@ def opened_device(choice: str):
 
 
 def print_convert(s: dict) -> None:
-    print(f"\n{s['version']} ({s['layout']}, {s['profile']}): {'cache hit, nothing converted' if s['cache_hit'] else 'converted'}"
-          f" in {s['seconds']:.2f} s")
+    done = ("checked: the cached entry equals a fresh conversion, " + f"{s['arrays_compared']} arrays compared,"
+            if s.get("checked_against_fresh_conversion") else
+            "cache hit, nothing converted" if s["cache_hit"] else "converted")
+    print(f"\n{s['version']} ({s['layout']}, {s['profile']}): {done} in {s['seconds']:.2f} s")
     src = s.get("source", {})
     print(f"  source        {src.get('snapshot')} (revision {src.get('revision') or 'unknown'})")
     if src.get("synthetic"):
@@ -119,14 +130,18 @@ def print_convert(s: dict) -> None:
     print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
     if s["cache_hit"]:
         return
-    print(f"  tasks         {s['tasks']} ({s.get('resumed_chunks', 0)} chunks resumed from a killed run)")
+    resumed, reused = s.get("resumed_chunks", 0), s.get("reused_chunks", 0)
+    extra = ", ".join(x for x in (f"{resumed} chunks resumed from a killed run" if resumed else "",
+                                  f"{reused} chunks linked from other entries" if reused else "") if x)
+    print(f"  tasks         {s['tasks']}" + (f" ({extra})" if extra else ""))
     print(f"  bytes         read {_mb(s['bytes_read'])}, written {_mb(s['bytes_written'])}")
     print(f"  peak RSS      {_mb(s['peak_rss_bytes'])}")
     print("  stage seconds (summed over tasks): " + ", ".join(
         f"{k} {v:.2f} ({s['stage_tasks'].get(k, 0)})" for k, v in s["stage_seconds"].items()))
     worst = [n for n in s["numerics"][:5] if n["pcc"] < 1.0 or n["max_abs_err"] > 0]
     if not worst:
-        print(f"  numerics      all {len(s['numerics'])} targets exact against the bf16 source")
+        print(f"  numerics      all {len(s['numerics'])} chunks ({s['targets']} targets, banks one chunk per slot) "
+              "exact against the bf16 source")
         return
     print("  numerics, worst first (device dtype vs bf16 source):")
     for n in worst:
@@ -164,7 +179,8 @@ def cmd_load(a: argparse.Namespace) -> dict:
     from pipeline.load import load
 
     with opened_device(a.device) as dev:
-        loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout)
+        loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout, entry=a.entry,
+                      revision=a.revision)
     result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source, **loaded.stats}
     if not a.json:
         if loaded.source.get("synthetic"):
@@ -174,6 +190,45 @@ def cmd_load(a: argparse.Namespace) -> dict:
     return result
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _age(seconds: float) -> str:
+    for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= span:
+            return f"{seconds / span:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _entry_row(root: Path, path: Path, entry, state: str, refs: dict, seen_inodes: set) -> dict:
+    m = entry.manifest if entry else {}
+    size = own = 0
+    for f in path.rglob("*"):
+        if f.is_file():
+            st = f.stat()
+            size += st.st_size
+            if (st.st_dev, st.st_ino) not in seen_inodes:  # bytes shared by hard links are counted once
+                seen_inodes.add((st.st_dev, st.st_ino))
+                own += st.st_size
+    source = m.get("source", {})
+    return {"entry": path.name, "state": state, "version": m.get("version"), "layout": m.get("layout", "generic"),
+            "profile": m.get("profile"), "slots": m.get("slots"), "revision": m.get("revision"),
+            "source": "synthetic" if source.get("synthetic") or m.get("synthetic") else source.get("snapshot"),
+            "bytes": size, "unique_bytes": own, "shared_bytes": shared_bytes(path),
+            "age_s": round(time.time() - path.stat().st_mtime), "refs": refs.get(path.name, [])}
+
+
+def _slots(slots) -> str:
+    if not slots:
+        return "-"
+    return "all 32" if slots == list(range(32)) else ",".join(map(str, slots))
+
+
 def cmd_cache(a: argparse.Namespace) -> dict:
     from pipeline.store import is_url
 
@@ -181,25 +236,45 @@ def cmd_cache(a: argparse.Namespace) -> dict:
         raise PipelineError(f"{a.cache}: `cache {a.action}` works on a local cache; object-store entries are "
                             "checked on every load (each chunk against the manifest)")
     root = cache.cache_root(a.cache)
-    if a.action == "gc":
-        removed = cache.collect_garbage(root, a.older_than_days, a.max_bytes)
+    if a.action in ("gc", "rm"):
+        if a.action == "rm":
+            if not a.entry:
+                raise PipelineError("cache rm needs an entry name (see `python -m pipeline cache ls`)")
+            removed = [cache.remove_entry(root, a.entry, a.include_current)]
+        else:
+            removed = cache.collect_garbage(root, a.older_than_days, cache.parse_size(a.max_bytes) if a.max_bytes
+                                            else None, a.include_current, a.dry_run)
         if not a.json:
-            print("\n".join(f"removed {r['entry']} ({r['reason']}, {_mb(r['bytes'])})" for r in removed) or "nothing to remove")
-        return {"root": str(root), "removed": removed}
+            verb = "would remove" if a.dry_run else "removed"
+            print("\n".join(f"{verb} {r['entry']} ({r['reason']}, {_size(r['bytes'])})"
+                            + (f"; refs {', '.join(r['refs'])} dropped" if r["refs"] and not a.dry_run else "")
+                            for r in removed) or "nothing to remove")
+        return {"root": str(root), "removed": removed, "dry_run": bool(a.dry_run)}
+    refs, seen = cache.referenced(root), set()
+    entries = list(cache.iter_entries(root))
+    if a.action == "verify" and a.entry and not any(p.name == a.entry for p, _, _ in entries):
+        raise PipelineError(f"{cache.entries_dir(root) / a.entry}: no such entry (see `python -m pipeline cache ls`)")
     rows = []
-    for path, entry, state in cache.iter_entries(root):
-        if a.action == "verify" and entry is not None and (a.entry in (None, path.name)):
+    for path, entry, state in entries:
+        if a.entry and path.name != a.entry:
+            continue
+        if a.action == "verify" and entry is not None:
             problems = cache.verify_entry(entry)
             state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-        rows.append({"entry": path.name, "state": state, "bytes": size, "shared_bytes": shared_bytes(path),
-                     "version": entry.manifest.get("version") if entry else None,
-                     "age_s": round(time.time() - path.stat().st_mtime)})
+        rows.append(_entry_row(root, path, entry, state, refs, seen))
     if not a.json:
-        for r in rows:
-            print(f"{r['entry']:48} {_mb(r['bytes']):>12} ({_mb(r['shared_bytes'])} shared with other entries)"
-                  f"  {r['age_s']:>8} s old  {r['state']}")
-        if not rows:
+        if rows:
+            head = f"{'entry':46} {'version':7} {'layout':8} {'profile':7} {'slots':8} {'revision':10} {'source':10} " \
+                   f"{'size':>10} {'own':>10} {'age':>7}  state / refs"
+            print(head)
+            for r in rows:
+                src = "synthetic" if r["source"] == "synthetic" else ("snapshot" if r["source"] else "-")
+                tail = r["state"] + (f"  <- {', '.join(r['refs'])}" if r["refs"] else "")
+                print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout']:8} {r['profile'] or '-':7} "
+                      f"{_slots(r['slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
+                      f"{_size(r['unique_bytes']):>10} {_age(r['age_s']):>7}  {tail}")
+            print(f"{len(rows)} entries, {_size(sum(r['unique_bytes'] for r in rows))} on disk (shared bytes counted once)")
+        else:
             print(f"no entries in {cache.entries_dir(root)}")
     if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
         raise PipelineError(f"cache {root}: {sum(r['state'].startswith('CORRUPT') for r in rows)} entry(ies) failed verification")
@@ -230,6 +305,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    p.add_argument("-V", "--version", action="version", version=f"gr00t-tt-weights {_package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn, help_: str, version: bool = True) -> argparse.ArgumentParser:
@@ -275,12 +351,17 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--layout", help=LAYOUT_HELP)
     sp.add_argument("--profile", help=PROFILE_HELP)
     sp.add_argument("--embodiment", help="a tag or slot id (default: all slots)")
+    sp.add_argument("--entry", help="an entry name or fingerprint prefix (default: the last conversion that holds the slot)")
+    sp.add_argument("--revision", help="only entries converted from this revision")
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id")
     sp = add("cache", cmd_cache, "list, verify or clean the cache", version=False)
-    sp.add_argument("action", choices=("ls", "verify", "gc"))
-    sp.add_argument("entry", nargs="?", help="verify only this entry")
+    sp.add_argument("action", choices=("ls", "verify", "gc", "rm"))
+    sp.add_argument("entry", nargs="?", help="ls/verify: only this entry; rm: the entry to remove")
     sp.add_argument("--older-than-days", type=float, help="gc: also remove published entries older than this")
-    sp.add_argument("--max-bytes", type=int, help="gc: then remove the oldest entries until the cache fits")
+    sp.add_argument("--max-bytes", help="gc: then remove the oldest entries until the cache fits (e.g. 10G)")
+    sp.add_argument("--include-current", action="store_true",
+                    help="gc/rm: entries a ref points to (what load opens) may go too")
+    sp.add_argument("--dry-run", action="store_true", help="gc: list what would be removed, remove nothing")
     add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload", version=False)
     return p
 
@@ -288,10 +369,19 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        result = args.fn(args)
+        # with --json, stdout carries the JSON alone: every human line goes to stderr
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            result = args.fn(args)
+        if args.json:
+            print(json.dumps(result, indent=1, default=str), flush=True)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result, indent=1, default=str))
+    except KeyboardInterrupt:
+        print("interrupted: nothing was published; the next run of the same command resumes the work kept in the "
+              "cache's entries/*.tmp-* folder", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `… --json | head`: the reader left; say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0

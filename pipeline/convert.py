@@ -16,7 +16,7 @@ from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.recipe import Plan, build_plan
 from pipeline.reuse import Reuse, plan_reuse
 from pipeline.store import is_url, open_store, push_entry, requested_root
-from pipeline.run import run
+from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
@@ -64,6 +64,7 @@ def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], di
 
 def convert(opts: ConvertOptions) -> dict:
     """Convert (or reuse) one entry; returns the summary that `convert --json` prints."""
+    check_scheduler(opts.scheduler)
     if is_url(opts.cache_root):
         return _convert_to_store(replace(opts, cache_root=requested_root(opts.cache_root)))
     t0 = time.perf_counter()
@@ -74,8 +75,13 @@ def convert(opts: ConvertOptions) -> dict:
                "cache_path": str(final), "slots": list(slots), "targets": len(plan.targets),
                "skipped": dict(plan.skipped), "source": ident["source"]}
     existing = cache.find_entry(root, name) if not opts.force else None
-    if existing is not None and opts.check_against_cache:
-        return {**summary, **check_against(existing, opts, ck, plan, slots, ident, root)}
+    if opts.check_against_cache:
+        if existing is None:
+            ck.close()
+            raise CacheError(f"{final}: nothing is cached for this conversion, so there is nothing to check against; "
+                             "run the convert without --check-against-cache first")
+        checked = check_against(existing, opts, ck, plan, slots, ident, root)
+        return {**summary, **checked, "seconds": time.perf_counter() - t0}
     if existing is not None:
         ck.close()
         cache.set_ref(root, opts.version, plan.layout, plan.profile, name)
@@ -87,8 +93,6 @@ def convert(opts: ConvertOptions) -> dict:
             hit["device_tensors"] = load(opts.version, root, slot, plan.profile, device=opts.device,
                                         layout=plan.layout).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
-    if opts.force and final.exists():
-        shutil.rmtree(final)
     result, timings, graph, done, reused = _build(opts, ck, plan, slots, ident, root, name, final)
     cache.set_ref(root, opts.version, plan.layout, plan.profile, name)
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
@@ -153,13 +157,14 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")
         inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16, prehashed,
-                             opts.device)
+                             opts.device, replace=opts.force)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException as e:
-        # A kill -9 never gets here, so its directory stays for the next run to resume; an error must not leave
-        # a half-built directory behind.
-        shutil.rmtree(tmp, ignore_errors=True)
+        # A kill -9 never gets here and Ctrl-C is let through, so their directory stays for the next run to
+        # resume; an error must not leave a half-built directory behind.
+        if not isinstance(e, KeyboardInterrupt):
+            shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise CacheError(f"{e.filename or tmp}: no space left on the device while staging {name}; nothing was "
                              f"published and the temporary files were removed — free space or pass --cache DIR on "
@@ -189,7 +194,7 @@ def check_against(existing: cache.Entry, opts: ConvertOptions, ck: Checkpoint, p
                          f"array(s){' (first ' + differ[0] + ')' if differ else ''} and has {len(problems)} bad "
                          "chunk(s); delete it or convert with --force")
     return {"cache_hit": True, "checked_against_fresh_conversion": True, "arrays_compared": len(fresh), "tasks": 0,
-            "bytes_read": 0, "bytes_written": 0, "seconds": 0.0, "peak_rss_bytes": peak_rss_bytes()}
+            "bytes_read": 0, "bytes_written": 0, "peak_rss_bytes": peak_rss_bytes()}
 
 
 def _source_bytes_read(plan: Plan, ck: Checkpoint, slots: tuple[int, ...], done: dict) -> int:

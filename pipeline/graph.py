@@ -49,6 +49,7 @@ class GraphInputs:
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
     prehashed: Mapping[str, object] = field(default_factory=dict)  # shard -> VerifiedShard hashed before the graph
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
+    replace: bool = False                          # --force: the new entry replaces a published one at publish
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -110,7 +111,7 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)
     graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
                            dict(inputs.manifest), List(*(TaskRef(("unit", u)) for u in units)),
-                           List(*(TaskRef(("verify", s)) for s in sorted(ck.headers))))
+                           List(*(TaskRef(("verify", s)) for s in sorted(ck.headers))), inputs.replace)
     return graph
 
 

@@ -20,7 +20,7 @@ from pipeline import cache
 from pipeline.store import Store, is_url, open_store, requested_root
 from pipeline.recipe import resolve
 from pipeline.versions import load_config
-from tasks.errors import CacheError
+from tasks.errors import CacheError, ConfigError
 from tasks.stage import checksum, chunk_coords, packed_path
 from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, map_chunk, read_chunk_into
 
@@ -102,7 +102,8 @@ class _RemoteEntry:
         return local, data
 
 
-def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str | None) -> tuple[object, dict]:
+def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str | None, entry: str | None = None,
+                revision: str | None = None, slot: int | None = None) -> tuple[object, dict]:
     if is_url(cache_dir):
         cache_dir = requested_root(cache_dir)
         store = open_store(cache_dir)
@@ -118,8 +119,8 @@ def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str |
             raise CacheError(f"{store.describe(f'entries/{name}/MANIFEST.json')}: missing or not the manifest of "
                              f"{name}; the entry was never completely pushed — convert again")
         return _RemoteEntry(store, name), manifest
-    entry = cache.resolve_ref(cache.cache_root(cache_dir), version, layout, profile)
-    return _LocalEntry(entry.path), entry.manifest
+    chosen = cache.choose_entry(cache.cache_root(cache_dir), version, layout, profile, entry, revision, slot)
+    return _LocalEntry(chosen.path), chosen.manifest
 
 
 def _read_chunk(entry, name: str, chunk: str, rec: dict, shape: list[int], out: np.ndarray | None) -> np.ndarray:
@@ -169,7 +170,7 @@ def _read_packed(entry, name: str, chunk: str, rec: dict):
 
 def load(version: str, cache_dir: Path | str | None = None, embodiment: str | int | None = None,
          profile: str | None = None, device=None, ttnn_host: bool = False, threads: int = 4,
-         layout: str | None = None) -> Loaded:
+         layout: str | None = None, entry: str | None = None, revision: str | None = None) -> Loaded:
     """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
     its default profile), by target name; `.components()` groups them as the consumer does.
 
@@ -177,13 +178,23 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     slot as `[slots, in, out]`. By default tensors are torch bf16 on the host. `ttnn_host=True` returns ttnn host
     tensors in their device dtype and layout (packed targets straight from their `.tensorbin`, no repacking);
     `device` also uploads them. Host-only targets (tt-n16: q_norm, k_norm, embed_tokens) are always torch float32
-    host tensors, as the port keeps them."""
+    host tensors, as the port keeps them.
+
+    Which entry: `entry` (a name or fingerprint prefix), else the last conversion (the ref) when it holds the
+    slot asked for and matches `revision`, else the newest published entry that does (a base model and its
+    fine-tune, or entries of different slots, can all be loaded)."""
     import torch
 
     t0 = time.perf_counter()
     layout, profile = resolve(version, layout, profile)
-    slot = None if embodiment is None else load_config(version).slot_ids(str(embodiment))[0]
-    entry, manifest = _open_entry(version, layout, profile, cache_dir)
+    slot = None
+    if embodiment is not None and str(embodiment).strip() != "all":
+        ids = load_config(version).slot_ids(str(embodiment))
+        if len(ids) != 1:
+            raise ConfigError(f"load takes one embodiment (a tag or slot id) or all, not {embodiment!r}: slots {list(ids)}")
+        slot = ids[0]
+    opened, manifest = _open_entry(version, layout, profile, cache_dir, entry, revision, slot)
+    entry = opened
     as_ttnn = ttnn_host or device is not None
     if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in manifest["arrays"].values()):
         raise CacheError(f"{entry.describe('')}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")

@@ -7,6 +7,7 @@ cluster, and a `tcp://host:port` address uses an existing one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -41,6 +42,32 @@ class StageTimer(Callback):
         self.counts[stage] += 1
 
 
+class LogProgress(Callback):
+    """Off a terminal (CI, logs, `make convert > log`): one line on stderr every `every` seconds, and at the end."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        super().__init__()
+        self.every, self.done, self.total = every, 0, 0
+        self.t0 = self.last = time.perf_counter()
+
+    def _start_state(self, dsk, state) -> None:
+        self.total = len(dsk)
+        self.t0 = self.last = time.perf_counter()
+
+    def _posttask(self, key, result, dsk, state, worker_id) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            print(f"progress: {self.done:,}/{self.total:,} tasks ({100 * self.done / max(1, self.total):.0f} %), "
+                  f"{now - self.t0:.0f} s", file=sys.stderr, flush=True)
+
+    def _finish(self, dsk, state, errored) -> None:
+        if not errored and time.perf_counter() - self.t0 >= self.every:
+            print(f"progress: {self.done:,}/{self.total:,} tasks done in {time.perf_counter() - self.t0:.0f} s",
+                  file=sys.stderr, flush=True)
+
+
 def _distributed_stage_seconds(task_stream: list[dict]) -> tuple[dict, dict]:
     seconds, counts = defaultdict(float), defaultdict(int)
     for rec in task_stream:
@@ -60,7 +87,8 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
     if scheduler in ("threads", "sync"):
         timer = StageTimer()
         # A redrawn bar only makes sense on a terminal; in logs and CI it would print hundreds of lines.
-        bar = ProgressBar(out=sys.stderr, minimum=1.0, dt=0.5) if progress and sys.stderr.isatty() else Callback()
+        bar = (ProgressBar(out=sys.stderr, minimum=1.0, dt=0.5) if sys.stderr.isatty() else LogProgress()) \
+            if progress else Callback()
         with timer, bar:
             if scheduler == "sync":
                 result = dask.get(dict(graph), key)
@@ -73,13 +101,24 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
         cluster = None
         if scheduler == "processes":
             cluster = LocalCluster(n_workers=min(workers, 2), threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
+                                   dashboard_address=":0" if progress else None)
+            if progress and cluster.dashboard_link:
+                print(f"dask dashboard: {cluster.dashboard_link}", file=sys.stderr, flush=True)
         client = Client(cluster or scheduler)
         try:
             with get_task_stream(client) as stream:
                 future = client.get(dict(graph), key, sync=False)
-                if progress:
-                    dist_progress(future)
+                if progress and sys.stderr.isatty():
+                    with contextlib.redirect_stdout(sys.stderr):  # distributed's bar writes to stdout
+                        dist_progress(future)
+                elif progress:
+                    t0 = time.perf_counter()
+                    while not future.done():
+                        time.sleep(0.2)
+                        if time.perf_counter() - t0 >= 10 and int(time.perf_counter() - t0) % 10 == 0:
+                            print(f"progress: running on {scheduler}, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                                  flush=True)
+                            time.sleep(0.8)
                 result = client.gather(future)
             seconds, counts = _distributed_stage_seconds(stream.data)
             return result, {"stage_seconds": seconds, "stage_tasks": counts}
@@ -88,3 +127,9 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
             if cluster is not None:
                 cluster.close()
     raise ConfigError(f"unknown scheduler {scheduler!r}: expected threads, sync, processes or a tcp://host:port address")
+
+
+def check_scheduler(scheduler: str) -> None:
+    """Refuse an unknown scheduler before anything is read, built or replaced."""
+    if scheduler not in ("threads", "sync", "processes") and not scheduler.startswith("tcp://"):
+        raise ConfigError(f"unknown scheduler {scheduler!r}: expected threads, sync, processes or a tcp://host:port address")

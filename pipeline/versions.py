@@ -7,6 +7,7 @@ embodiment tag table). Everything else — the key list, the shard assignment, t
 
 from __future__ import annotations
 
+import importlib.resources
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -16,7 +17,13 @@ from typing import Mapping
 
 from tasks.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+def _config_dir() -> Path:
+    """The source tree's `configs/`, or, installed from a wheel, the same files as package data."""
+    source = Path(__file__).resolve().parent.parent / "configs"
+    return source if (source / "recipes.toml").is_file() else Path(str(importlib.resources.files("gr00t_tt_configs")))
+
+
+CONFIG_DIR = _config_dir()
 # The modules whose tensors are `[32, in, out]` embodiment banks (W) and `[32, out]` biases (b).
 EMBODIMENT_MODULES = (
     "state_encoder.layer1", "state_encoder.layer2",
@@ -70,8 +77,10 @@ class VersionConfig:
 
     def slot_ids(self, selection: str | None) -> tuple[int, ...]:
         """Parse `all`, or a comma list of tags and/or ids, into sorted unique slot ids."""
-        if selection in (None, "", "all"):
+        if selection is None or selection.strip() == "all":
             return tuple(range(self.num_slots))
+        if not selection.strip():
+            raise ConfigError("no embodiment selected (an empty list): pass 'all', tags or slot ids")
         ids: set[int] = set()
         for item in (s.strip() for s in selection.split(",")):
             if item.isdigit():

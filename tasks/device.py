@@ -8,6 +8,7 @@ numpy (bf16 bits widened exactly to float32), which gives the same bytes as `ttn
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import MutableMapping
 
 import numpy as np
 
-MOCK_DESCRIPTOR = Path(__file__).resolve().parent.parent / "configs" / "tt" / "wormhole_N150.yaml"
+_SOURCE_CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # else the wheel's package data
+MOCK_DESCRIPTOR = (_SOURCE_CONFIGS if _SOURCE_CONFIGS.is_dir() else Path(str(importlib.resources.files("gr00t_tt_configs")))) \
+    / "tt" / "wormhole_N150.yaml"
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 QUIET_ENV = {"LOGURU_LEVEL": "INFO", "TT_METAL_LOGGER_LEVEL": "ERROR"}
 TILE = 32

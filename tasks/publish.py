@@ -70,8 +70,10 @@ def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], te
 
 
 def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: Sequence[dict],
-                  verified: Sequence[VerifiedShard]) -> dict:
-    """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success."""
+                  verified: Sequence[VerifiedShard], replace: bool = False) -> dict:
+    """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success.
+    `replace` (--force): a published `final` is moved aside only now, once the new entry is complete, and
+    deleted after the rename (readers holding its files keep them)."""
     tmp_dir, final_dir = Path(tmp), Path(final)
     tensor_xxh3 = {k: h for v in verified for k, h in v.tensor_xxh3.items()}
     staged = [s for u in units for s in u["staged"]]
@@ -93,9 +95,13 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
         os.fsync(fd)
     finally:
         os.close(fd)
+    aside = final_dir.with_name(f"{final_dir.name}.tmp-{os.getpid()}-replaced")
+    if replace and final_dir.exists():
+        os.rename(final_dir, aside)
     try:
         os.rename(tmp_dir, final_dir)
         won = True
+        shutil.rmtree(aside, ignore_errors=True)
     except OSError as e:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise

@@ -1,0 +1,183 @@
+"""Commands behave as documented and never delete what is in use: gc/rm/verify, --force, Ctrl-C, --json, packaging."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline import cache as cache_mod
+from pipeline.cache import entries_dir
+from pipeline.convert import ConvertOptions, convert
+from pipeline.load import load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+@pytest.fixture
+def two_entries(hf_cache, tmp_path):
+    """n17 converted for gr1-less slot 10 (then superseded by slot 0: the ref moves) -> one current, one old."""
+    old = convert(ConvertOptions("n17", embodiments="10", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+                                 progress=False))
+    current = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+                                     progress=False))
+    return tmp_path, Path(old["cache_path"]).name, Path(current["cache_path"]).name
+
+
+def test_gc_by_size_and_age_never_removes_what_a_ref_points_to(two_entries):
+    root, old, current = two_entries
+    proc = _cli("cache", "gc", "--max-bytes", "1", "--dry-run", "--cache", str(root), "--json")
+    assert proc.returncode == 0 and [r["entry"] for r in json.loads(proc.stdout)["removed"]] == [old]
+    assert (entries_dir(root) / old).is_dir()  # a dry run removes nothing
+    proc = _cli("cache", "gc", "--older-than-days", "0", "--cache", str(root))
+    assert proc.returncode == 0 and f"removed {old} (older than 0 days" in proc.stdout
+    assert sorted(p.name for p in entries_dir(root).iterdir()) == [current]
+    assert load("n17", root, 0).tensors  # the current entry still loads
+    proc = _cli("cache", "gc", "--max-bytes", "10G", "--include-current", "--cache", str(root), "--json")
+    assert json.loads(proc.stdout)["removed"] == []  # 10G is a size, and the cache fits
+    proc = _cli("cache", "gc", "--max-bytes", "0", "--include-current", "--cache", str(root))
+    assert f"removed {current}" in proc.stdout and not list(entries_dir(root).iterdir())
+
+
+def test_gc_removes_corrupt_entries_and_their_refs(two_entries):
+    root, old, current = two_entries
+    manifest = json.loads((entries_dir(root) / current / "MANIFEST.json").read_text())
+    # slot 0 of a bank: the one chunk this entry does not share (by hard link) with the other
+    name = next(n for n, a in manifest["arrays"].items() if a["attributes"]["embodiment_bank"])
+    chunk = entries_dir(root) / current / name / "c" / "0" / "0" / "0"
+    chunk.write_bytes(b"\xff" * chunk.stat().st_size)
+    proc = _cli("cache", "gc", "--cache", str(root))
+    assert proc.returncode == 0 and f"removed {current} (corrupt: " in proc.stdout and "refs n17-generic-bf16 dropped" in proc.stdout
+    assert sorted(p.name for p in entries_dir(root).iterdir()) == [old]
+
+
+def test_rm_refuses_the_current_entry_and_verify_refuses_an_unknown_name(two_entries):
+    root, old, current = two_entries
+    proc = _cli("cache", "rm", current, "--cache", str(root))
+    assert proc.returncode == 2 and "refs/n17-generic-bf16 point to this entry" in proc.stderr
+    assert _cli("cache", "rm", old, "--cache", str(root)).returncode == 0
+    proc = _cli("cache", "verify", "n17-generic-bf16-nothere", "--cache", str(root))
+    assert proc.returncode == 2 and "n17-generic-bf16-nothere: no such entry" in proc.stderr
+    proc = _cli("cache", "rm", "nothere", "--cache", str(root))
+    assert proc.returncode == 2 and f"entries: {current}" in proc.stderr
+
+
+def test_cache_ls_is_a_table_with_layout_slots_source_and_refs(two_entries):
+    root, old, current = two_entries
+    proc = _cli("cache", "ls", "--cache", str(root))
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:8] == ["entry", "version", "layout", "profile", "slots", "revision", "source", "size"]
+    row = next(line for line in lines if line.startswith(current))
+    assert " generic " in row and " synthetic " in row and row.endswith("<- n17-generic-bf16")
+    assert lines[-1].startswith("2 entries, ")
+    rows = json.loads(_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]
+    assert {r["entry"]: r["refs"] for r in rows} == {old: [], current: ["n17-generic-bf16"]}
+
+
+def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries, hf_cache):
+    root, _, current = two_entries
+    proc = _cli("convert", "--version", "n17", "--embodiments", "0", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+                "--cache", str(root), "--force", "--scheduler", "dask")
+    assert proc.returncode == 2 and "unknown scheduler 'dask'" in proc.stderr
+    assert load("n17", root, 0).entry == current
+    again = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+                                   force=True, progress=False))
+    assert Path(again["cache_path"]).name == current and not again["cache_hit"]
+    assert not [p for p in entries_dir(root).iterdir() if ".tmp-" in p.name]  # the replaced one is gone
+    assert cache_mod.verify_entry(cache_mod.open_entry(entries_dir(root) / current)) == []
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_the_next_run_resumes(hf_cache, tmp_path):
+    cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache",
+           str(hf_cache), "--cache", str(tmp_path), "--scheduler", "sync"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline, staged = time.time() + 60, 0
+    while time.time() < deadline and proc.poll() is None:
+        staged = len(list(entries_dir(tmp_path).glob("*.tmp-*/.staged/*.json"))) if entries_dir(tmp_path).exists() else 0
+        if staged >= 200:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert staged >= 200, "the run finished before it could be interrupted"
+    assert proc.returncode == 130 and err.startswith("interrupted: nothing was published") and err.count("\n") == 1
+    assert [p for p in entries_dir(tmp_path).iterdir() if ".tmp-" in p.name]  # kept for the next run
+    resumed = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))
+    assert resumed["resumed_chunks"] >= 200
+
+
+def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path):
+    proc = _cli("demo", "--json", "--cache", str(tmp_path / "demo-cache"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["cache_path"].startswith(str(tmp_path / "demo-cache"))  # --cache is honoured
+    assert "synthesizing a tiny GR00T N1.7" in proc.stderr
+    shell = subprocess.run(f"{sys.executable} -m pipeline convert --version n17 --synthetic tiny --hf-cache {hf_cache} "
+                           f"--cache {tmp_path / 'c'} --json | head -c 1", shell=True, cwd=ROOT, capture_output=True,
+                           text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert shell.stdout == "{" and "Traceback" not in shell.stderr and "BrokenPipe" not in shell.stderr
+
+
+def test_check_against_cache_needs_an_entry_and_says_what_it_did(hf_cache, tmp_path):
+    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+            "--cache", str(tmp_path))
+    proc = _cli(*args, "--check-against-cache")
+    assert proc.returncode == 2 and "nothing is cached for this conversion" in proc.stderr
+    assert _cli(*args).returncode == 0
+    proc = _cli(*args, "--check-against-cache")
+    assert proc.returncode == 0 and "checked: the cached entry equals a fresh conversion" in proc.stdout
+
+
+def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
+    proc = _cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("gr00t-tt-weights ")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "gr00t_tt_configs/n16.toml" in names and "gr00t_tt_configs/tt/wormhole_N150.yaml" in names
+    assert "gr00t-tt = pipeline.cli:main" in entry_points
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    probe = subprocess.run([sys.executable, "-c", "from pipeline.versions import VERSIONS, CONFIG_DIR; "
+                            "from tasks.device import MOCK_DESCRIPTOR; print(VERSIONS, CONFIG_DIR, MOCK_DESCRIPTOR.is_file())"],
+                           cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)})
+    assert probe.stdout.startswith("('n15', 'n16', 'n17')") and str(site) in probe.stdout, probe.stderr[-1500:]
+    assert probe.stdout.strip().endswith("True")
+
+
+def test_load_finds_the_entry_holding_the_slot_and_takes_an_entry_or_revision(two_entries):
+    from tasks.errors import CacheError, ConfigError
+
+    root, old, current = two_entries  # old holds slot 10, current (the ref) slot 0
+    assert load("n17", root, "new_embodiment").entry == old  # slot 10: not in the last conversion, but cached
+    assert load("n17", root, 0).entry == current
+    fingerprint = json.loads((entries_dir(root) / old / "MANIFEST.json").read_text())["fingerprint"]
+    assert load("n17", root, 10, entry=fingerprint[:12]).entry == old
+    with pytest.raises(CacheError, match="slot 0 was not converted into this entry"):
+        load("n17", root, 0, entry=old)
+    with pytest.raises(CacheError, match="no entry matches 'nothere'"):
+        load("n17", root, 0, entry="nothere")
+    with pytest.raises(CacheError, match="no published n17 \\(generic, bf16\\) entry holds slot 0 and revision 0000"):
+        load("n17", root, 0, revision="0" * 40)
+    with pytest.raises(CacheError, match="holds every slot"):
+        load("n17", root, "all")  # never slot 0 in disguise
+    with pytest.raises(ConfigError, match="load takes one embodiment"):
+        load("n17", root, "10,0")
+    proc = _cli("load", "--version", "n17", "--embodiment", "10", "--entry", old, "--cache", str(root), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["entry"] == old
