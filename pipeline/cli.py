@@ -300,6 +300,19 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     loaded = load("n17", a.cache, embodiment="new_embodiment")
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
           f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read")
+    print("\n5. a tiny N1.6 in the tt-n16 layout (n16's default): the tensors tt-metal's GR00T N1.6 port builds")
+    synthesize("n16", DEMO_HF_CACHE, "tiny")
+    port = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=DEMO_HF_CACHE, synthetic="tiny",
+                                  cache_root=a.cache, progress=False))
+    print_convert(port)
+    host = load("n16", a.cache, "gr1", ttnn_host=True)
+    vision, language = host.components()["vision"], host.components()["language"]
+    for group, key in ((vision, "encoder.layers.0.self_attn.qkv_padded.weight"),
+                       (language, "model.layers.0.self_attn.q_proj.weight")):
+        t = group[key]
+        print(f"  {key:48} {str(t.dtype):22} {str(t.layout):14} shape {list(t.shape)} padded {list(t.padded_shape)}")
+    embed = language["model.embed_tokens.weight"]
+    print(f"  {'model.embed_tokens.weight':48} host {embed.dtype} {list(embed.shape)} (never uploaded, as the port keeps it)")
     return summary
 
 
@@ -362,7 +375,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--include-current", action="store_true",
                     help="gc/rm: entries a ref points to (what load opens) may go too")
     sp.add_argument("--dry-run", action="store_true", help="gc: list what would be removed, remove nothing")
-    add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload", version=False)
+    add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload; then tiny n16 in the "
+                          "tt-n16 port layout", version=False)
     return p
 
 

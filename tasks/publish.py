@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.stage import PROGRESS_DIR, Staged
 from tasks.zarr_v3 import group_metadata, write_json_atomic
@@ -32,15 +33,19 @@ def unit_done(unit: str, staged: Sequence[Staged | tuple], verified: Sequence[Ve
     return {"unit": unit, "staged": records, "device": on_device, "shards": [v.header.path.name for v in verified]}
 
 
+def _fsync(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_tree(root: Path) -> None:
     """Make every file durable before the rename that publishes them (zarr-style writes never fsync)."""
     for dirpath, _, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(os.path.join(dirpath, name))
 
 
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
@@ -80,7 +85,8 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
     array_meta = {p.parent.name: json.loads(p.read_text()) for p in tmp_dir.glob("*/zarr.json")}
     missing = sorted(set(array_meta) - {s.name for s in staged})
     if missing:
-        raise RuntimeError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it")
+        raise CacheError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it; nothing was "
+                         "published — convert again")
     write_json_atomic(tmp_dir / "zarr.json", group_metadata(array_meta, {"gr00t_cache": dict(identity)}))
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
     for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
@@ -90,11 +96,7 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
                 "bytes": sum(s.nbytes for s in staged), "chunks": len(staged)}
     _fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest, durable=True)
-    fd = os.open(tmp_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(tmp_dir)
     aside = final_dir.with_name(f"{final_dir.name}.tmp-{os.getpid()}-replaced")
     if replace and final_dir.exists():
         os.rename(final_dir, aside)
