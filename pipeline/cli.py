@@ -18,11 +18,10 @@ from pathlib import Path
 from pipeline import cache
 from pipeline.layout import straddling_unit
 from pipeline.reuse import shared_bytes
-from pipeline.snapshot import PROJECT_HF_CACHE, default_hf_cache, resolve_snapshot
+from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache
 from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks.errors import PipelineError
 
-DEMO_HF_CACHE = PROJECT_HF_CACHE
 LAYOUT_HELP = ("tt-n16 (what tt-metal's GR00T N1.6 port builds; n16's default) or generic (the original unpadded "
                "layout; n15/n17's default)")
 PROFILE_HELP = "port (the layout's per-family dtypes; tt-n16's default), bf16 (generic's default) or bfp8"
@@ -43,11 +42,12 @@ def cmd_synth(a: argparse.Namespace) -> dict:
     from pipeline.synth import synthesize
 
     t0 = time.perf_counter()
-    snap = synthesize(a.version, Path(a.hf_cache), a.scale, a.seed)
+    hf = Path(a.hf_cache) if a.hf_cache else synthetic_hf_cache(a.cache)
+    snap = synthesize(a.version, hf, a.scale, a.seed)
     if not a.json:
         print(f"wrote a SYNTHETIC {a.version} ({a.scale} scale, seed {a.seed}) to {snap}\n"
               f"  convert it with: python -m pipeline convert --version {a.version} --synthetic {a.scale}"
-              f"{'' if Path(a.hf_cache) == DEMO_HF_CACHE else f' --hf-cache {a.hf_cache}'}")
+              f"{f' --hf-cache {a.hf_cache}' if a.hf_cache else ''}{f' --cache {a.cache}' if a.cache else ''}")
     return {"snapshot": str(snap), "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -84,7 +84,8 @@ def print_inspect(r: dict) -> None:
 
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
-    report = inspect_report(a.version, a.snapshot, a.hf_cache, a.revision, a.synthetic)
+    hf = a.hf_cache or (synthetic_hf_cache(a.cache) if a.synthetic else None)
+    report = inspect_report(a.version, a.snapshot, hf, a.revision, a.synthetic)
     if not a.json:
         print_inspect(report)
     return report
@@ -286,13 +287,14 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     from pipeline.load import load
     from pipeline.synth import synthesize
 
-    print(f"1. synthesizing a tiny GR00T N1.7 into {DEMO_HF_CACHE} (real key names, order, counts and shards; small "
+    demo_hf = synthetic_hf_cache(a.cache)
+    print(f"1. synthesizing a tiny GR00T N1.7 into {demo_hf} (real key names, order, counts and shards; small "
           "dims; marked synthetic, under a repo id of its own)")
-    synthesize("n17", DEMO_HF_CACHE, "tiny")
-    print_inspect(inspect_report("n17", None, DEMO_HF_CACHE, synthetic="tiny"))
+    synthesize("n17", demo_hf, "tiny")
+    print_inspect(inspect_report("n17", None, demo_hf, synthetic="tiny"))
     print("\n2. converting it (Dask graph: index -> read/slot -> transform -> convert -> stage -> unit -> publish;"
           " verify hashes each shard alongside and gates its units)")
-    opts = ConvertOptions("n17", hf_cache=DEMO_HF_CACHE, synthetic="tiny", cache_root=a.cache)
+    opts = ConvertOptions("n17", hf_cache=demo_hf, synthetic="tiny", cache_root=a.cache)
     summary = convert(opts)
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
@@ -301,8 +303,8 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
           f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read")
     print("\n5. a tiny N1.6 in the tt-n16 layout (n16's default): the tensors tt-metal's GR00T N1.6 port builds")
-    synthesize("n16", DEMO_HF_CACHE, "tiny")
-    port = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=DEMO_HF_CACHE, synthetic="tiny",
+    synthesize("n16", demo_hf, "tiny")
+    port = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=demo_hf, synthetic="tiny",
                                   cache_root=a.cache, progress=False))
     print_convert(port)
     host = load("n16", a.cache, "gr1", ttnn_host=True)
@@ -333,7 +335,7 @@ def parser() -> argparse.ArgumentParser:
     def source_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--snapshot", type=Path, help="a snapshot folder (overrides the HF cache lookup)")
         sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
-                                                      f"with --synthetic, {PROJECT_HF_CACHE})")
+                                                      "with --synthetic, hf/ under the cache root)")
         sp.add_argument("--revision", help="the release's revision (default: the one pinned in configs/<version>.toml)")
         sp.add_argument("--synthetic", choices=SCALES, help="convert the project's synthetic stand-in of this scale "
                                                             "(made by `synth`), never the real release")
@@ -341,7 +343,7 @@ def parser() -> argparse.ArgumentParser:
     sp = add("synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
     sp.add_argument("--scale", choices=SCALES, default="tiny",
                     help="tiny: every key, small dims; attn: real attention shapes, 1-2 layers per stack; full")
-    sp.add_argument("--hf-cache", type=Path, default=DEMO_HF_CACHE)
+    sp.add_argument("--hf-cache", type=Path, help="default: hf/ under the cache root (never your own HF cache)")
     sp.add_argument("--seed", type=int, default=0)
     sp = add("inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
     source_args(sp)

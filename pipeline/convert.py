@@ -17,7 +17,7 @@ from pipeline.recipe import Plan, build_plan
 from pipeline.reuse import Reuse, plan_reuse
 from pipeline.store import is_url, open_store, push_entry, requested_root
 from pipeline.run import check_scheduler, run
-from pipeline.snapshot import resolve_snapshot, snapshot_revision
+from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError, ConfigError
@@ -53,7 +53,8 @@ def peak_rss_bytes() -> int:
 def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], dict, Path]:
     """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry."""
     cfg = load_config(opts.version)
-    ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, opts.hf_cache, opts.revision, opts.synthetic))
+    hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
+    ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic))
     plan = build_plan(opts.version, {k: ck.shape(k) for k in ck.keys()}, opts.profile, opts.layout)
     slots = cfg.slot_ids(opts.embodiments)
     root = cache.cache_root(opts.cache_root)

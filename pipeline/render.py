@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pipeline.graph import GraphInputs, ancestors, build_graph, dependencies
+from tasks.errors import ConfigError
 
 
 def graph_inputs(opts) -> GraphInputs:
@@ -47,7 +48,13 @@ def unit_summary(graph: dict) -> dict[str, dict]:
     return out
 
 
+OUT_SUFFIXES = (".svg", ".png", ".pdf", ".dot", ".json")
+
+
 def write_graph(opts, out: Path) -> dict:
+    if out.suffix not in OUT_SUFFIXES:
+        raise ConfigError(f"{out}: --out must end in {', '.join(OUT_SUFFIXES)} (a picture, DOT text, or the task list "
+                          "as JSON)")
     graph, version = graph_for(opts)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".json":

@@ -11,12 +11,15 @@ from pathlib import Path
 
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
+from pipeline.cache import cache_root
 from pipeline.versions import VersionConfig
 from tasks.checkpoint import INDEX_NAME
 from tasks.errors import CheckpointError
 
-# Where `synth` writes by default and `make demo` synthesizes; read only for --synthetic.
-PROJECT_HF_CACHE = Path(__file__).resolve().parent.parent / "cache" / "hf"
+def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
+    """Where `synth` writes by default and `make demo` synthesizes, read only for --synthetic: `hf/` under the
+    cache root (`--cache`, $GR00T_CACHE when it is a folder, else the project's `cache/`)."""
+    return cache_root(cache_dir if cache_dir is not None and "://" not in str(cache_dir) else None) / "hf"
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
 SYNTHETIC_ORG = "gr00t-tt-synthetic"
 
@@ -60,7 +63,7 @@ def resolve_snapshot(cfg: VersionConfig, snapshot: Path | None = None, hf_cache:
                                                                 "that holds the shards and their index")
         return Path(snapshot)
     if synthetic is not None:
-        repo_id, cache_dir = synthetic_repo_id(cfg, synthetic), Path(hf_cache or PROJECT_HF_CACHE)
+        repo_id, cache_dir = synthetic_repo_id(cfg, synthetic), Path(hf_cache or synthetic_hf_cache())
         found = try_to_load_from_cache(repo_id, INDEX_NAME, cache_dir=str(cache_dir), revision=revision or "main")
         if isinstance(found, str):
             return Path(found).parent

@@ -3,6 +3,7 @@ README's Python examples run as written."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -95,3 +96,17 @@ def test_readme_python_examples_run_as_written(hf_cache, tmp_path):
         proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True,
                               env={**__import__("os").environ, **env})
         assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_readme_shell_lines_run_as_written(tmp_path):
+    block = re.search(r"## Try it\n.*?```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert len(lines) >= 8
+    env = {**__import__("os").environ, "GR00T_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    for line in lines:
+        cmd = line.replace("python -m pipeline", f"{sys.executable} -m pipeline", 1)
+        cmd = cmd.replace("build/", f"{tmp_path}/build/")  # the one output file: not into the checkout
+        proc = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, (line, proc.stderr[-1500:])
+    assert (tmp_path / "cache" / "hf").is_dir()  # synth wrote under the cache root, not the user's HF cache
+    assert json.loads((tmp_path / "build" / "graph-n16.json").read_text())["tasks"]
