@@ -16,6 +16,14 @@ from pipeline.versions import load_config
 VERSION = "n16"  # the release whose layout is verified byte for byte
 
 
+def _out(scale: str) -> Path:
+    """Where results go: bench/ for the full-size run the README quotes; a smoke run at another scale writes under
+    bench/data/ (git-ignored), so it never overwrites the committed results."""
+    out = BENCH if scale == "full" else DATA / f"results-{scale}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def _metric(rows: list, name: str, ours: float, base: float | None, goal: str, holds: bool, unit: str = "s",
             note: str = "") -> None:
     ratio = ours / base if base else ours
@@ -119,10 +127,11 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
                "cores": cores, "python": platform.python_version(), "machine": platform.machine(),
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
                "imports": "not counted: every timing starts inside the child after its imports"}
-    (BENCH / "results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
-    _markdown(rows, context)
-    _chart(rows, raw)
-    print(f"wrote {BENCH / 'results.md'}, results.json, results.png", flush=True)
+    out = _out(scale)
+    (out / "results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
+    _markdown(rows, context, out)
+    _chart(rows, raw, out)
+    print(f"wrote {out / 'results.md'}, results.json, results.png", flush=True)
     return 0
 
 
@@ -184,7 +193,8 @@ def run_port(scale: str, runs: int, cold: bool) -> int:
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
                "cores": os.cpu_count(),
                "imports": "'wall in child' starts after imports; 'wall of process' and CPU include them"}
-    (BENCH / "port-results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
+    out = _out(scale)
+    (out / "port-results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
     lines = [f"Measured {context['date']} on {context['cores']} cores, {VERSION} {scale} synthetic checkpoint, tt-n16 "
              f"layout, port dtypes, median of {runs}; page cache {context['page_cache']}; {context['imports']}.", "",
              "| contender | wall in child | wall of process | CPU user | CPU sys | minor faults | peak RSS |",
@@ -198,12 +208,12 @@ def run_port(scale: str, runs: int, cold: bool) -> int:
         if r["baseline"] is not None:
             lines.append(f"| {r['metric']} | {r['ours']:.2f} | {r['baseline']:.2f} | {r['ratio']:.3f} | {r['goal']} | "
                          f"{'yes' if r['holds'] else '**no**'} |")
-    (BENCH / "port-results.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {BENCH / 'port-results.md'}", flush=True)
+    (out / "port-results.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'port-results.md'}", flush=True)
     return 0
 
 
-def _markdown(rows: list[dict], context: dict) -> None:
+def _markdown(rows: list[dict], context: dict, out: Path) -> None:
     lines = [f"Measured {context['date']} on {context['cores']} cores, {context['version']} {context['scale']} "
              f"synthetic checkpoint, median of {context['runs']} runs, page cache {context['page_cache']}; "
              f"{context['imports']}.", "",
@@ -212,10 +222,10 @@ def _markdown(rows: list[dict], context: dict) -> None:
         base = "" if r["baseline"] is None else f"{r['baseline']:.3f} {r['unit']}"
         lines.append(f"| {r['metric']} | {r['ours']:.3f} {r['unit']} | {base} | {r['ratio']:.3f} | {r['goal']} | "
                      f"{'yes' if r['holds'] else '**no**'} |")
-    (BENCH / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
-def _chart(rows: list[dict], raw: dict) -> None:
+def _chart(rows: list[dict], raw: dict, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,4 +253,4 @@ def _chart(rows: list[dict], raw: dict) -> None:
     right.legend()
     right.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
-    fig.savefig(BENCH / "results.png", dpi=90)
+    fig.savefig(out / "results.png", dpi=90)

@@ -232,7 +232,7 @@ def holds_slot(entry: Entry, slot: int | None) -> bool:
 
 
 def choose_entry(root: Path, version: str, layout: str, profile: str, entry: str | None = None,
-                 revision: str | None = None, slot: int | None = None) -> Entry:
+                 revision: str | None = None, slot: int | None = None, source: str | Path | None = None) -> Entry:
     """The entry `load` opens: `entry` (a name or a fingerprint prefix) when given; else the one the ref names, if
     it matches `revision` and holds `slot`; else the newest published entry of this version, layout and profile
     that does. An error lists what there is."""
@@ -248,7 +248,10 @@ def choose_entry(root: Path, version: str, layout: str, profile: str, entry: str
         current = resolve_ref(root, version, layout, profile)
     except CacheError:
         current = None
-    fits = lambda e: holds_slot(e, slot) and (revision is None or e.manifest.get("revision") == revision)  # noqa: E731
+    def fits(e: Entry) -> bool:
+        snapshot = (e.manifest.get("source") or {}).get("snapshot")
+        return holds_slot(e, slot) and (revision is None or e.manifest.get("revision") == revision) and \
+            (source is None or (snapshot is not None and Path(snapshot).resolve() == Path(source).resolve()))
     if current is not None and fits(current):
         return current
     same = [e for e in published if (e.manifest.get("version"), e.manifest.get("layout", "generic"),
@@ -259,7 +262,8 @@ def choose_entry(root: Path, version: str, layout: str, profile: str, entry: str
     if current is None and not same:
         return resolve_ref(root, version, layout, profile)  # the "convert first" error
     want = " and ".join(x for x in (f"slot {slot}" if slot is not None else "every slot",
-                                    f"revision {revision}" if revision else "") if x)
+                                    f"revision {revision}" if revision else "",
+                                    f"source {source}" if source else "") if x)
     have = "; ".join(f"{e.name}: slots {e.manifest.get('slots')}, revision {e.manifest.get('revision')}" for e in same)
     raise CacheError(f"{entries_dir(root)}: no published {version} ({layout}, {profile}) entry holds {want} ({have}); "
                      f"convert with --embodiments {slot if slot is not None else 'all'}"

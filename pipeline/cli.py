@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeline import cache
 from pipeline.layout import straddling_unit
 from pipeline.reuse import shared_bytes
+from pipeline.store import is_url, open_store, remote_entries, remote_refs, requested_root, verify_remote
 from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache
 from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks.errors import PipelineError
@@ -181,7 +182,7 @@ def cmd_load(a: argparse.Namespace) -> dict:
 
     with opened_device(a.device) as dev:
         loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout, entry=a.entry,
-                      revision=a.revision)
+                      revision=a.revision, source=a.source)
     result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source, **loaded.stats}
     if not a.json:
         if loaded.source.get("synthetic"):
@@ -230,12 +231,68 @@ def _slots(slots) -> str:
     return "all 32" if slots == list(range(32)) else ",".join(map(str, slots))
 
 
-def cmd_cache(a: argparse.Namespace) -> dict:
-    from pipeline.store import is_url
+def _cache_remote(a: argparse.Namespace, store) -> dict:
+    """`cache ls|verify|gc|rm` on an object-store root: the same rules, through the Store (no rename there, so an
+    entry without its manifest may be a push in progress: listed, never removed)."""
+    entries, refs = remote_entries(store), remote_refs(store)
+    if a.entry and a.entry not in entries:
+        raise PipelineError(f"{store.describe('entries/' + a.entry)}: no such entry (entries: {', '.join(entries) or 'none'})")
+    rows = []
+    for name, m in entries.items():
+        if a.entry and name != a.entry:
+            continue
+        state = "published" if m else "incomplete (no manifest: a push in progress or abandoned)"
+        if m and a.action in ("verify", "gc"):
+            problems = verify_remote(store, name, m)
+            state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
+        m = m or {}
+        rows.append({"entry": name, "state": state, "version": m.get("version"), "layout": m.get("layout", "generic"),
+                     "profile": m.get("profile"), "slots": m.get("slots"), "revision": m.get("revision"),
+                     "source": "synthetic" if m.get("synthetic") else (m.get("source") or {}).get("snapshot"),
+                     "bytes": m.get("bytes", 0), "published_unix": m.get("published_unix"), "refs": refs.get(name, [])})
+    removed = []
+    if a.action in ("gc", "rm"):
+        now = time.time()
+        for r in rows:
+            corrupt, current = r["state"].startswith("CORRUPT"), bool(r["refs"])
+            old = a.older_than_days is not None and r["published_unix"] and now - r["published_unix"] > a.older_than_days * 86400
+            asked = a.action == "rm"
+            if asked and current and not a.include_current:
+                raise PipelineError(f"{store.describe('entries/' + r['entry'])}: refs {', '.join(r['refs'])} point to this "
+                                    "entry; pass --include-current to remove it and those refs")
+            if r["published_unix"] is None and not asked:
+                continue  # maybe a push in progress
+            if corrupt or asked or (old and (a.include_current or not current)):
+                removed.append({"entry": r["entry"], "reason": "corrupt" if corrupt else "removed on request" if asked
+                                else f"older than {a.older_than_days:g} days", "bytes": r["bytes"], "refs": r["refs"]})
+        if not a.dry_run:
+            for r in removed:
+                store.delete(f"entries/{r['entry']}")
+                for ref in r["refs"] if (a.include_current or r["reason"] == "corrupt" or a.action == "rm") else []:
+                    store.delete(f"refs/{ref}.json")
+        if not a.json:
+            verb = "would remove" if a.dry_run else "removed"
+            print("\n".join(f"{verb} {r['entry']} ({r['reason']}, {_size(r['bytes'])})" for r in removed)
+                  or "nothing to remove")
+        return {"root": store.describe(""), "removed": removed, "dry_run": bool(a.dry_run)}
+    if not a.json:
+        for r in rows:
+            print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout']:8} {r['profile'] or '-':7} {_slots(r['slots']):8} "
+                  f"{(r['revision'] or '-')[:10]:10} {_size(r['bytes']):>10}  {r['state']}"
+                  + (f"  <- {', '.join(r['refs'])}" if r["refs"] else ""))
+        print(f"{len(rows)} entries in {store.describe('')}")
+    if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
+        raise PipelineError(f"{store.describe('')}: {sum(r['state'].startswith('CORRUPT') for r in rows)} entry(ies) "
+                            "failed verification")
+    return {"root": store.describe(""), "entries": rows}
 
-    if is_url(a.cache):
-        raise PipelineError(f"{a.cache}: `cache {a.action}` works on a local cache; object-store entries are "
-                            "checked on every load (each chunk against the manifest)")
+
+def cmd_cache(a: argparse.Namespace) -> dict:
+    if is_url(requested_root(a.cache)):
+        if a.max_bytes:
+            raise PipelineError(f"{requested_root(a.cache)}: --max-bytes works on a local cache; on an object store "
+                                "use --older-than-days or `cache rm NAME`")
+        return _cache_remote(a, open_store(requested_root(a.cache)))
     root = cache.cache_root(a.cache)
     if a.action in ("gc", "rm"):
         if a.action == "rm":
@@ -368,6 +425,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--embodiment", help="a tag or slot id (default: all slots)")
     sp.add_argument("--entry", help="an entry name or fingerprint prefix (default: the last conversion that holds the slot)")
     sp.add_argument("--revision", help="only entries converted from this revision")
+    sp.add_argument("--source", type=Path, help="only entries converted from this snapshot folder")
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id")
     sp = add("cache", cmd_cache, "list, verify or clean the cache", version=False)
     sp.add_argument("action", choices=("ls", "verify", "gc", "rm"))

@@ -125,7 +125,7 @@ def _convert_to_store(opts: ConvertOptions) -> dict:
                 "skipped": dict(plan.skipped), "source": ident["source"], "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
                 "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     summary = convert(local)
-    pushed = push_entry(Path(summary["cache_path"]), store, name)
+    pushed = push_entry(Path(summary["cache_path"]), store, name, opts.progress)
     store.put_json(*ref)
     return {**summary, "cache_hit": False, "local_build": summary["cache_path"],
             "cache_path": store.describe(f"entries/{name}"), "pushed_bytes": pushed,

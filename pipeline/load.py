@@ -103,7 +103,7 @@ class _RemoteEntry:
 
 
 def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str | None, entry: str | None = None,
-                revision: str | None = None, slot: int | None = None) -> tuple[object, dict]:
+                revision: str | None = None, slot: int | None = None, source=None) -> tuple[object, dict]:
     if is_url(cache_dir):
         cache_dir = requested_root(cache_dir)
         store = open_store(cache_dir)
@@ -119,7 +119,7 @@ def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str |
             raise CacheError(f"{store.describe(f'entries/{name}/MANIFEST.json')}: missing or not the manifest of "
                              f"{name}; the entry was never completely pushed — convert again")
         return _RemoteEntry(store, name), manifest
-    chosen = cache.choose_entry(cache.cache_root(cache_dir), version, layout, profile, entry, revision, slot)
+    chosen = cache.choose_entry(cache.cache_root(cache_dir), version, layout, profile, entry, revision, slot, source)
     return _LocalEntry(chosen.path), chosen.manifest
 
 
@@ -170,7 +170,8 @@ def _read_packed(entry, name: str, chunk: str, rec: dict):
 
 def load(version: str, cache_dir: Path | str | None = None, embodiment: str | int | None = None,
          profile: str | None = None, device=None, ttnn_host: bool = False, threads: int = 4,
-         layout: str | None = None, entry: str | None = None, revision: str | None = None) -> Loaded:
+         layout: str | None = None, entry: str | None = None, revision: str | None = None,
+         source: str | Path | None = None) -> Loaded:
     """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
     its default profile), by target name; `.components()` groups them as the consumer does.
 
@@ -181,7 +182,8 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     host tensors, as the port keeps them.
 
     Which entry: `entry` (a name or fingerprint prefix), else the last conversion (the ref) when it holds the
-    slot asked for and matches `revision`, else the newest published entry that does (a base model and its
+    slot asked for and matches `revision` and `source` (the snapshot folder converted), else the newest published
+    entry that does (a base model and its
     fine-tune, or entries of different slots, can all be loaded)."""
     import torch
 
@@ -193,7 +195,7 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
         if len(ids) != 1:
             raise ConfigError(f"load takes one embodiment (a tag or slot id) or all, not {embodiment!r}: slots {list(ids)}")
         slot = ids[0]
-    opened, manifest = _open_entry(version, layout, profile, cache_dir, entry, revision, slot)
+    opened, manifest = _open_entry(version, layout, profile, cache_dir, entry, revision, slot, source)
     entry = opened
     as_ttnn = ttnn_host or device is not None
     if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in manifest["arrays"].values()):

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 from tasks.errors import CacheError
-from tasks.zarr_v3 import write_bytes_atomic
+from tasks.stage import checksum, chunk_coords, packed_path
+from tasks.zarr_v3 import chunk_path, write_bytes_atomic
 
 
 class Store(ABC):
@@ -134,12 +137,51 @@ def open_store(root: str | Path) -> Store:
     return FsspecStore(str(root)) if is_url(root) else LocalStore(Path(root))
 
 
-def push_entry(local_entry: Path, store: Store, name: str) -> int:
+def remote_entries(store: Store) -> dict[str, dict | None]:
+    """Every entry name in an object-store cache -> its manifest, or None (a push not finished, or abandoned)."""
+    names = sorted({key.split("/")[1] for key in store.list("entries") if key.count("/") >= 2})
+    out = {}
+    for name in names:
+        manifest = store.get_json(f"entries/{name}/MANIFEST.json")
+        out[name] = manifest if manifest and name.endswith(str(manifest.get("fingerprint", ""))[:20]) else None
+    return out
+
+
+def remote_refs(store: Store) -> dict[str, list[str]]:
+    """Entry name -> the refs pointing to it."""
+    out: dict[str, list[str]] = {}
+    for key in store.list("refs"):
+        ref = store.get_json(key) or {}
+        if "entry" in ref:
+            out.setdefault(ref["entry"], []).append(Path(key).stem)
+    return out
+
+
+def verify_remote(store: Store, name: str, manifest: dict) -> list[str]:
+    """Every chunk and device file the manifest lists must exist with its size and xxh3 (one GET each)."""
+    problems, base = [], Path("entries") / name
+    for array, arr in manifest["arrays"].items():
+        for chunk, rec in arr["chunks"].items():
+            slot = None if chunk == "all" else int(chunk)
+            key = chunk_path(base / array, chunk_coords(len(arr["attributes"]["logical_shape"]), slot)).as_posix()
+            data = store.get(key)
+            if data is None or len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
+                problems.append(f"{store.describe(key)}: chunk is missing or does not match the manifest checksum")
+            if "tensorbin" in rec:
+                packed = packed_path(base, array, slot).as_posix()
+                data = store.get(packed)
+                if data is None or checksum(data) != rec["tensorbin"]["xxh3"]:
+                    problems.append(f"{store.describe(packed)}: device file is missing or does not match")
+    return problems
+
+
+def push_entry(local_entry: Path, store: Store, name: str, progress: bool = False) -> int:
     """Copy a published local entry to `store` under entries/<name>/: every object, then the manifest last.
     Objects already there with the same size are skipped (they are named by content). Returns bytes sent."""
     sent = 0
     existing = set(store.list(f"entries/{name}"))
     files = sorted(p for p in local_entry.rglob("*") if p.is_file() and p.name != "MANIFEST.json")
+    total, t0, last = sum(p.stat().st_size for p in files), time.perf_counter(), time.perf_counter()
     for path in files:
         key = f"entries/{name}/{path.relative_to(local_entry)}"
         if key in existing:
@@ -147,6 +189,10 @@ def push_entry(local_entry: Path, store: Store, name: str) -> int:
         data = path.read_bytes()
         store.put(key, data)
         sent += len(data)
+        if progress and time.perf_counter() - last >= 5:
+            last = time.perf_counter()
+            print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe('entries/' + name)}, "
+                  f"{last - t0:.0f} s", file=sys.stderr, flush=True)
     manifest = (local_entry / "MANIFEST.json").read_bytes()
     store.put(f"entries/{name}/MANIFEST.json", manifest)
     return sent + len(manifest)

@@ -181,3 +181,28 @@ def test_load_finds_the_entry_holding_the_slot_and_takes_an_entry_or_revision(tw
         load("n17", root, "10,0")
     proc = _cli("load", "--version", "n17", "--embodiment", "10", "--entry", old, "--cache", str(root), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["entry"] == old
+
+
+def test_load_by_source_snapshot_and_an_unknown_profile_is_one_line(two_entries, snapshots):
+    root, old, current = two_entries
+    assert load("n17", root, 10, source=snapshots["n17"]).entry == old
+    from tasks.errors import CacheError
+
+    with pytest.raises(CacheError, match="source /nowhere"):
+        load("n17", root, 10, source="/nowhere")
+    proc = _cli("load", "--version", "n17", "--profile", "fp32", "--cache", str(root))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "unknown profile 'fp32' for layout generic: expected one of bf16, bfp8" in proc.stderr
+    assert "PROFILE=fp32" not in proc.stderr
+
+
+def test_progress_off_a_terminal_is_periodic_lines_on_stderr(capsys):
+    import dask
+
+    from pipeline.run import LogProgress
+
+    graph = {("a", i): (time.sleep, 0.01) for i in range(5)}
+    with LogProgress(every=0.0):
+        dask.get(graph, list(graph))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("progress: 1/5 tasks (20 %)") and err[-1].startswith("progress: 5/5 tasks done in ")

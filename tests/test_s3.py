@@ -111,3 +111,21 @@ def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch
     done = convert(ConvertOptions("n17", embodiments="11", hf_cache=hf_cache, synthetic="tiny", progress=False))  # not pushed yet
     assert done["cache_path"].startswith(s3_url) and (tmp_path / "local" / "entries").is_dir()
     assert load("n17", embodiment=11).entry == done["cache_path"].rsplit("/", 1)[1]
+
+
+def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
+    from pipeline.cli import main
+
+    convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url,
+                           progress=False))
+    store = open_store(s3_url)
+    name = store.get_json("refs/n17-generic-bf16.json")["entry"]
+    assert main(["cache", "verify", "--cache", s3_url]) == 0
+    assert main(["cache", "gc", "--older-than-days", "0", "--cache", s3_url]) == 0  # in use: kept
+    assert store.get_json(f"entries/{name}/MANIFEST.json") is not None
+    key = next(k for k in store.list(f"entries/{name}") if "/c/" in k)
+    store.put(key, b"\x00" * len(store.get(key)))
+    assert main(["cache", "verify", "--cache", s3_url]) == 2
+    assert main(["cache", "gc", "--cache", s3_url]) == 0  # corrupt: removed with its ref
+    assert store.list(f"entries/{name}") == [] and store.get_json("refs/n17-generic-bf16.json") is None
+    assert main(["cache", "verify", "nothere", "--cache", s3_url]) == 2
