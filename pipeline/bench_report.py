@@ -146,9 +146,13 @@ def _warm(*paths: Path) -> None:
                         pass
 
 
-def run_port(scale: str, runs: int, cold: bool) -> int:
-    """The tt-n16 layout (port profile) against the port's own path and `ttnn.as_tensor`, all in fresh processes,
-    inputs warmed right before each run, contenders alternating run by run. Writes bench/port-results.{json,md}."""
+PLANS = {"port": 0.6, "bf16": 1.0, "bfp8": 0.6}  # dtype plan -> the goal for convert / the port's own path
+
+
+def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(PLANS)) -> int:
+    """The tt-n16 layout in each dtype plan (the port's mixed one, all-bfloat16, all-bfloat8_b) against the port's
+    own path and `ttnn.as_tensor` in the same plan, all in fresh processes, inputs warmed right before each run,
+    contenders alternating run by run. Writes bench/port-results.{json,md}."""
     hf = DATA / f"hf-{scale}"
     cfg = load_config(VERSION)
     try:
@@ -158,37 +162,42 @@ def run_port(scale: str, runs: int, cold: bool) -> int:
 
         synthesize(VERSION, hf, scale)
     snapshot = resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
-    cache, ast = DATA / f"cache-{scale}-tt-n16", DATA / f"as_tensor-{scale}-tt-n16"
-    args = {"version": VERSION, "snapshot": str(snapshot)}
-    raw: dict[str, list] = {k: [] for k in ("convert", "port_path", "as_tensor_first", "reload", "as_tensor_warm")}
+    shards = [p.resolve() for p in snapshot.iterdir()]
+    contenders = ("convert", "port_path", "as_tensor_first", "reload", "as_tensor_warm")
+    raw: dict[str, list] = {f"{plan}:{c}": [] for plan in plans for c in contenders}
     t_start = time.time()
-    print(f"bench port: {VERSION} {scale}, {runs} runs each", flush=True)
+    print(f"bench port: {VERSION} {scale}, plans {', '.join(plans)}, {runs} runs each", flush=True)
     for _ in range(runs):
-        _warm(snapshot.resolve(), *(p.resolve() for p in snapshot.iterdir()))
-        raw["convert"].append(run_child("convert", {"version": VERSION, "profile": "port", "layout": "tt-n16",
-                                                    "hf": str(hf), "cache": str(cache), "synthetic": scale}, cold))
-        _warm(*(p.resolve() for p in snapshot.iterdir()))
-        raw["port_path"].append(run_child("port_path", args, cold))
-        shutil.rmtree(ast, ignore_errors=True)
-        ast.mkdir(parents=True)
-        _warm(*(p.resolve() for p in snapshot.iterdir()))
-        raw["as_tensor_first"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": True}, cold))
-        _warm(cache)
-        raw["reload"].append(run_child("load", {"version": VERSION, "cache": str(cache), "profile": "port",
-                                                "layout": "tt-n16", "embodiment": "gr1", "ttnn_host": True}, cold))
-        _warm(ast)
-        raw["as_tensor_warm"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": False}, cold))
-        print("  run done: " + ", ".join(f"{k} {v[-1]['seconds']:.1f} s" for k, v in raw.items()), flush=True)
+        for plan in plans:
+            cache, ast = DATA / f"cache-{scale}-tt-n16-{plan}", DATA / f"as_tensor-{scale}-tt-n16-{plan}"
+            args = {"version": VERSION, "snapshot": str(snapshot), "plan": plan}
+            _warm(*shards)
+            raw[f"{plan}:convert"].append(run_child("convert", {"version": VERSION, "profile": plan, "layout": "tt-n16",
+                                                                "hf": str(hf), "cache": str(cache), "synthetic": scale}, cold))
+            _warm(*shards)
+            raw[f"{plan}:port_path"].append(run_child("port_path", args, cold))
+            shutil.rmtree(ast, ignore_errors=True)
+            ast.mkdir(parents=True)
+            _warm(*shards)
+            raw[f"{plan}:as_tensor_first"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": True}, cold))
+            _warm(cache)
+            raw[f"{plan}:reload"].append(run_child("load", {"version": VERSION, "cache": str(cache), "profile": plan,
+                                                            "layout": "tt-n16", "embodiment": "gr1", "ttnn_host": True}, cold))
+            _warm(ast)
+            raw[f"{plan}:as_tensor_warm"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": False}, cold))
+            print(f"  {plan} run done: " + ", ".join(f"{c} {raw[f'{plan}:{c}'][-1]['seconds']:.1f} s" for c in contenders),
+                  flush=True)
     rows: list[dict] = []
-    for ours, base, goal in (("convert", "port_path", 1.0), ("convert", "as_tensor_first", 0.5),
-                             ("reload", "as_tensor_warm", 0.5), ("reload", "port_path", 0.2)):
-        for measure, label in (("seconds", "wall in child"), ("process_seconds", "wall of process"),
-                               ("cpu_seconds", "CPU user+sys")):
-            o, b = median(raw[ours], measure), median(raw[base], measure)
-            _metric(rows, f"{ours} / {base} ({label})", o, b, f"<= {goal}", o <= goal * b)
-    for name, runs_ in raw.items():
-        _metric(rows, f"peak RSS of {name} (GB)", median(runs_, "peak_rss_bytes") / 1e9, None, "info", True, "GB")
-    context = {"version": VERSION, "scale": scale, "runs": runs, "layout": "tt-n16", "profile": "port",
+    for plan in plans:
+        for ours, base, goal in (("convert", "port_path", PLANS[plan]), ("convert", "as_tensor_first", 0.5),
+                                 ("reload", "as_tensor_warm", 0.5)):
+            for measure, label in (("seconds", "wall in child"), ("process_seconds", "wall of process"),
+                                   ("cpu_seconds", "CPU user+sys")):
+                o, b = median(raw[f"{plan}:{ours}"], measure), median(raw[f"{plan}:{base}"], measure)
+                _metric(rows, f"{plan}: {ours} / {base} ({label})", o, b, f"<= {goal}", o <= goal * b)
+        peak = median(raw[f"{plan}:convert"], "peak_rss_bytes")
+        _metric(rows, f"{plan}: peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, "GB")
+    context = {"version": VERSION, "scale": scale, "runs": runs, "layout": "tt-n16", "plans": list(plans),
                "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
                "cores": os.cpu_count(),
@@ -196,18 +205,19 @@ def run_port(scale: str, runs: int, cold: bool) -> int:
     out = _out(scale)
     (out / "port-results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
     lines = [f"Measured {context['date']} on {context['cores']} cores, {VERSION} {scale} synthetic checkpoint, tt-n16 "
-             f"layout, port dtypes, median of {runs}; page cache {context['page_cache']}; {context['imports']}.", "",
-             "| contender | wall in child | wall of process | CPU user | CPU sys | minor faults | peak RSS |",
-             "|---|---|---|---|---|---|---|"]
-    for name, runs_ in raw.items():
-        lines.append(f"| {name} | {median(runs_):.2f} s | {median(runs_, 'process_seconds'):.2f} s | "
+             f"layout, median of {runs}; page cache {context['page_cache']}; {context['imports']}.", "",
+             "| plan | contender | wall in child | wall of process | CPU user | CPU sys | minor faults | peak RSS |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, runs_ in raw.items():
+        plan, name = key.split(":")
+        lines.append(f"| {plan} | {name} | {median(runs_):.2f} s | {median(runs_, 'process_seconds'):.2f} s | "
                      f"{median(runs_, 'user_seconds'):.2f} s | {median(runs_, 'sys_seconds'):.2f} s | "
                      f"{median(runs_, 'minor_faults'):,.0f} | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
     lines += ["", "| ratio | ours | baseline | ratio | goal | holds |", "|---|---|---|---|---|---|"]
     for r in rows:
-        if r["baseline"] is not None:
-            lines.append(f"| {r['metric']} | {r['ours']:.2f} | {r['baseline']:.2f} | {r['ratio']:.3f} | {r['goal']} | "
-                         f"{'yes' if r['holds'] else '**no**'} |")
+        base = "" if r["baseline"] is None else f"{r['baseline']:.2f}"
+        lines.append(f"| {r['metric']} | {r['ours']:.2f} | {base} | {r['ratio']:.3f} | {r['goal']} | "
+                     f"{'yes' if r['holds'] else '**no**'} |")
     (out / "port-results.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'port-results.md'}", flush=True)
     return 0
