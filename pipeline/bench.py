@@ -193,6 +193,7 @@ def _child_plain_loop(a: dict) -> dict:
     from pipeline.convert import ConvertOptions, prepare
     from tasks import publish, source, stage, transforms
     from tasks.convert import convert_target
+    from tasks.plan import work_units
 
     import shutil
 
@@ -205,12 +206,11 @@ def _child_plain_loop(a: dict) -> dict:
     headers = {s: source.index_shard(h.path, frozenset(h.entries)) for s, h in ck.headers.items()}
     verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
     staged = []
-    for t in plan.targets:
-        for slot in (slots if t.embodiment else (None,)):
-            arrays = [source.read_tensor(headers[ck.shard_of(k)], k) if slot is None
-                      else source.read_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
-            converted = convert_target(transforms.apply(t.transform, arrays, t.params), t.name, t.sources, t.device_dtype, t.layout, slot)
-            staged.append(stage.stage_target(tmp, converted))
+    for t, slot in work_units(plan.targets, slots):
+        arrays = [source.read_tensor(headers[ck.shard_of(k)], k) if slot is None
+                  else source.read_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
+        converted = convert_target(transforms.apply(t.transform, arrays, t.params), t, slot)
+        staged.append(stage.stage_target(tmp, converted))
     publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident,
                           [publish.unit_done("all", staged, verified)], verified)
     seconds = time.perf_counter() - t0

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from pipeline.recipe import RECIPES_PATH, Plan, Target
+from pipeline.recipe import RECIPES_PATH
+from tasks.plan import Plan, Target
 from tasks import source
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError

@@ -6,8 +6,8 @@ Every command exits 0 on success and 2 with one sentence on stderr for a known e
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import contextlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -16,11 +16,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline import cache
+from pipeline.convert import ConvertOptions, convert
 from pipeline.layout import straddling_unit
+from pipeline.load import load
+from pipeline.render import write_graph
 from pipeline.reuse import shared_bytes
-from pipeline.store import is_url, open_store, remote_entries, remote_refs, requested_root, verify_remote
 from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache
+from pipeline.store import is_url, open_store, remote_entries, remote_refs, requested_root, verify_remote
+from pipeline.synth import synthesize
 from pipeline.versions import SCALES, VERSIONS, load_config
+from tasks import device as tt
+from tasks.checkpoint import Checkpoint
 from tasks.errors import PipelineError
 
 LAYOUT_HELP = ("tt-n16 (what tt-metal's GR00T N1.6 port builds; n16's default) or generic (the original unpadded "
@@ -40,8 +46,6 @@ def _mb(n: int) -> str:
 
 
 def cmd_synth(a: argparse.Namespace) -> dict:
-    from pipeline.synth import synthesize
-
     t0 = time.perf_counter()
     hf = Path(a.hf_cache) if a.hf_cache else synthetic_hf_cache(a.cache)
     snap = synthesize(a.version, hf, a.scale, a.seed)
@@ -54,8 +58,6 @@ def cmd_synth(a: argparse.Namespace) -> dict:
 
 def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,
                    synthetic: str | None = None) -> dict:
-    from tasks.checkpoint import Checkpoint
-
     cfg = load_config(version)
     with Checkpoint(resolve_snapshot(cfg, snapshot, hf_cache, revision, synthetic)) as ck:
         unit = straddling_unit(version)
@@ -93,8 +95,6 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
 
 
 def _convert_options(a: argparse.Namespace, device=None):
-    from pipeline.convert import ConvertOptions
-
     return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
                           a.force, progress=not a.json, check_against_cache=a.check_against_cache, device=device,
                           layout=a.layout, revision=a.revision, synthetic=a.synthetic)
@@ -104,8 +104,6 @@ def _convert_options(a: argparse.Namespace, device=None):
 def opened_device(choice: str):
     """`none`: host only; `auto`: every device present (a mesh), else host only; an id: that device or an
     error. The device is closed on every exit path."""
-    from tasks import device as tt
-
     if choice == "none" or (choice == "auto" and not tt.hardware_present()):
         yield None
         return
@@ -152,8 +150,6 @@ def print_convert(s: dict) -> None:
 
 
 def cmd_convert(a: argparse.Namespace) -> dict:
-    from pipeline.convert import convert
-
     with opened_device(a.device) as dev:
         summary = convert(_convert_options(a, dev))
     summary.pop("device_tensors", None)
@@ -165,9 +161,6 @@ def cmd_convert(a: argparse.Namespace) -> dict:
 
 
 def cmd_graph(a: argparse.Namespace) -> dict:
-    from pipeline.convert import ConvertOptions
-    from pipeline.render import write_graph
-
     opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache,
                           layout=a.layout, revision=a.revision, synthetic=a.synthetic)
     result = write_graph(opts, Path(a.out))
@@ -178,8 +171,6 @@ def cmd_graph(a: argparse.Namespace) -> dict:
 
 
 def cmd_load(a: argparse.Namespace) -> dict:
-    from pipeline.load import load
-
     with opened_device(a.device) as dev:
         loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout, entry=a.entry,
                       revision=a.revision, source=a.source)
@@ -340,10 +331,6 @@ def cmd_cache(a: argparse.Namespace) -> dict:
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:
-    from pipeline.convert import ConvertOptions, convert
-    from pipeline.load import load
-    from pipeline.synth import synthesize
-
     demo_hf = synthetic_hf_cache(a.cache)
     print(f"1. synthesizing a tiny GR00T N1.7 into {demo_hf} (real key names, order, counts and shards; small "
           "dims; marked synthetic, under a repo id of its own)")

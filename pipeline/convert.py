@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline import cache
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
-from pipeline.recipe import Plan, build_plan
+from pipeline.recipe import build_plan
 from pipeline.reuse import Reuse, plan_reuse
 from pipeline.store import is_url, open_store, push_entry, requested_root
 from pipeline.run import check_scheduler, run
@@ -21,6 +21,7 @@ from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError, ConfigError
+from tasks.plan import Plan, work_units
 from tasks.publish import MANIFEST
 from tasks.stage import PROGRESS_DIR, already_staged
 
@@ -145,12 +146,11 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
             reused = plan_reuse(root, plan, slots, ck, ident["shards"], expected_sha, tmp, attrs)
         done = {}
         if (tmp / PROGRESS_DIR).is_dir():  # a fresh directory has nothing to resume: skip 1,000+ probes
-            for t in plan.targets:
-                for slot in (slots if t.embodiment else (None,)):
-                    record = already_staged(tmp, t.name, slot, len(t.shape))
-                    if record is not None:
-                        done[(t.name, slot)] = record
-        read_from = {ck.shard_of(k) for t in plan.targets for slot in (slots if t.embodiment else (None,))
+            for t, slot in work_units(plan.targets, slots):
+                record = already_staged(tmp, t.name, slot, len(t.shape))
+                if record is not None:
+                    done[(t.name, slot)] = record
+        read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known only by its sha256 is trusted like a cache hit, unless something is read from it.
         prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from}
@@ -201,10 +201,8 @@ def check_against(existing: cache.Entry, opts: ConvertOptions, ck: Checkpoint, p
 def _source_bytes_read(plan: Plan, ck: Checkpoint, slots: tuple[int, ...], done: dict) -> int:
     """Bytes the read/slot tasks fetched (verify's hashing pass is counted separately in its stage time)."""
     total = 0
-    for t in plan.targets:
-        for slot in (slots if t.embodiment else (None,)):
-            if (t.name, slot) in done:
-                continue
+    for t, slot in work_units(plan.targets, slots):
+        if (t.name, slot) not in done:
             for key in t.sources:
                 nbytes = ck.info(key).nbytes
                 total += nbytes // ck.shape(key)[0] if slot is not None else nbytes

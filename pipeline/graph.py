@@ -23,9 +23,9 @@ from typing import Callable, Hashable, Mapping
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
 
 from pipeline.layout import unit_of
-from pipeline.recipe import Plan, Target
 from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
+from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
 from tasks.publish import publish_entry, unit_done
 from tasks.source import index_shard, read_slot, read_tensor, verify_shard
@@ -69,9 +69,8 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
         return stage_key
     transform_key, convert_key = ("transform", t.name, *suffix), ("convert", t.name, *suffix)
     graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads), t.params)
-    graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), t.name, t.sources,
-                               t.device_dtype, t.layout, slot, inputs.check_bf16, _origin(inputs.checkpoint, t),
-                               t.device_file, t.min_pcc)
+    graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), DataNode(None, t), slot,  # the Target as one opaque value
+                               inputs.check_bf16, _origin(inputs.checkpoint, t))
     graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
     if inputs.device is None or t.host:  # host-only targets are never uploaded
         return stage_key
@@ -92,20 +91,19 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
                                              inputs.expected_sha256.get(shard))
     units: dict[str, list[TaskRef]] = {}
     unit_shards: dict[str, set[str]] = {}
-    for t in inputs.plan.targets:
+    for t, slot in work_units(inputs.plan.targets, inputs.slots):
         name = unit_of(inputs.plan.version, t.sources[0])
         unit = units.setdefault(name, [])
         unit_shards.setdefault(name, set()).update(ck.shard_of(k) for k in t.sources)
-        for slot in (inputs.slots if t.embodiment else (None,)):
-            reads = []
-            for key in t.sources:
-                indexed = TaskRef(("index", ck.shard_of(key)))
-                read_key = ("read", key) if slot is None else ("slot", key, slot)
-                if read_key not in graph and ((t.name, slot) not in inputs.done or inputs.device is not None):
-                    graph[read_key] = (_task(read_key, read_tensor, indexed, key) if slot is None
-                                       else _task(read_key, read_slot, indexed, key, slot))
-                reads.append(TaskRef(read_key))
-            unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
+        reads = []
+        for key in t.sources:
+            indexed = TaskRef(("index", ck.shard_of(key)))
+            read_key = ("read", key) if slot is None else ("slot", key, slot)
+            if read_key not in graph and ((t.name, slot) not in inputs.done or inputs.device is not None):
+                graph[read_key] = (_task(read_key, read_tensor, indexed, key) if slot is None
+                                   else _task(read_key, read_slot, indexed, key, slot))
+            reads.append(TaskRef(read_key))
+        unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
     for unit, staged in units.items():
         verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)

@@ -20,6 +20,7 @@ from pipeline import cache
 from pipeline.store import Store, is_url, open_store, requested_root
 from pipeline.recipe import resolve
 from pipeline.versions import load_config
+from tasks import device as tt
 from tasks.errors import CacheError, ConfigError
 from tasks.stage import checksum, chunk_coords, packed_path
 from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, map_chunk, read_chunk_into
@@ -157,8 +158,6 @@ def _plan_reads(manifest: dict, slot: int | None) -> list[tuple[str, str, dict, 
 def _read_packed(entry, name: str, chunk: str, rec: dict):
     """ttnn's `.tensorbin` of a packed target: its bytes are read once (checked, and the pages warmed), then ttnn
     maps the same file."""
-    from tasks import device as tt
-
     path, data = entry.packed_file(name, None if chunk == "all" else int(chunk))
     if data is None:
         raise CacheError(f"{path}: packed tensor listed in the manifest is missing; convert again with --force")
@@ -185,7 +184,7 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     slot asked for and matches `revision` and `source` (the snapshot folder converted), else the newest published
     entry that does (a base model and its
     fine-tune, or entries of different slots, can all be loaded)."""
-    import torch
+    import torch  # lazy: 1-2 s to import, and `cache`/`convert` never need it
 
     t0 = time.perf_counter()
     layout, profile = resolve(version, layout, profile)
@@ -220,8 +219,6 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
     host = {name for name, arr in arrays.items() if arr["attributes"].get("host_only")}
     if as_ttnn:
-        from tasks import device as tt
-
         out = {name: tt.to_host_tensor(data, arrays[name]["attributes"]["device_dtype"],
                                        arrays[name]["attributes"]["device_layout"])
                for (name, _, _, _), data in zip(plain, chunks) if name not in host}

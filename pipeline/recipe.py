@@ -10,55 +10,16 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
 from functools import cache
 from typing import Mapping
 
 from pipeline.layout import canonical_key, dims_of
 from pipeline.versions import CONFIG_DIR, load_config
 from tasks.errors import ConfigError, RecipeError
+from tasks.plan import HOST, Plan, Target
 from tasks.transforms import output_shape, padded_dim
 
 RECIPES_PATH = CONFIG_DIR / "recipes.toml"
-HOST = "HOST"  # the layout of host-only targets: kept on the host as float32, never uploaded
-
-
-@dataclass(frozen=True)
-class Target:
-    """One array in the cache and one tensor on the device (or, with layout HOST, one float32 host tensor)."""
-
-    name: str                  # e.g. vision.encoder.layers.5.self_attn.qkv_padded.weight
-    sources: tuple[str, ...]   # checkpoint keys, in concatenation order
-    transform: str
-    kind: str                  # matmul | bias | norm | table | host
-    device_dtype: str          # bfloat16 | bfloat8_b | bfloat4_b | float32 (host)
-    layout: str                # TILE | ROW_MAJOR | HOST
-    shape: tuple[int, ...]     # logical shape of one target (one slot for embodiment banks)
-    embodiment: bool = False   # stored as [bank_slots, *shape], one chunk per slot
-    device_file: bool = False  # keep ttnn's .tensorbin of it too (packed dtypes always do)
-    min_pcc: float = 1.0       # recipes.toml [min_pcc]: below it, the conversion fails
-    params: tuple[int, ...] = ()  # (heads, head_dim, padded_head_dim) of a head-padding transform
-    bank_slots: int = 0        # slots in the source bank (embodiment targets)
-    mirrors: str = ""          # the consumer's file@commit and function this target reproduces
-
-    @property
-    def host(self) -> bool:
-        return self.layout == HOST
-
-    @property
-    def component(self) -> str:
-        return self.name.split(".", 1)[0]
-
-
-@dataclass(frozen=True)
-class Plan:
-    version: str
-    profile: str
-    targets: tuple[Target, ...]
-    skipped: Mapping[str, str]  # key -> reason
-    layout: str = "generic"
-
-
 @cache
 def recipes() -> dict:
     return tomllib.loads(RECIPES_PATH.read_text())

@@ -12,14 +12,16 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
+import graphviz
+
+from pipeline import cache
+from pipeline.convert import prepare
 from pipeline.graph import GraphInputs, ancestors, build_graph, dependencies
 from tasks.errors import ConfigError
 
 
 def graph_inputs(opts) -> GraphInputs:
     """What a convert with `opts` would build its graph from (nothing is executed or written)."""
-    from pipeline import cache
-    from pipeline.convert import prepare
 
     ck, plan, slots, ident, root = prepare(opts)
     name = cache.entry_name(ident)
@@ -60,7 +62,6 @@ def write_graph(opts, out: Path) -> dict:
     if out.suffix == ".json":
         out.write_text(json.dumps(graph_json(graph)))
         return {"out": str(out), "tasks": len(graph)}
-    import graphviz
 
     units = unit_summary(graph)
     dot = graphviz.Digraph(f"{version} conversion", graph_attr={"rankdir": "LR", "label": f"{version}: {len(graph)} tasks", "fontsize": "20"})

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.recipe import Plan
 from tasks.checkpoint import Checkpoint
+from tasks.plan import Plan, work_units
 from tasks.publish import content_id
 from tasks.source import VerifiedShard, verify_shard
 from tasks.stage import Staged, chunk_coords, packed_path, progress_path
@@ -78,25 +78,25 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
         for name, arr in e.manifest["arrays"].items():
             if "content_id" in arr:
                 by_id[arr["content_id"]] = (e, name)
-    for t in plan.targets:
-        cid = content_id([hashes[k] for k in t.sources], array_attrs[t.name], cache.CONVERTER_VERSION)
-        if cid not in by_id:
+    holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], cache.CONVERTER_VERSION))
+              for t in plan.targets}
+    for t, slot in work_units(plan.targets, slots):
+        if holder[t.name] is None:
             continue
-        entry, name = by_id[cid]
-        for slot in (slots if t.embodiment else (None,)):
-            rec = entry.manifest["arrays"][name]["chunks"].get("all" if slot is None else str(slot))
-            if rec is None or (t.device_file and "tensorbin" not in rec):  # same bytes, but its device file is wanted
-                continue
-            coords = chunk_coords(len(t.shape), slot)
-            _link(chunk_path(entry.path / name, coords), chunk_path(tmp / t.name, coords))
-            packed = rec.get("tensorbin")
-            if packed:
-                _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
-            staged = Staged(t.name, slot, rec["nbytes"], rec["xxh3"], rec.get("max_abs_err", 0.0), rec.get("pcc", 1.0),
-                            packed and packed["nbytes"], packed and packed["xxh3"])
-            write_json_atomic(progress_path(tmp, t.name, slot), asdict(staged))
-            reuse.records[(t.name, slot)] = staged
-            reuse.linked_bytes += rec["nbytes"] + (packed["nbytes"] if packed else 0)  # chunk and device file
+        entry, name = holder[t.name]
+        rec = entry.manifest["arrays"][name]["chunks"].get("all" if slot is None else str(slot))
+        if rec is None or (t.device_file and "tensorbin" not in rec):  # same bytes, but its device file is wanted
+            continue
+        coords = chunk_coords(len(t.shape), slot)
+        _link(chunk_path(entry.path / name, coords), chunk_path(tmp / t.name, coords))
+        packed = rec.get("tensorbin")
+        if packed:
+            _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
+        staged = Staged(t.name, slot, rec["nbytes"], rec["xxh3"], rec.get("max_abs_err", 0.0), rec.get("pcc", 1.0),
+                        packed and packed["nbytes"], packed and packed["xxh3"])
+        write_json_atomic(progress_path(tmp, t.name, slot), asdict(staged))
+        reuse.records[(t.name, slot)] = staged
+        reuse.linked_bytes += rec["nbytes"] + (packed["nbytes"] if packed else 0)  # chunk and device file
     return reuse
 
 

@@ -96,6 +96,7 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
                 result = dask.threaded.get(dict(graph), key, num_workers=workers)
         return result, {"stage_seconds": dict(timer.seconds), "stage_tasks": dict(timer.counts)}
     if scheduler == "processes" or scheduler.startswith("tcp://"):
+        # lazy: distributed takes ~1 s to import, and only these two schedulers use it
         from distributed import Client, LocalCluster, get_task_stream, progress as dist_progress
 
         cluster = None

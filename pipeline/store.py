@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -77,8 +78,6 @@ class LocalStore(Store):
         return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file()) if base.exists() else []
 
     def delete(self, prefix: str) -> None:
-        import shutil
-
         shutil.rmtree(self.root / prefix, ignore_errors=True)
 
     def describe(self, key: str) -> str:
@@ -89,7 +88,7 @@ class FsspecStore(Store):
     """An object store through fsspec (s3fs for `s3://`; the endpoint comes from AWS_ENDPOINT_URL when set)."""
 
     def __init__(self, url: str):
-        import fsspec
+        import fsspec  # lazy: only object-store caches need it (with s3fs, ~0.3 s to import)
 
         self.url = url.rstrip("/")
         self.fs, self.base = fsspec.core.url_to_fs(self.url)

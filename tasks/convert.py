@@ -18,6 +18,7 @@ import numpy as np
 
 from tasks import device, tensorbin
 from tasks.errors import CheckpointError
+from tasks.plan import Target
 
 _EXPONENT = np.uint16(0x7F80)  # bf16 exponent bits: all ones means Inf or NaN
 _BLOCK = 1 << 18               # elements per finite-check block: temporaries stay in L2
@@ -63,11 +64,13 @@ def _floor(pcc: float, max_abs_err: float, name: str, sources: tuple[str, ...], 
                                                     "configs/recipes.toml", sources[0])
 
 
-def convert_target(array: np.ndarray, name: str, sources: tuple[str, ...], device_dtype: str, layout: str,
-                   slot: int | None = None, check_bf16: bool = False, origin: str = "",
-                   device_file: bool = False, min_pcc: float = 0.0) -> Converted:
-    """Finite check, then (for packed dtypes, device files, or when asked) the real ttnn host conversion and its
-    shape checks; round-trip numerics for packed dtypes (and bf16 when asked); the `.tensorbin` when kept."""
+def convert_target(array: np.ndarray, target: Target, slot: int | None = None, check_bf16: bool = False,
+                   origin: str = "") -> Converted:
+    """Finite check, then (for packed dtypes, device files, or when asked) the ttnn host tensor of `target` (one
+    slot of a bank) and its shape checks and numerics; the `.tensorbin` when kept. `origin` names the shard
+    file(s) for errors; `check_bf16` also round-trips bf16 targets through ttnn."""
+    name, sources, device_dtype, layout = target.name, target.sources, target.device_dtype, target.layout
+    device_file, min_pcc = target.device_file, target.min_pcc
     check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
     if layout == "HOST":  # kept on the host as float32: widening bf16 is exact, and nothing goes through ttnn

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import MutableMapping
@@ -64,8 +65,6 @@ def to_host_tensor(array: np.ndarray, dtype: str, layout: str):
 def packed_bytes(host) -> bytes:
     """The `.tensorbin` bytes ttnn writes for a host tensor (its own serialization: the only way ttnn can restore
     a packed bfloat8_b/bfloat4_b tensor without repacking)."""
-    import tempfile
-
     ttnn = _ttnn()
     with tempfile.TemporaryDirectory(prefix="tensorbin-") as tmp:
         path = Path(tmp) / "t.tensorbin"
@@ -138,7 +137,7 @@ def upload_array(array: np.ndarray, dtype: str, layout: str, kind: str, device):
     """Put one bf16 target on the device (DRAM) in its device dtype and layout. On a mesh, large matmul weights
     are split on their output dim across devices and everything else is replicated, as tt-metal does.
     Hardware only."""
-    import torch
+    import torch  # lazy: 1-2 s to import; only a real upload needs it
 
     ttnn = _ttnn()
     mapper, n = None, _mesh_size(device)

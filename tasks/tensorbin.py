@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.device import _ttnn, widen_bf16  # ttnn itself stays lazy there
+
 TILE, FACE = 32, 16
 _BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor
 
@@ -193,8 +195,6 @@ class _Headers:
 
     @staticmethod
     def _dump(ttnn, array: np.ndarray, dtype: str) -> bytes:
-        from tasks.device import widen_bf16  # the one bf16 -> float32 widening
-
         host = ttnn.Tensor(tensor=widen_bf16(array), data_type=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
         with tempfile.TemporaryDirectory(prefix="tensorbin-") as tmp:
             path = Path(tmp) / "t.tensorbin"
@@ -223,8 +223,6 @@ class _Headers:
     def get(self, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
         with self._lock:
             if (rank, dtype) not in self._known:
-                from tasks.device import _ttnn  # ttnn only here, once per rank and dtype
-
                 self._known[(rank, dtype)] = self._learn(_ttnn(), rank, dtype)
             return self._known[(rank, dtype)]
 

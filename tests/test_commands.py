@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,8 +143,13 @@ def test_check_against_cache_needs_an_entry_and_says_what_it_did(hf_cache, tmp_p
 def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
     proc = _cli("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("gr00t-tt-weights ")
+    src = tmp_path / "src"  # build from a copy: setuptools leaves build/ behind
+    for part in ("pipeline", "tasks", "configs"):
+        shutil.copytree(ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, src / part)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                            str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True)
+                            str(tmp_path / "dist"), str(src)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-2000:]
     wheel = next((tmp_path / "dist").glob("*.whl"))
     with zipfile.ZipFile(wheel) as z:

@@ -120,6 +120,13 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
     assert str(norm.dtype) == "DataType.BFLOAT16" and str(norm.layout) == "Layout.ROW_MAJOR"
 
 
+def _target(dtype: str, min_pcc: float):
+    from tasks.plan import Target
+
+    return Target("t.weight", ("k.weight",), "identity", "matmul", dtype, "TILE", (64, 64), device_file=True,
+                  min_pcc=min_pcc)
+
+
 def test_a_target_below_the_recipe_pcc_fails_naming_it():
     from tasks.convert import convert_target
     from tasks.errors import CheckpointError
@@ -127,8 +134,8 @@ def test_a_target_below_the_recipe_pcc_fails_naming_it():
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((64, 64)) * 0.02).astype(ml_dtypes.bfloat16)  # bfloat8_b keeps PCC ~0.99997
     with pytest.raises(CheckpointError) as err:
-        convert_target(x, "t.weight", ("k.weight",), "bfloat8_b", "TILE", origin="shard.safetensors", min_pcc=0.99999)
+        convert_target(x, _target("bfloat8_b", 0.99999), origin="shard.safetensors")
     assert "shard.safetensors, key 'k.weight': target 't.weight' keeps PCC" in str(err.value)
     assert "below the recipe's 0.99999" in str(err.value)
-    ok = convert_target(x, "t.weight", ("k.weight",), "bfloat8_b", "TILE", min_pcc=0.999)
+    ok = convert_target(x, _target("bfloat8_b", 0.999))
     assert 0.999 <= ok.pcc < 0.99999

@@ -15,6 +15,7 @@ import ttnn
 from tasks import tensorbin
 from tasks.convert import convert_target
 from tasks.device import widen_bf16
+from tasks.plan import Target
 
 RNG = np.random.default_rng(7)
 
@@ -69,8 +70,9 @@ def test_numpy_tensorbin_is_byte_identical_to_dump_tensor(case, dtype):
 
 def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path():
     bits = _bf16((96, 200))
-    ours = convert_target(bits.view(np.uint16), "w", ("k",), "bfloat8_b", "TILE", min_pcc=0.999)
-    theirs = convert_target(bits.view(np.uint16), "w", ("k",), "bfloat8_b", "TILE", check_bf16=True, min_pcc=0.999)
+    target = Target("w", ("k",), "identity", "matmul", "bfloat8_b", "TILE", bits.shape, device_file=True, min_pcc=0.999)
+    ours = convert_target(bits.view(np.uint16), target)
+    theirs = convert_target(bits.view(np.uint16), target, check_bf16=True)
     assert bytes(ours.packed) == bytes(theirs.packed)  # the ttnn path: from_torch, dump_tensor, to_torch numerics
     assert ours.max_abs_err == theirs.max_abs_err
     assert ours.pcc == pytest.approx(theirs.pcc, abs=1e-7) and ours.pcc < 1.0

@@ -1,0 +1,53 @@
+"""The work: a `Target` is one array in the cache and one tensor on the device; a `Plan` is every target of a
+conversion. Plain values that the stage functions take; `pipeline/recipe.py` makes them from configs/recipes.toml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+HOST = "HOST"  # the layout of host-only targets: kept on the host as float32, never uploaded
+
+
+@dataclass(frozen=True)
+class Target:
+    """One array in the cache and one tensor on the device (or, with layout HOST, one float32 host tensor)."""
+
+    name: str                  # e.g. vision.encoder.layers.5.self_attn.qkv_padded.weight
+    sources: tuple[str, ...]   # checkpoint keys, in concatenation order
+    transform: str
+    kind: str                  # matmul | bias | norm | table | host
+    device_dtype: str          # bfloat16 | bfloat8_b | bfloat4_b | float32 (host)
+    layout: str                # TILE | ROW_MAJOR | HOST
+    shape: tuple[int, ...]     # logical shape of one target (one slot for embodiment banks)
+    embodiment: bool = False   # stored as [bank_slots, *shape], one chunk per slot
+    device_file: bool = False  # keep ttnn's .tensorbin of it too (packed dtypes always do)
+    min_pcc: float = 1.0       # recipes.toml [min_pcc]: below it, the conversion fails
+    params: tuple[int, ...] = ()  # (heads, head_dim, padded_head_dim) of a head-padding transform
+    bank_slots: int = 0        # slots in the source bank (embodiment targets)
+    mirrors: str = ""          # the consumer's file@commit and function this target reproduces
+
+    @property
+    def host(self) -> bool:
+        return self.layout == HOST
+
+    @property
+    def component(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    version: str
+    profile: str
+    targets: tuple[Target, ...]
+    skipped: Mapping[str, str]  # key -> reason
+    layout: str = "generic"
+
+
+def work_units(targets: tuple[Target, ...] | list[Target], slots: tuple[int, ...]) -> Iterator[tuple[Target, int | None]]:
+    """Every (target, slot) the conversion makes: one per embodiment slot for a bank, else (target, None)."""
+    for t in targets:
+        for slot in (slots if t.embodiment else (None,)):
+            yield t, slot
