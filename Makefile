@@ -43,7 +43,7 @@ graph: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) -m pipeline.bench
+	$(PY) -m bench
 
 clean-venv:
 	rm -rf $(VENV)

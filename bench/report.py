@@ -1,4 +1,4 @@
-"""Orchestrates `make bench` (see pipeline/bench.py for the method) and writes results.json / .md / .png."""
+"""The reports of `make bench` (the method: bench/harness.py): results.json / .md / .png, port-results.json / .md."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.bench import BENCH, DATA, median, run_child
+from bench.harness import BENCH, DATA, _warm, median, run_child
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
 
@@ -133,17 +133,6 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     _chart(rows, raw, out)
     print(f"wrote {out / 'results.md'}, results.json, results.png", flush=True)
     return 0
-
-
-def _warm(*paths: Path) -> None:
-    """Read every file under `paths` once, so the contender that follows starts with its inputs in the page cache
-    like the others (every contender gets this, right before it runs)."""
-    for root in paths:
-        for f in (root.rglob("*") if root.is_dir() else [root]):
-            if f.is_file():
-                with open(f, "rb", buffering=0) as fh:
-                    while fh.read(1 << 23):
-                        pass
 
 
 PLANS = {"port": 0.6, "bf16": 1.0, "bfp8": 0.6}  # dtype plan -> the goal for convert / the port's own path

@@ -1,29 +1,13 @@
-"""`make bench`: the product against raw I/O and the loaders users have today, as ratios measured side by side.
-
-Every measurement runs in a fresh child process (so imports, page faults and peak RSS are its own; peak RSS comes
-from the OS via wait4), the contenders of one ratio alternate run by run, and each figure is the median of
-`--runs` runs. Page cache: warm (the source and the cache were just written or read), unless `--cold` drops it
-before every run. Timings start after imports. Every reload, ours and the baselines', reads every byte once.
-Writes bench/results.json, bench/results.md and bench/results.png; exits non-zero only on errors.
-"""
+"""What each fresh child process measures (`python -m bench --child NAME ARGS`); each prints one JSON object.
+Imports happen inside each child function, so that none of them is timed and each child loads only what it needs."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-DATA = BENCH / "data"
-
-
-# ---- child-side measurements: each prints one JSON object -------------------------------------------------------
 
 def _child_convert(a: dict) -> dict:
     """A cold convert: the cache root is emptied first (untimed), so nothing is reused or hit."""
@@ -304,56 +288,3 @@ CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_convert, _child_raw_
                                                      _child_port_path, _child_as_tensor_port)}
 
 
-# ---- parent side --------------------------------------------------------------------------------------------------
-
-def run_child(name: str, args: dict, cold: bool = False) -> dict:
-    """One measurement in a fresh process; adds its peak RSS and CPU seconds as the OS counted them (wait4)."""
-    if cold:
-        os.sync()
-        try:
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        except OSError:
-            pass
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    started = time.perf_counter()
-    with open(BENCH / "last-child-stderr.log", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.bench", "--child", name, json.dumps(args)],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, env=env, text=True)
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = status
-    if status != 0:
-        tail = (BENCH / "last-child-stderr.log").read_text()[-3000:]
-        raise RuntimeError(f"bench child {name} failed (status {status}):\n{tail}")
-    result = json.loads(out.strip().splitlines()[-1])
-    return {**result, "process_seconds": time.perf_counter() - started, "peak_rss_bytes": usage.ru_maxrss * 1024,
-            "cpu_seconds": usage.ru_utime + usage.ru_stime, "user_seconds": usage.ru_utime,
-            "sys_seconds": usage.ru_stime, "minor_faults": usage.ru_minflt, "major_faults": usage.ru_majflt}
-
-
-def median(runs: list[dict], key: str = "seconds") -> float:
-    return statistics.median(r[key] for r in runs)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__)
-    p.add_argument("--child")
-    p.add_argument("child_args", nargs="?")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--scale", choices=("tiny", "full"), default="full")
-    p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
-    p.add_argument("--only", choices=("port",), help="port: only the tt-n16 rows against the port's own path "
-                                                     "(writes bench/port-results.*)")
-    a = p.parse_args(argv)
-    if a.child:
-        print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
-        return 0
-    from pipeline.bench_report import run_all, run_port
-
-    if a.only == "port":
-        return run_port(a.scale, a.runs, a.cold)
-    return run_all(a.scale, a.runs, a.cold)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The benchmark harness (outside the product package)."""

@@ -1,0 +1,33 @@
+"""`make bench` / `python -m bench`: the harness (bench/harness.py), the children (bench/children.py), the reports
+(bench/report.py). Not part of the product: nothing in pipeline/ or tasks/ imports it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bench.children import CHILDREN
+from bench.report import run_all, run_port
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--child")
+    p.add_argument("child_args", nargs="?")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--scale", choices=("tiny", "full"), default="full")
+    p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
+    p.add_argument("--only", choices=("port",), help="port: only the tt-n16 rows against the port's own path "
+                                                     "(writes bench/port-results.*)")
+    a = p.parse_args(argv)
+    if a.child:
+        print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
+        return 0
+    if a.only == "port":
+        return run_port(a.scale, a.runs, a.cold)
+    return run_all(a.scale, a.runs, a.cold) or run_port(a.scale, a.runs, a.cold)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

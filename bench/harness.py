@@ -1,0 +1,64 @@
+"""The harness of `make bench`: the product against raw I/O and the loaders users have today, as ratios measured side by side.
+
+Every measurement runs in a fresh child process (so imports, page faults and peak RSS are its own; peak RSS comes
+from the OS via wait4), the contenders of one ratio alternate run by run, and each figure is the median of
+`--runs` runs. Page cache: warm (the source and the cache were just written or read), unless `--cold` drops it
+before every run. Timings start after imports. Every reload, ours and the baselines', reads every byte once.
+Writes bench/results.json, bench/results.md and bench/results.png; exits non-zero only on errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+DATA = BENCH / "data"
+
+
+# ---- parent side --------------------------------------------------------------------------------------------------
+
+def run_child(name: str, args: dict, cold: bool = False) -> dict:
+    """One measurement in a fresh process; adds its peak RSS and CPU seconds as the OS counted them (wait4)."""
+    if cold:
+        os.sync()
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        except OSError:
+            pass
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    started = time.perf_counter()
+    with open(BENCH / "last-child-stderr.log", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "bench", "--child", name, json.dumps(args)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, env=env, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = status
+    if status != 0:
+        tail = (BENCH / "last-child-stderr.log").read_text()[-3000:]
+        raise RuntimeError(f"bench child {name} failed (status {status}):\n{tail}")
+    result = json.loads(out.strip().splitlines()[-1])
+    return {**result, "process_seconds": time.perf_counter() - started, "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime, "user_seconds": usage.ru_utime,
+            "sys_seconds": usage.ru_stime, "minor_faults": usage.ru_minflt, "major_faults": usage.ru_majflt}
+
+
+def median(runs: list[dict], key: str = "seconds") -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def _warm(*paths: Path) -> None:
+    """Read every file under `paths` once, so the contender that follows starts with its inputs in the page cache
+    like the others (every contender gets this, right before it runs)."""
+    for root in paths:
+        for f in (root.rglob("*") if root.is_dir() else [root]):
+            if f.is_file():
+                with open(f, "rb", buffering=0) as fh:
+                    while fh.read(1 << 23):
+                        pass
