@@ -59,18 +59,17 @@ def _child_load(a: dict) -> dict:
 
 
 def _entry_files(entry: Path, packed: bool) -> list[Path]:
-    from tasks.stage import chunk_coords, packed_path
-    from tasks.zarr_v3 import chunk_path
+    from tasks.entry import MANIFEST, chunk_file, packed_path, slot_of
 
-    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    manifest = json.loads((entry / MANIFEST).read_text())
     files = []
     for name, arr in manifest["arrays"].items():
         for chunk, rec in arr["chunks"].items():
-            slot = None if chunk == "all" else int(chunk)
+            slot = slot_of(chunk)
             if packed and "tensorbin" in rec:
                 files.append(packed_path(entry, name, slot))
             else:
-                files.append(chunk_path(entry / name, chunk_coords(len(arr["attributes"]["logical_shape"]), slot)))
+                files.append(chunk_file(entry, name, len(arr["attributes"]["logical_shape"]), slot))
     return files
 
 

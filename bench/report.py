@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+from tasks.entry import MANIFEST
 from bench.harness import BENCH, DATA, _warm, median, run_child
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
@@ -80,7 +81,7 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
             "<= 0.2", median(raw["load"]) <= 0.2 * median(raw["naive"]))
 
     one = run_child("load", {"version": VERSION, "cache": str(caches["bf16"]), "embodiment": "gr1"})
-    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    manifest = json.loads((entry / MANIFEST).read_text())
     bank = sum(c["nbytes"] for a in manifest["arrays"].values() if a["attributes"]["embodiment_bank"] for c in a["chunks"].values())
     rest = sum(c["nbytes"] for a in manifest["arrays"].values() if not a["attributes"]["embodiment_bank"] for c in a["chunks"].values())
     share = (one["bytes"] - rest) / bank

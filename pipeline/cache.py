@@ -23,8 +23,7 @@ from tasks.plan import Plan, Target
 from tasks import source
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError
-from tasks.publish import MANIFEST
-from tasks.stage import checksum, chunk_coords, packed_path
+from tasks.entry import MANIFEST, chunk_file, matches, packed_path, ref_key, slot_of
 from tasks.zarr_v3 import array_metadata, chunk_path, write_json_atomic
 
 CACHE_FORMAT = 2               # bump when the on-disk layout changes (cache/README.md, "Versioning")
@@ -84,11 +83,6 @@ def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, s
 
 def entry_name(ident: Mapping[str, object]) -> str:
     return f"{ident['version']}-{ident['layout']}-{ident['profile']}-{str(ident['fingerprint'])[:20]}"
-
-
-def ref_name(version: str, layout: str, profile: str) -> str:
-    """The ref naming the entry last converted for this version, layout and profile (cache/README.md, "refs/")."""
-    return f"refs/{version}-{layout}-{profile}.json"
 
 
 def entries_dir(root: Path) -> Path:
@@ -188,29 +182,29 @@ def verify_entry(entry: Entry) -> list[str]:
     """Every chunk the manifest lists must exist with its size and xxh3; returns the problems (empty: valid)."""
     problems = []
     for name, arr in entry.manifest["arrays"].items():
-        for chunk, rec in arr["chunks"].items():
-            coords = chunk_coords(len(arr["chunk_shape"]) - (1 if chunk != "all" else 0), None if chunk == "all" else int(chunk))
-            path = chunk_path(entry.path / name, coords)
+        for key, rec in arr["chunks"].items():
+            slot = slot_of(key)
+            path = chunk_file(entry.path, name, len(arr["attributes"]["logical_shape"]), slot)
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
                 problems.append(f"{path}: chunk listed in the manifest is missing")
                 continue
-            if len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
+            if not matches(data, rec):
                 problems.append(f"{path}: chunk bytes do not match the manifest checksum (tampered or corrupt)")
             if "tensorbin" in rec:
-                packed = packed_path(entry.path, name, None if chunk == "all" else int(chunk))
-                if not packed.is_file() or checksum(packed.read_bytes()) != rec["tensorbin"]["xxh3"]:
+                packed = packed_path(entry.path, name, slot)
+                if not packed.is_file() or not matches(packed.read_bytes(), rec["tensorbin"]):
                     problems.append(f"{packed}: packed tensor is missing or does not match the manifest checksum")
     return problems
 
 
 def set_ref(root: Path, version: str, layout: str, profile: str, name: str) -> None:
-    write_json_atomic(root / ref_name(version, layout, profile), {"entry": name, "updated_unix": time.time()})
+    write_json_atomic(root / ref_key(version, layout, profile), {"entry": name, "updated_unix": time.time()})
 
 
 def resolve_ref(root: Path, version: str, layout: str, profile: str) -> Entry:
-    ref = root / ref_name(version, layout, profile)
+    ref = root / ref_key(version, layout, profile)
     try:
         name = json.loads(ref.read_text())["entry"]
     except FileNotFoundError:

@@ -27,6 +27,7 @@ from pipeline.synth import synthesize
 from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks import device as tt
 from tasks.checkpoint import Checkpoint
+from tasks.entry import entry_key
 from tasks.errors import PipelineError
 
 LAYOUT_HELP = ("tt-n16 (what tt-metal's GR00T N1.6 port builds; n16's default) or generic (the original unpadded "
@@ -258,7 +259,7 @@ def _cache_remote(a: argparse.Namespace, store) -> dict:
                                 else f"older than {a.older_than_days:g} days", "bytes": r["bytes"], "refs": r["refs"]})
         if not a.dry_run:
             for r in removed:
-                store.delete(f"entries/{r['entry']}")
+                store.delete(entry_key(r["entry"]))
                 for ref in r["refs"] if (a.include_current or r["reason"] == "corrupt" or a.action == "rm") else []:
                     store.delete(f"refs/{ref}.json")
         if not a.json:

@@ -22,8 +22,8 @@ from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
-from tasks.publish import MANIFEST
-from tasks.stage import PROGRESS_DIR, already_staged
+from tasks.entry import MANIFEST, PROGRESS_DIR, entry_key, manifest_key, ref_key
+from tasks.stage import already_staged
 
 
 @dataclass(frozen=True)
@@ -117,19 +117,19 @@ def _convert_to_store(opts: ConvertOptions) -> dict:
     ck, plan, slots, ident, _ = prepare(local)
     ck.close()
     name = cache.entry_name(ident)
-    ref = (cache.ref_name(opts.version, plan.layout, plan.profile), {"entry": name, "updated_unix": time.time()})
-    manifest = None if opts.force else store.get_json(f"entries/{name}/MANIFEST.json")
+    ref = (ref_key(opts.version, plan.layout, plan.profile), {"entry": name, "updated_unix": time.time()})
+    manifest = None if opts.force else store.get_json(manifest_key(name))
     if manifest is not None and manifest.get("fingerprint") == ident["fingerprint"]:
         store.put_json(*ref)
         return {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
-                "cache_path": store.describe(f"entries/{name}"), "slots": list(slots), "targets": len(plan.targets),
+                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
                 "skipped": dict(plan.skipped), "source": ident["source"], "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
                 "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     summary = convert(local)
     pushed = push_entry(Path(summary["cache_path"]), store, name, opts.progress)
     store.put_json(*ref)
     return {**summary, "cache_hit": False, "local_build": summary["cache_path"],
-            "cache_path": store.describe(f"entries/{name}"), "pushed_bytes": pushed,
+            "cache_path": store.describe(entry_key(name)), "pushed_bytes": pushed,
             "seconds": time.perf_counter() - t0}
 
 

@@ -22,7 +22,7 @@ from pipeline.recipe import resolve
 from pipeline.versions import load_config
 from tasks import device as tt
 from tasks.errors import CacheError, ConfigError
-from tasks.stage import checksum, chunk_coords, packed_path
+from tasks.entry import WHOLE, entry_key, chunk_coords, chunk_key, manifest_key, matches, packed_path, ref_key, slot_of
 from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, map_chunk, read_chunk_into
 
 
@@ -75,7 +75,7 @@ class _RemoteEntry:
 
     def __init__(self, store: Store, name: str):
         self.store, self.name = store, name
-        self.prefix = f"entries/{name}"
+        self.prefix = entry_key(name)
         self._tmp = tempfile.TemporaryDirectory(prefix="gr00t-packed-")
 
     def describe(self, rel: str) -> str:
@@ -108,16 +108,15 @@ def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str |
     if is_url(cache_dir):
         cache_dir = requested_root(cache_dir)
         store = open_store(cache_dir)
-        ref_key = cache.ref_name(version, layout, profile)
-        ref = store.get_json(ref_key)
+        ref = store.get_json(ref_key(version, layout, profile))
         if ref is None:
-            raise CacheError(f"{store.describe(ref_key)}: no converted {version} ({layout}, {profile}) in this cache; "
+            raise CacheError(f"{store.describe(ref_key(version, layout, profile))}: no converted {version} ({layout}, {profile}) in this cache; "
                              f"run `python -m pipeline convert --version {version} --layout {layout} --profile "
                              f"{profile} --cache {cache_dir}` first")
         name = ref["entry"]
-        manifest = store.get_json(f"entries/{name}/MANIFEST.json")
+        manifest = store.get_json(manifest_key(name))
         if manifest is None or not name.endswith(str(manifest.get("fingerprint", ""))[:20] or "-"):
-            raise CacheError(f"{store.describe(f'entries/{name}/MANIFEST.json')}: missing or not the manifest of "
+            raise CacheError(f"{store.describe(manifest_key(name))}: missing or not the manifest of "
                              f"{name}; the entry was never completely pushed — convert again")
         return _RemoteEntry(store, name), manifest
     chosen = cache.choose_entry(cache.cache_root(cache_dir), version, layout, profile, entry, revision, slot, source)
@@ -127,12 +126,12 @@ def _open_entry(version: str, layout: str, profile: str, cache_dir: Path | str |
 def _read_chunk(entry, name: str, chunk: str, rec: dict, shape: list[int], out: np.ndarray | None) -> np.ndarray:
     """One chunk, checked against its manifest checksum (the pass that touches every byte): read into `out` (a
     slot's slice of a whole bank) or fetched on its own (mapped, locally)."""
-    coords = chunk_coords(len(shape), None if chunk == "all" else int(chunk))
+    coords = chunk_coords(len(shape), slot_of(chunk))
     if out is None:
         out = entry.fetch(name, coords, shape)
     else:
         entry.read_into(name, coords, out)
-    if checksum(out) != rec["xxh3"]:
+    if not matches(out, rec):
         raise CacheError(f"{entry.describe(name)}: chunk {chunk} does not match its manifest checksum (tampered or "
                          "corrupt); run `python -m pipeline cache verify` and convert again with --force")
     return out
@@ -143,25 +142,25 @@ def _plan_reads(manifest: dict, slot: int | None) -> list[tuple[str, str, dict, 
     for name, arr in manifest["arrays"].items():
         shape = arr["attributes"]["logical_shape"]
         if not arr["attributes"]["embodiment_bank"]:
-            reads.append((name, "all", arr["chunks"]["all"], shape))
+            reads.append((name, WHOLE, arr["chunks"][WHOLE], shape))
             continue
         wanted = [slot] if slot is not None else list(range(arr["shape"][0]))
         for s in wanted:
-            if str(s) not in arr["chunks"]:
+            if chunk_key(s) not in arr["chunks"]:
                 have = ", ".join(sorted(arr["chunks"], key=int))
                 raise CacheError(f"{name}: embodiment slot {s} was not converted into this entry (it holds slots "
                                  f"{have}); convert with --embodiments {s} or all")
-            reads.append((name, str(s), arr["chunks"][str(s)], shape))
+            reads.append((name, chunk_key(s), arr["chunks"][chunk_key(s)], shape))
     return reads
 
 
 def _read_packed(entry, name: str, chunk: str, rec: dict):
     """ttnn's `.tensorbin` of a packed target: its bytes are read once (checked, and the pages warmed), then ttnn
     maps the same file."""
-    path, data = entry.packed_file(name, None if chunk == "all" else int(chunk))
+    path, data = entry.packed_file(name, slot_of(chunk))
     if data is None:
         raise CacheError(f"{path}: packed tensor listed in the manifest is missing; convert again with --force")
-    if len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
+    if not matches(data, rec):
         raise CacheError(f"{path}: packed tensor does not match its manifest checksum (tampered or corrupt); "
                          "convert again with --force")
     return tt.load_packed(path)

@@ -20,7 +20,8 @@ from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
 from tasks.publish import content_id
 from tasks.source import VerifiedShard, verify_shard
-from tasks.stage import Staged, chunk_coords, packed_path, progress_path
+from tasks.entry import chunk_coords, chunk_key, packed_path, progress_path
+from tasks.stage import Staged
 from tasks.zarr_v3 import chunk_path, write_json_atomic
 
 
@@ -84,7 +85,7 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
         if holder[t.name] is None:
             continue
         entry, name = holder[t.name]
-        rec = entry.manifest["arrays"][name]["chunks"].get("all" if slot is None else str(slot))
+        rec = entry.manifest["arrays"][name]["chunks"].get(chunk_key(slot))
         if rec is None or (t.device_file and "tensorbin" not in rec):  # same bytes, but its device file is wanted
             continue
         coords = chunk_coords(len(t.shape), slot)

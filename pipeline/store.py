@@ -14,11 +14,11 @@ import shutil
 import sys
 import time
 from abc import ABC, abstractmethod
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tasks.errors import CacheError
-from tasks.stage import checksum, chunk_coords, packed_path
-from tasks.zarr_v3 import chunk_path, write_bytes_atomic
+from tasks.entry import MANIFEST, chunk_file, entry_key, manifest_key, matches, packed_path, slot_of
+from tasks.zarr_v3 import write_bytes_atomic
 
 
 class Store(ABC):
@@ -141,7 +141,7 @@ def remote_entries(store: Store) -> dict[str, dict | None]:
     names = sorted({key.split("/")[1] for key in store.list("entries") if key.count("/") >= 2})
     out = {}
     for name in names:
-        manifest = store.get_json(f"entries/{name}/MANIFEST.json")
+        manifest = store.get_json(manifest_key(name))
         out[name] = manifest if manifest and name.endswith(str(manifest.get("fingerprint", ""))[:20]) else None
     return out
 
@@ -158,18 +158,16 @@ def remote_refs(store: Store) -> dict[str, list[str]]:
 
 def verify_remote(store: Store, name: str, manifest: dict) -> list[str]:
     """Every chunk and device file the manifest lists must exist with its size and xxh3 (one GET each)."""
-    problems, base = [], Path("entries") / name
+    problems, base = [], PurePosixPath(entry_key(name))
     for array, arr in manifest["arrays"].items():
         for chunk, rec in arr["chunks"].items():
-            slot = None if chunk == "all" else int(chunk)
-            key = chunk_path(base / array, chunk_coords(len(arr["attributes"]["logical_shape"]), slot)).as_posix()
-            data = store.get(key)
-            if data is None or len(data) != rec["nbytes"] or checksum(data) != rec["xxh3"]:
+            slot = slot_of(chunk)
+            key = str(chunk_file(base, array, len(arr["attributes"]["logical_shape"]), slot))
+            if not matches(store.get(key), rec):
                 problems.append(f"{store.describe(key)}: chunk is missing or does not match the manifest checksum")
             if "tensorbin" in rec:
-                packed = packed_path(base, array, slot).as_posix()
-                data = store.get(packed)
-                if data is None or checksum(data) != rec["tensorbin"]["xxh3"]:
+                packed = str(packed_path(base, array, slot))
+                if not matches(store.get(packed), rec["tensorbin"]):
                     problems.append(f"{store.describe(packed)}: device file is missing or does not match")
     return problems
 
@@ -178,11 +176,11 @@ def push_entry(local_entry: Path, store: Store, name: str, progress: bool = Fals
     """Copy a published local entry to `store` under entries/<name>/: every object, then the manifest last.
     Objects already there with the same size are skipped (they are named by content). Returns bytes sent."""
     sent = 0
-    existing = set(store.list(f"entries/{name}"))
-    files = sorted(p for p in local_entry.rglob("*") if p.is_file() and p.name != "MANIFEST.json")
+    existing = set(store.list(entry_key(name)))
+    files = sorted(p for p in local_entry.rglob("*") if p.is_file() and p.name != MANIFEST)
     total, t0, last = sum(p.stat().st_size for p in files), time.perf_counter(), time.perf_counter()
     for path in files:
-        key = f"entries/{name}/{path.relative_to(local_entry)}"
+        key = f"{entry_key(name)}/{path.relative_to(local_entry)}"
         if key in existing:
             continue
         data = path.read_bytes()
@@ -192,6 +190,6 @@ def push_entry(local_entry: Path, store: Store, name: str, progress: bool = Fals
             last = time.perf_counter()
             print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe('entries/' + name)}, "
                   f"{last - t0:.0f} s", file=sys.stderr, flush=True)
-    manifest = (local_entry / "MANIFEST.json").read_bytes()
-    store.put(f"entries/{name}/MANIFEST.json", manifest)
+    manifest = (local_entry / MANIFEST).read_bytes()
+    store.put(manifest_key(name), manifest)
     return sent + len(manifest)

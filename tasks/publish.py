@@ -19,10 +19,10 @@ from typing import Mapping, Sequence
 
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
-from tasks.stage import PROGRESS_DIR, Staged
+from tasks.entry import MANIFEST, PROGRESS_DIR, chunk_key
+from tasks.stage import Staged
 from tasks.zarr_v3 import group_metadata, write_json_atomic
 
-MANIFEST = "MANIFEST.json"
 
 
 def unit_done(unit: str, staged: Sequence[Staged | tuple], verified: Sequence[VerifiedShard]) -> dict:
@@ -70,7 +70,7 @@ def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], te
         record = {"nbytes": s.nbytes, "xxh3": s.xxh3, "max_abs_err": s.max_abs_err, "pcc": s.pcc}
         if s.packed_xxh3 is not None:
             record["tensorbin"] = {"nbytes": s.packed_nbytes, "xxh3": s.packed_xxh3}
-        arrays[s.name]["chunks"]["all" if s.slot is None else str(s.slot)] = record
+        arrays[s.name]["chunks"][chunk_key(s.slot)] = record
     return arrays
 
 

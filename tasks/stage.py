@@ -11,14 +11,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-import xxhash
-
 from tasks.convert import Converted
+from tasks.entry import PROGRESS_DIR, checksum, chunk_coords, packed_path, progress_path
 from tasks.zarr_v3 import chunk_path, write_bytes_atomic, write_chunk
 
-PROGRESS_DIR = ".staged"
-PACKED_DIR = "tensorbin"
 
 
 @dataclass(frozen=True)
@@ -31,31 +27,6 @@ class Staged:
     pcc: float
     packed_nbytes: int | None = None
     packed_xxh3: str | None = None
-
-
-def checksum(data: np.ndarray | bytes | memoryview) -> str:
-    """xxh3-64 of raw bytes (about 10 GB/s: cheap enough to verify every chunk on every load)."""
-    if isinstance(data, np.ndarray):
-        data = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-    return xxhash.xxh3_64_hexdigest(data)
-
-
-def _chunk_name(name: str, slot: int | None) -> str:
-    return name + ("" if slot is None else f"@{slot}")
-
-
-def progress_path(entry: Path, name: str, slot: int | None) -> Path:
-    return entry / PROGRESS_DIR / (_chunk_name(name, slot) + ".json")
-
-
-def packed_path(entry: Path, name: str, slot: int | None) -> Path:
-    """Where a packed target's `.tensorbin` lives (outside the arrays, so Zarr readers never see it)."""
-    return entry / PACKED_DIR / (_chunk_name(name, slot) + ".tensorbin")
-
-
-def chunk_coords(ndim: int, slot: int | None) -> tuple[int, ...]:
-    """Whole-array targets are one chunk; an embodiment bank has one chunk per slot."""
-    return (0,) * ndim if slot is None else (slot,) + (0,) * ndim
 
 
 def stage_target(entry: Path | str, converted: Converted) -> Staged:
