@@ -8,7 +8,7 @@ import json
 import sys
 
 from bench.children import CHILDREN
-from bench.report import run_all, run_port
+from bench.report import run_all, run_port, run_zarr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--scale", choices=("tiny", "full"), default="full")
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
-    p.add_argument("--only", choices=("port",), help="port: only the tt-n16 rows against the port's own path "
+    p.add_argument("--only", choices=("port", "zarr"), help="port: only the tt-n16 rows against the port's own path; zarr: zarr-python against our Zarr writer and reader "
                                                      "(writes bench/port-results.*)")
     a = p.parse_args(argv)
     if a.child:
@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.only == "port":
         return run_port(a.scale, a.runs, a.cold)
+    if a.only == "zarr":
+        return run_zarr(a.scale, a.runs)
     return run_all(a.scale, a.runs, a.cold) or run_port(a.scale, a.runs, a.cold)
 
 

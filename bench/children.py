@@ -282,8 +282,54 @@ def _child_as_tensor_port(a: dict) -> dict:
     return {"seconds": time.perf_counter() - t0, "bytes": touched, "tensors": n}
 
 
+def _child_zarr_io(a: dict) -> dict:
+    """Our Zarr v3 writer/reader against zarr-python's on the same arrays (every bf16 array of an entry, whole
+    banks): write timed per array with its data already in memory, then read it all back. `impl` is ours or
+    zarr-python; both write uncompressed uint16 chunks of the same shapes."""
+    import shutil
+
+    import numpy as np
+    import zarr
+
+    from tasks.entry import MANIFEST, chunk_coords, chunk_file, slot_of
+    from tasks.zarr_v3 import read_chunk_into, write_chunk
+
+    entry, out = Path(a["entry"]), Path(a["scratch"])
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    arrays = json.loads((entry / MANIFEST).read_text())["arrays"]
+    write = read = 0.0
+    total = 0
+    group = zarr.open_group(str(out), mode="w", zarr_format=3) if a["impl"] == "zarr-python" else None
+    for name, arr in arrays.items():
+        ndim = len(arr["attributes"]["logical_shape"])
+        chunks = {slot_of(k): np.fromfile(chunk_file(entry, name, ndim, slot_of(k)), np.uint16).reshape(arr["chunk_shape"])
+                  for k in arr["chunks"]}
+        total += sum(c.nbytes for c in chunks.values())
+        t0 = time.perf_counter()
+        if group is not None:
+            z = group.create_array(name, shape=arr["shape"], chunks=arr["chunk_shape"], dtype="uint16",
+                                   compressors=None, filters=None, fill_value=0)
+            for slot, data in chunks.items():
+                z[(slice(slot, slot + 1),) if slot is not None else ...] = data
+        else:
+            for slot, data in chunks.items():
+                write_chunk(out / name, chunk_coords(ndim, slot), data)
+        write += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for slot, data in chunks.items():
+            back = np.empty_like(data)
+            if group is not None:
+                back[...] = group[name][(slice(slot, slot + 1),) if slot is not None else ...]
+            else:
+                read_chunk_into(out / name, chunk_coords(ndim, slot), back)
+        read += time.perf_counter() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": write + read, "write_seconds": write, "read_seconds": read, "bytes": total}
+
+
 CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_convert, _child_raw_copy, _child_load, _child_raw_read,
                                                      _child_naive, _child_as_tensor, _child_plain_loop,
-                                                     _child_port_path, _child_as_tensor_port)}
+                                                     _child_port_path, _child_as_tensor_port, _child_zarr_io)}
 
 

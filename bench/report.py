@@ -213,6 +213,29 @@ def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(P
     return 0
 
 
+def run_zarr(scale: str, runs: int) -> int:
+    """zarr-python against our Zarr v3 writer and reader, on every bf16 array of the full tt-n16 entry."""
+    cache = DATA / f"cache-{scale}-tt-n16-port"
+    entries = sorted((cache / "entries").glob("n16-*")) if (cache / "entries").is_dir() else []
+    if not entries:
+        print(f"no entry in {cache}: run `python -m bench --only port` first", flush=True)
+        return 1
+    raw: dict[str, list] = {"ours": [], "zarr-python": []}
+    for _ in range(runs):
+        for impl in raw:
+            _warm(entries[-1])
+            raw[impl].append(run_child("zarr_io", {"entry": str(entries[-1]), "scratch": str(DATA / "zarr-scratch"),
+                                                   "impl": impl}))
+            print(f"  {impl}: write {raw[impl][-1]['write_seconds']:.2f} s, read {raw[impl][-1]['read_seconds']:.2f} s",
+                  flush=True)
+    out = _out(scale)
+    summary = {impl: {k: median(r, k) for k in ("write_seconds", "read_seconds", "seconds", "cpu_seconds")} |
+               {"bytes": r[0]["bytes"]} for impl, r in raw.items()}
+    (out / "zarr-results.json").write_text(json.dumps({"summary": summary, "runs": raw}, indent=1))
+    print(json.dumps(summary, indent=1), flush=True)
+    return 0
+
+
 def _markdown(rows: list[dict], context: dict, out: Path) -> None:
     lines = [f"Measured {context['date']} on {context['cores']} cores, {context['version']} {context['scale']} "
              f"synthetic checkpoint, median of {context['runs']} runs, page cache {context['page_cache']}; "
