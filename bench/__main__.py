@@ -18,8 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--scale", choices=("tiny", "full"), default="full")
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
-    p.add_argument("--only", choices=("port", "zarr"), help="port: only the tt-n16 rows against the port's own path; zarr: zarr-python against our Zarr writer and reader "
-                                                     "(writes bench/port-results.*)")
+    p.add_argument("--only", choices=("port", "zarr"),
+                   help="port: only the tt-n16 rows against the port's own path (bench/port-results.*); "
+                        "zarr: zarr-python against our Zarr writer and reader (bench/zarr-results.json)")
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
