@@ -21,6 +21,7 @@ from pipeline.store import Store, is_url, open_store, requested_root
 from pipeline.recipe import resolve
 from pipeline.versions import load_config
 from tasks import device as tt
+from tasks import tensorbin
 from tasks.errors import CacheError, ConfigError
 from tasks.entry import WHOLE, entry_key, chunk_coords, chunk_key, manifest_key, matches, packed_path, ref_key, slot_of
 from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path, map_chunk, read_chunk_into
@@ -218,7 +219,7 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
     nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
     host = {name for name, arr in arrays.items() if arr["attributes"].get("host_only")}
     if as_ttnn:
-        out = {name: tt.to_host_tensor(data, arrays[name]["attributes"]["device_dtype"],
+        out = {name: tensorbin.host_tensor(data, arrays[name]["attributes"]["device_dtype"],
                                        arrays[name]["attributes"]["device_layout"])
                for (name, _, _, _), data in zip(plain, chunks) if name not in host}
         out |= {r[0]: t for r, t in zip(packed, packed_tensors)}

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.device import _ttnn, widen_bf16  # ttnn itself stays lazy there
+from tasks.device import _ttnn, to_host_tensor, widen_bf16  # ttnn itself stays lazy there
 
 TILE, FACE = 32, 16
 _BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor
@@ -255,3 +255,18 @@ def tensorbin(array: np.ndarray, dtype: str) -> tuple[np.ndarray, Packed] | None
     out[:len(head)] = np.frombuffer(head, np.uint8)
     packed = pack(array, dtype, out[len(head):])
     return out, packed
+
+
+_SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # memory-backed: the file is only a hand-over
+
+
+def host_tensor(array: np.ndarray, dtype: str, layout: str):
+    """A ttnn host tensor of a bf16 array in `dtype`/`layout`: for TILE, the numpy-made `.tensorbin` handed to
+    `ttnn.load_tensor` through a memory-backed file (~10x ttnn's conversion from float32 here); else ttnn's own."""
+    made = tensorbin(array, dtype) if layout == "TILE" else None
+    if made is None:
+        return to_host_tensor(array, dtype, layout)
+    with tempfile.NamedTemporaryFile(suffix=".tensorbin", dir=_SCRATCH) as fh:
+        fh.write(memoryview(made[0]))
+        fh.flush()
+        return _ttnn().load_tensor(fh.name)

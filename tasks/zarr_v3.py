@@ -5,6 +5,12 @@ encoding with `/`, one `bytes` codec (little endian) and nothing else: a chunk f
 bytes. So a chunk can be written and read with one system call into a caller's buffer, with no per-array
 library overhead, and zarr-python (or any v3 reader) still opens the result. Chunk files are written to a unique
 temporary name and renamed into place, so a reader never sees a torn chunk.
+
+Measured against zarr-python 3.1 (`python -m bench --only zarr`, bench/zarr-results.json): writing and reading back
+every bf16 array of the full-size N1.6 tt-n16 entry (6.24 GB, 986 arrays, banks chunked per slot), page cache warm,
+median of 2 on 2 cores: this module 3.16 s write + 1.33 s read = 4.49 s (7.2 s CPU); zarr-python (no compressor, same
+chunks) 13.67 s + 3.66 s = 17.33 s (20.9 s CPU), 3.9x. So the project keeps its own, and zarr-python is a test
+dependency only: the independent reader the tests open every entry with.
 """
 
 from __future__ import annotations

@@ -212,3 +212,37 @@ def test_progress_off_a_terminal_is_periodic_lines_on_stderr(capsys):
         dask.get(graph, list(graph))
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("progress: 1/5 tasks (20 %)") and err[-1].startswith("progress: 5/5 tasks done in ")
+
+
+def test_graph_with_an_unknown_suffix_and_a_bad_scheduler_on_a_cache_hit_are_one_line_errors(hf_cache, tmp_path):
+    proc = _cli("graph", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--out", str(tmp_path / "x.txt"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--out must end in .svg, .png" in proc.stderr
+    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+            "--cache", str(tmp_path))
+    assert _cli(*args).returncode == 0
+    proc = _cli(*args, "--scheduler", "dask")  # a cache hit still refuses what it could not run
+    assert proc.returncode == 2 and "unknown scheduler 'dask'" in proc.stderr
+
+
+def test_synth_says_what_it_wrote_and_convert_counts_targets_and_chunks_apart(tmp_path, hf_cache):
+    proc = _cli("synth", "--version", "n17", "--cache", str(tmp_path / "c"))
+    assert proc.returncode == 0 and proc.stdout.startswith("wrote a SYNTHETIC n17 (tiny scale, seed 0) to ")
+    assert str(tmp_path / "c" / "hf") in proc.stdout  # under the cache root, never the user's HF cache
+    proc = _cli("convert", "--version", "n17", "--synthetic", "tiny", "--cache", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stderr
+    assert "chunks resumed" not in proc.stdout  # said only when something was resumed
+    assert "all 1320 chunks (886 targets, banks one chunk per slot)" in proc.stdout
+
+
+def test_the_processes_scheduler_prints_its_dashboard_on_stderr(hf_cache, tmp_path):
+    proc = _cli("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+                "--cache", str(tmp_path), "--scheduler", "processes")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "dask dashboard: http://" in proc.stderr and "converted in" in proc.stdout  # (--json runs without one)
+
+
+def test_a_bench_smoke_run_never_writes_over_the_committed_results():
+    from bench.report import _out
+    from bench.harness import BENCH, DATA
+
+    assert _out("full") == BENCH and _out("tiny") == DATA / "results-tiny"

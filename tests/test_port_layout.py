@@ -134,3 +134,19 @@ def test_padded_dit_attention_computes_the_same_function(attn_entry, attn_snapsh
     assert q.shape == (17, 32 * 64) and k.shape == (40 if kv_dim == 2048 else 17, 32 * 64)
     padded = _attention(q, k, v, 32, 1 / math.sqrt(48)) @ ours[n + "to_out_padded.0.weight"] + ours[n + "to_out.0.bias"]
     _close(padded, reference)
+
+
+def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots, tmp_path):
+    """The bf16 plan keeps no .tensorbin: a reload tilizes in numpy and hands ttnn the bytes; same tensors as ttnn's."""
+    convert(ConvertOptions("n16", "bf16", embodiments="gr1", snapshot=snapshots["n16"], cache_root=tmp_path, progress=False))
+    host = load("n16", tmp_path, "gr1", profile="bf16", ttnn_host=True)
+    values = load("n16", tmp_path, "gr1", profile="bf16").tensors
+    checked = 0
+    for name, mine in host.tensors.items():
+        if isinstance(mine, torch.Tensor):  # host-only targets stay torch float32
+            continue
+        theirs = ttnn.from_torch(values[name], dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT)
+        assert (mine.dtype, mine.layout, tuple(mine.padded_shape)) == (theirs.dtype, theirs.layout, tuple(theirs.padded_shape))
+        assert torch.equal(ttnn.to_torch(mine).view(torch.int16), ttnn.to_torch(theirs).view(torch.int16)), name
+        checked += 1
+    assert checked > 900
