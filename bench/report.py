@@ -255,18 +255,15 @@ def _chart(rows: list[dict], raw: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
-    stages = sorted({s for r in raw["convert_bf16"] + raw["convert_bfp8"] for s in r["stage_seconds"]})
     runs = [(f"bf16 #{i + 1}", r) for i, r in enumerate(raw["convert_bf16"])] + \
            [(f"bfp8 #{i + 1}", r) for i, r in enumerate(raw["convert_bfp8"])]
-    bottom = [0.0] * len(runs)
-    for stage in stages:
-        values = [r["stage_seconds"].get(stage, 0.0) for _, r in runs]
-        left.bar([n for n, _ in runs], values, bottom=bottom, label=stage)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    left.set_title("convert: task seconds per stage (summed over tasks), per run")
+    xs = range(len(runs))
+    left.bar([x - 0.2 for x in xs], [r["seconds"] for _, r in runs], width=0.4, label="wall (in the child)")
+    left.bar([x + 0.2 for x in xs], [r["cpu_seconds"] for _, r in runs], width=0.4, label="CPU, user + sys (whole process)")
+    left.set_xticks(list(xs), [n for n, _ in runs], rotation=45)
+    left.set_title("convert: wall and CPU time per run (per-stage task-seconds are in results.json)")
     left.set_ylabel("seconds")
     left.legend(fontsize=8)
-    left.tick_params(axis="x", rotation=45)
     ratios = [r for r in rows if r["baseline"] is not None]
     goals = [float(r["goal"].split()[-1]) for r in ratios]
     colors = ["tab:green" if r["holds"] else "tab:red" for r in ratios]
