@@ -120,12 +120,12 @@ def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
                            progress=False))
     store = open_store(s3_url)
     name = store.get_json("refs/n17-generic-bf16.json")["entry"]
-    assert main(["cache", "verify", "--cache", s3_url]) == 0
+    assert main(["cache", "verify", name, "--cache", s3_url]) == 0  # (other tests tamper with their own entries)
     assert main(["cache", "gc", "--older-than-days", "0", "--cache", s3_url]) == 0  # in use: kept
     assert store.get_json(f"entries/{name}/MANIFEST.json") is not None
     key = next(k for k in store.list(f"entries/{name}") if "/c/" in k)
     store.put(key, b"\x00" * len(store.get(key)))
-    assert main(["cache", "verify", "--cache", s3_url]) == 2
+    assert main(["cache", "verify", name, "--cache", s3_url]) == 2
     assert main(["cache", "gc", "--cache", s3_url]) == 0  # corrupt: removed with its ref
     assert store.list(f"entries/{name}") == [] and store.get_json("refs/n17-generic-bf16.json") is None
     assert main(["cache", "verify", "nothere", "--cache", s3_url]) == 2
