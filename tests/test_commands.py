@@ -105,7 +105,10 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_next_run_resumes(hf_cache, tmp
         root = tmp_path / f"attempt{attempt}"
         cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache",
                str(hf_cache), "--cache", str(root), "--scheduler", "sync"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # as from a terminal: a background job (CI runs `make test` as one) inherits SIGINT ignored, and Python
+        # then never installs its Ctrl-C handler
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline, staged = time.time() + 60, 0
         while time.time() < deadline and proc.poll() is None:
             staged = len(list(entries_dir(root).glob("*.tmp-*/.staged/*.json"))) if entries_dir(root).exists() else 0
