@@ -195,10 +195,9 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
             raise ConfigError(f"load takes one embodiment (a tag or slot id) or all, not {embodiment!r}: slots {list(ids)}")
         slot = ids[0]
     opened, manifest = _open_entry(version, layout, profile, cache_dir, entry, revision, slot, source)
-    entry = opened
     as_ttnn = ttnn_host or device is not None
     if as_ttnn and slot is None and any(a["attributes"]["embodiment_bank"] for a in manifest["arrays"].values()):
-        raise CacheError(f"{entry.describe('')}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")
+        raise CacheError(f"{opened.describe('')}: device tensors hold one embodiment slot; pass embodiment= a tag or slot id")
     reads = _plan_reads(manifest, slot)
     arrays = manifest["arrays"]
 
@@ -213,8 +212,8 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
              for name, _, _, shape in plain if whole_bank(name)}
     outs = [banks[name][int(chunk)] if name in banks else None for name, chunk, _, _ in plain]
     with ThreadPoolExecutor(threads) as pool:
-        chunks = list(pool.map(lambda ro: _read_chunk(entry, *ro[0], ro[1]), zip(plain, outs)))
-        packed_tensors = list(pool.map(lambda r: _read_packed(entry, r[0], r[1], r[2]["tensorbin"]), packed))
+        chunks = list(pool.map(lambda ro: _read_chunk(opened, *ro[0], ro[1]), zip(plain, outs)))
+        packed_tensors = list(pool.map(lambda r: _read_packed(opened, r[0], r[1], r[2]["tensorbin"]), packed))
     buffers = {**{name: c for (name, _, _, _), c in zip(plain, chunks) if name not in banks}, **banks}
     nbytes = sum(c.nbytes for c in chunks) + sum(r[2]["tensorbin"]["nbytes"] for r in packed)
     host = {name for name, arr in arrays.items() if arr["attributes"].get("host_only")}
@@ -230,6 +229,6 @@ def load(version: str, cache_dir: Path | str | None = None, embodiment: str | in
         out = {name: torch.from_numpy(buf).view(torch.bfloat16) for name, buf in buffers.items()}
         out |= {name: out[name].float() for name in host}  # bf16 -> float32 is exact
     out = {name: out[name] for name in arrays if name in out}  # the plan's order
-    return Loaded(out, entry.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
+    return Loaded(out, opened.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
                                           "bytes_read": nbytes, "chunks": len(reads)},
                   manifest.get("layout", "generic"), tuple(sorted(banks)), manifest.get("source", {}))

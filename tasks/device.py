@@ -105,9 +105,16 @@ def pcc(a: np.ndarray, b: np.ndarray) -> float:
     for i in range(0, n, PCC_BLOCK):  # float32 BLAS within a block, float64 across blocks
         x, y = a[i:i + PCC_BLOCK].astype(np.float32), b[i:i + PCC_BLOCK].astype(np.float32)
         sums += (x.sum(dtype=np.float64), y.sum(dtype=np.float64), float(x @ x), float(y @ y), float(x @ y))
+    return pcc_from_sums(sums, n)
+
+
+def pcc_from_sums(sums: np.ndarray, n: int) -> float:
+    """Pearson correlation from (sum x, sum y, sum x², sum y², sum xy) over n values (1.0 for identical data)."""
     sx, sy, sxx, syy, sxy = sums
     cov, vx, vy = sxy - sx * sy / n, sxx - sx * sx / n, syy - sy * sy / n
-    return float(cov / np.sqrt(vx * vy)) if vx > 0 and vy > 0 else 0.0
+    if vx <= 0 or vy <= 0:
+        return 1.0 if sxx == syy == sxy else 0.0
+    return float(min(1.0, cov / np.sqrt(vx * vy)))
 
 
 def host_numerics(host, reference: np.ndarray) -> Numerics:

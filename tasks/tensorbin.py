@@ -29,17 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.device import _ttnn, to_host_tensor, widen_bf16  # ttnn itself stays lazy there
+from tasks.device import _ttnn, padded_shape, pcc_from_sums, to_host_tensor, widen_bf16  # ttnn itself stays lazy there
 
 TILE, FACE = 32, 16
 _BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor
-
-
-def padded(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape ttnn stores for TILE: the last two dims rounded up to 32 (rank 1 becomes [1, n])."""
-    full = (1, *shape) if len(shape) == 1 else tuple(shape)
-    up = lambda n: -(-n // TILE) * TILE  # noqa: E731
-    return (*full[:-2], up(full[-2]), up(full[-1]))
 
 
 def _faces(bits: np.ndarray) -> np.ndarray:
@@ -50,8 +43,8 @@ def _faces(bits: np.ndarray) -> np.ndarray:
 
 
 def _blocks(bits: np.ndarray):
-    """The tensor as 2-D [rows, cols] padded blocks of at most _ROWS_PER_BLOCK tile rows, in payload order."""
-    shape = padded(bits.shape)
+    """The tensor as 2-D [rows, cols] padded blocks of whole tile rows (about _BLOCK_ELEMENTS values), in payload order."""
+    shape = padded_shape(bits.shape, "TILE")
     flat = bits.reshape(-1, bits.shape[-1]) if bits.ndim > 1 else bits.reshape(1, -1)
     rows_per_matrix, cols = (bits.shape[-2] if bits.ndim > 1 else 1), bits.shape[-1]
     step = TILE * max(1, _BLOCK_ELEMENTS // (TILE * shape[-1]))
@@ -59,6 +52,9 @@ def _blocks(bits: np.ndarray):
         matrix = flat[m * rows_per_matrix:(m + 1) * rows_per_matrix]
         for r0 in range(0, shape[-2], step):
             r1 = min(r0 + step, shape[-2])
+            if r1 <= rows_per_matrix and cols == shape[-1]:  # nothing to pad: _faces copies it anyway
+                yield matrix[r0:r1]
+                continue
             block = np.zeros((r1 - r0, shape[-1]), np.uint16)
             src = matrix[r0:min(r1, rows_per_matrix)]
             block[:src.shape[0], :cols] = src
@@ -69,7 +65,7 @@ TILE_BYTES = {"bfloat16": 2 * TILE * TILE, "bfloat8_b": 64 + TILE * TILE}
 
 
 def payload_size(shape: tuple[int, ...], dtype: str) -> int:
-    p = padded(shape)
+    p = padded_shape(shape, "TILE")
     return int(np.prod(p[:-2], dtype=np.int64)) * (p[-2] // TILE) * (p[-1] // TILE) * TILE_BYTES[dtype]
 
 
@@ -78,14 +74,6 @@ class Packed:
     payload: np.ndarray   # uint8: the host buffer ttnn would hold
     max_abs_err: float    # of the values ttnn reads back, against the bf16 source
     pcc: float
-
-
-def _pcc(sums: np.ndarray, n: int) -> float:
-    sx, sy, sxx, syy, sxy = sums
-    cov, vx, vy = sxy - sx * sy / n, sxx - sx * sx / n, syy - sy * sy / n
-    if vx <= 0 or vy <= 0:
-        return 1.0 if sxx == syy == sxy else 0.0
-    return float(min(1.0, cov / np.sqrt(vx * vy)))
 
 
 def _reference_codes(bits: np.ndarray, gap: np.ndarray) -> np.ndarray:
@@ -171,12 +159,12 @@ def pack(array: np.ndarray, dtype: str, out: np.ndarray | None = None) -> Packed
     if dtype == "bfloat16":
         return Packed(out, 0.0, 1.0)
     # padding is zero on both sides, so sums over the padded tiles equal sums over the tensor itself
-    return Packed(out, worst, _pcc(sums, max(1, bits.size)))
+    return Packed(out, worst, pcc_from_sums(sums, max(1, bits.size)))
 
 
 def unpack_bfp8(payload: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The logical float32 values of a bfloat8_b TILE buffer (what `ttnn.to_torch` returns); for checks."""
-    p = padded(shape)
+    p = padded_shape(shape, "TILE")
     tiles = payload.reshape(-1, TILE_BYTES["bfloat8_b"])
     shared = tiles[:, :64].reshape(-1, 4, FACE, 1).astype(np.int32)
     values = _decoded(tiles[:, 64:].reshape(-1, 4, FACE, FACE), shared)
