@@ -133,6 +133,8 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     _markdown(rows, context, out)
     _chart(rows, raw, out)
     print(f"wrote {out / 'results.md'}, results.json, results.png", flush=True)
+    for scratch in (*ast.values(), DATA / "cache-overhead", DATA / "scratch"):  # ~20 GB at full scale
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
@@ -210,6 +212,10 @@ def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(P
                      f"{'yes' if r['holds'] else '**no**'} |")
     (out / "port-results.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'port-results.md'}", flush=True)
+    for plan in plans:  # keep the port plan's entry (the zarr bench reads it); the rest is ~35 GB at full scale
+        shutil.rmtree(DATA / f"as_tensor-{scale}-tt-n16-{plan}", ignore_errors=True)
+        if plan != "port":
+            shutil.rmtree(DATA / f"cache-{scale}-tt-n16-{plan}", ignore_errors=True)
     return 0
 
 
