@@ -15,14 +15,14 @@ from pipeline import cache
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.recipe import build_plan
 from pipeline.reuse import Reuse, plan_reuse
-from pipeline.store import is_url, open_store, push_entry, requested_root
 from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
+from pipeline.store import is_url, open_store, push_entry, requested_root
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CacheError, ConfigError
-from tasks.plan import Plan, work_units
 from tasks.entry import MANIFEST, PROGRESS_DIR, entry_key, manifest_key, ref_key
+from tasks.plan import Plan, work_units
 from tasks.stage import already_staged
 
 
