@@ -1,0 +1,62 @@
+"""The cache format, pinned: a tiny entry's manifest and one chunk of each kind must equal a copy committed in
+tests/golden/ (written once, by the converter of 2026-11-30, before the entry code was restructured).
+
+What legitimately varies between runs is normalized first: the publish time, the snapshot folder, the
+fingerprint and the recipes hash (the last two change whenever configs/recipes.toml does). A deliberate format
+change regenerates the copy with `GOLDEN_UPDATE=1 pytest tests/test_golden_entry.py` and says so in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pipeline.convert import ConvertOptions, convert
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "n16-tt-n16-port-gr1"
+# One array of each kind: a whole bf16 TILE matrix, a bank slot (bf16, transposed never), a bfloat8_b matrix with
+# its `.tensorbin`, a host-only float32 norm, and a fused, head-padded projection.
+PINNED = {
+    "bank slot": ("action_encoder.W1.W", "c/20/0/0"),
+    "whole bf16": ("language.model.layers.0.self_attn.q_proj.weight", "c/0/0"),
+    "bfloat8_b": ("dit.transformer_blocks.0.ff.net.0.proj.weight", "c/0/0"),
+    "host only": ("language.model.layers.0.self_attn.q_norm.weight", "c/0"),
+    "fused, padded": ("vision.encoder.layers.0.self_attn.qkv_padded.weight", "c/0/0"),
+}
+VARYING = {"published_unix": 0, "fingerprint": "<fingerprint>", "recipes_sha256": "<recipes sha256>"}
+
+
+def _normalized_manifest(doc: dict) -> dict:
+    doc = {k: VARYING.get(k, v) for k, v in doc.items()}
+    doc["source"] = {**doc["source"], "snapshot": "<snapshot>"}
+    doc["arrays"] = {name: doc["arrays"][name] for name, _ in PINNED.values()}
+    return doc
+
+
+def _entry_files(entry: Path) -> dict[str, bytes]:
+    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    files = {"MANIFEST.json": (json.dumps(_normalized_manifest(manifest), indent=1) + "\n").encode()}
+    for name, chunk in PINNED.values():
+        files[f"{name}/zarr.json"] = (entry / name / "zarr.json").read_bytes()
+        files[f"{name}/{chunk}"] = (entry / name / chunk).read_bytes()
+        slot = chunk.split("/")[1] if manifest["arrays"][name]["attributes"]["embodiment_bank"] else None
+        packed = entry / "tensorbin" / (name + (f"@{slot}" if slot else "") + ".tensorbin")
+        if packed.exists():
+            files[f"tensorbin/{packed.name}"] = packed.read_bytes()
+    return files
+
+
+def test_a_tiny_entry_is_byte_for_byte_the_golden_copy(hf_cache, cache_root):
+    summary = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=cache_root,
+                                     embodiments="gr1", layout="tt-n16", profile="port", progress=False))
+    files = _entry_files(Path(summary["cache_path"]))
+    assert any(k.startswith("tensorbin/") for k in files), "the pinned bfloat8_b array must have its device file"
+    if os.environ.get("GOLDEN_UPDATE"):
+        for rel, data in files.items():
+            (GOLDEN / rel).parent.mkdir(parents=True, exist_ok=True)
+            (GOLDEN / rel).write_bytes(data)
+    golden = {str(p.relative_to(GOLDEN)): p.read_bytes() for p in sorted(GOLDEN.rglob("*")) if p.is_file()}
+    assert sorted(files) == sorted(golden)
+    for rel in golden:
+        assert files[rel] == golden[rel], f"{rel} differs from tests/golden/{GOLDEN.name}/{rel}"
