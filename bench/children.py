@@ -58,19 +58,12 @@ def _child_load(a: dict) -> dict:
     return {"seconds": time.perf_counter() - t0, "bytes": w.stats["bytes_read"], "tensors": w.stats["tensors"]}
 
 
-def _entry_files(entry: Path, packed: bool) -> list[Path]:
-    from tasks.entry import MANIFEST, chunk_file, packed_path, slot_of
+def _entry_files(path: Path, packed: bool) -> list[Path]:
+    from pipeline.cache import entry_at
 
-    manifest = json.loads((entry / MANIFEST).read_text())
-    files = []
-    for name, arr in manifest["arrays"].items():
-        for chunk, rec in arr["chunks"].items():
-            slot = slot_of(chunk)
-            if packed and "tensorbin" in rec:
-                files.append(packed_path(entry, name, slot))
-            else:
-                files.append(chunk_file(entry, name, len(arr["attributes"]["logical_shape"]), slot))
-    return files
+    entry = entry_at(path)
+    return [entry.store.path(entry.device_object(name, slot) if packed and rec.tensorbin else entry.chunk_object(name, slot))
+            for name, arr in entry.manifest.arrays.items() for slot, rec in arr.chunks.items()]
 
 
 def _child_raw_read(a: dict) -> dict:
@@ -291,24 +284,26 @@ def _child_zarr_io(a: dict) -> dict:
     import numpy as np
     import zarr
 
-    from tasks.entry import MANIFEST, chunk_coords, chunk_file, slot_of
-    from tasks.zarr_v3 import read_chunk_into, write_chunk
+    from pipeline.cache import entry_at
+    from tasks.entry import chunk_coords
+    from tasks.store import LocalStore
+    from tasks.zarr_v3 import chunk_path, write_chunk
 
-    entry, out = Path(a["entry"]), Path(a["scratch"])
+    entry, out = entry_at(Path(a["entry"])), Path(a["scratch"])
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    arrays = json.loads((entry / MANIFEST).read_text())["arrays"]
+    arrays = entry.manifest.arrays
     write = read = 0.0
     total = 0
     group = zarr.open_group(str(out), mode="w", zarr_format=3) if a["impl"] == "zarr-python" else None
     for name, arr in arrays.items():
-        ndim = len(arr["attributes"]["logical_shape"])
-        chunks = {slot_of(k): np.fromfile(chunk_file(entry, name, ndim, slot_of(k)), np.uint16).reshape(arr["chunk_shape"])
-                  for k in arr["chunks"]}
+        ndim = len(arr.logical_shape)
+        chunks = {slot: np.fromfile(entry.store.path(entry.chunk_object(name, slot)), np.uint16).reshape(arr.chunk_shape)
+                  for slot in arr.chunks}
         total += sum(c.nbytes for c in chunks.values())
         t0 = time.perf_counter()
         if group is not None:
-            z = group.create_array(name, shape=arr["shape"], chunks=arr["chunk_shape"], dtype="uint16",
+            z = group.create_array(name, shape=arr.shape, chunks=arr.chunk_shape, dtype="uint16",
                                    compressors=None, filters=None, fill_value=0)
             for slot, data in chunks.items():
                 z[(slice(slot, slot + 1),) if slot is not None else ...] = data
@@ -322,7 +317,7 @@ def _child_zarr_io(a: dict) -> dict:
             if group is not None:
                 back[...] = group[name][(slice(slot, slot + 1),) if slot is not None else ...]
             else:
-                read_chunk_into(out / name, chunk_coords(ndim, slot), back)
+                LocalStore(out).read_into(chunk_path(Path(name), chunk_coords(ndim, slot)).as_posix(), back)
         read += time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
     return {"seconds": write + read, "write_seconds": write, "read_seconds": read, "bytes": total}

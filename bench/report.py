@@ -9,10 +9,11 @@ import shutil
 import time
 from pathlib import Path
 
-from tasks.entry import MANIFEST
 from bench.harness import BENCH, DATA, _warm, median, run_child
+from pipeline.cache import entry_at, resolve_ref
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
+from tasks.store import LocalStore
 
 VERSION = "n16"  # the release whose layout is verified byte for byte
 
@@ -68,8 +69,7 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     peak = median(conv, "peak_rss_bytes")
     _metric(rows, "peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, "GB")
 
-    entry = Path(json.loads((caches["bf16"] / "refs" / f"{VERSION}-generic-bf16.json").read_text())["entry"])
-    entry = caches["bf16"] / "entries" / entry
+    entry = resolve_ref(LocalStore(caches["bf16"]), VERSION, "generic", "bf16").path
     raw["load"], raw["raw_read"], raw["naive"] = [], [], []
     for _ in range(runs):
         raw["load"].append(run_child("load", {"version": VERSION, "cache": str(caches["bf16"])}, cold))
@@ -81,9 +81,9 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
             "<= 0.2", median(raw["load"]) <= 0.2 * median(raw["naive"]))
 
     one = run_child("load", {"version": VERSION, "cache": str(caches["bf16"]), "embodiment": "gr1"})
-    manifest = json.loads((entry / MANIFEST).read_text())
-    bank = sum(c["nbytes"] for a in manifest["arrays"].values() if a["attributes"]["embodiment_bank"] for c in a["chunks"].values())
-    rest = sum(c["nbytes"] for a in manifest["arrays"].values() if not a["attributes"]["embodiment_bank"] for c in a["chunks"].values())
+    arrays = entry_at(entry).manifest.arrays
+    bank = sum(c.nbytes for a in arrays.values() if a.bank for c in a.chunks.values())
+    rest = sum(c.nbytes for a in arrays.values() if not a.bank for c in a.chunks.values())
     share = (one["bytes"] - rest) / bank
     _metric(rows, "one-embodiment bank bytes read / bank bytes", share, None, "<= 1/32 + 1%", share <= 1 / 32 + 0.01, "")
 

@@ -14,22 +14,22 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Mapping
 
 from pipeline.recipe import RECIPES_PATH
-from tasks.plan import Plan, Target
 from tasks import source
 from tasks.checkpoint import Checkpoint
+from tasks.entry import (ENTRIES, REFS, TMP_MARK, Entry, entry_key, list_entries, manifest_key, open_entry, read_ref,
+                         ref_key, refs)
 from tasks.errors import CacheError
-from tasks.entry import MANIFEST, chunk_file, matches, packed_path, ref_key, slot_of
-from tasks.zarr_v3 import array_metadata, chunk_path, write_json_atomic
+from tasks.plan import Plan, Target
+from tasks.store import LocalStore, Store, open_store
+from tasks.zarr_v3 import array_metadata, write_json_atomic
 
 CACHE_FORMAT = 2               # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "cache"
-TMP_MARK = ".tmp-"
 
 
 def cache_root(root: Path | str | None = None) -> Path:
@@ -86,7 +86,7 @@ def entry_name(ident: Mapping[str, object]) -> str:
 
 
 def entries_dir(root: Path) -> Path:
-    return root / "entries"
+    return root / ENTRIES
 
 
 def _pid_alive(pid: int) -> bool:
@@ -99,9 +99,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _tmp_owner(tmp: Path) -> int | None:
+def _tmp_owner(name: str) -> int | None:
     try:
-        return int(tmp.name.split(TMP_MARK, 1)[1].split("-", 1)[0])
+        return int(name.split(TMP_MARK, 1)[1].split("-", 1)[0])
     except (IndexError, ValueError):
         return None
 
@@ -113,7 +113,7 @@ def claim_tmp(root: Path, name: str) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     mine = base / f"{name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     for orphan in sorted(base.glob(f"*{TMP_MARK}*"), key=lambda p: p.stat().st_mtime, reverse=True):
-        owner = _tmp_owner(orphan)
+        owner = _tmp_owner(orphan.name)
         if owner is None or _pid_alive(owner):
             continue
         try:
@@ -147,150 +147,83 @@ def _array_meta(t: Target, slots: tuple[int, ...]) -> dict:
     return array_metadata(shape, chunks, array_attributes(t, slots))
 
 
-@dataclass(frozen=True)
-class Entry:
-    path: Path
-    manifest: dict
-
-    @property
-    def name(self) -> str:
-        return self.path.name
+def cache_store(root: Store | Path | str | None = None) -> Store:
+    """The cache `--cache` names, else $GR00T_CACHE (a folder or an object-store URL), else the project's folder."""
+    return open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
 
 
-def open_entry(path: Path) -> Entry:
-    """A published entry: its manifest must exist, parse, and carry the fingerprint its name promises."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise CacheError(f"{path}: no {MANIFEST}; the entry was never completely published — run `python -m pipeline "
-                         "cache gc` and convert again") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CacheError(f"{path / MANIFEST}: manifest is not valid JSON ({e}); convert again with --force") from e
-    fp = str(manifest.get("fingerprint", ""))
-    if not fp or not path.name.endswith(fp[:20]):
-        raise CacheError(f"{path / MANIFEST}: fingerprint {fp[:20] or 'missing'} does not match the entry name "
-                         f"{path.name}: the entry was copied or tampered with; convert again with --force")
-    return Entry(path, manifest)
+def build_root(store: Store) -> Path:
+    """Where entries are built: in the cache itself when it can publish by rename, else in the local cache (and
+    pushed from there, manifest last)."""
+    return store.root if isinstance(store, LocalStore) else cache_root(None)
 
 
-def find_entry(root: Path, name: str) -> Entry | None:
-    path = entries_dir(root) / name
-    return open_entry(path) if path.is_dir() else None
+def entry_at(path: Path) -> Entry:
+    """The published entry in a local folder `<root>/entries/<name>`."""
+    return open_entry(LocalStore(path.parent.parent), path.name)
 
 
-def verify_entry(entry: Entry) -> list[str]:
-    """Every chunk the manifest lists must exist with its size and xxh3; returns the problems (empty: valid)."""
-    problems = []
-    for name, arr in entry.manifest["arrays"].items():
-        for key, rec in arr["chunks"].items():
-            slot = slot_of(key)
-            path = chunk_file(entry.path, name, len(arr["attributes"]["logical_shape"]), slot)
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                problems.append(f"{path}: chunk listed in the manifest is missing")
-                continue
-            if not matches(data, rec):
-                problems.append(f"{path}: chunk bytes do not match the manifest checksum (tampered or corrupt)")
-            if "tensorbin" in rec:
-                packed = packed_path(entry.path, name, slot)
-                if not packed.is_file() or not matches(packed.read_bytes(), rec["tensorbin"]):
-                    problems.append(f"{packed}: packed tensor is missing or does not match the manifest checksum")
-    return problems
+def find_entry(store: Store, name: str) -> Entry | None:
+    """The published entry `name`, or None. Where there is no rename, an entry without its manifest is a push not
+    finished: not there yet (converting pushes it again). A local one is broken, and says so."""
+    if name not in store.children(ENTRIES):
+        return None
+    if not store.can_rename and store.get(manifest_key(name)) is None:
+        return None
+    return open_entry(store, name)
 
 
-def set_ref(root: Path, version: str, layout: str, profile: str, name: str) -> None:
-    write_json_atomic(root / ref_key(version, layout, profile), {"entry": name, "updated_unix": time.time()})
+def resolve_ref(store: Store, version: str, layout: str, profile: str) -> Entry:
+    name = read_ref(store, version, layout, profile)
+    ref = store.describe(ref_key(version, layout, profile))
+    if name is None:
+        raise CacheError(f"{ref}: no converted {version} ({layout}, {profile}) in cache {store.describe('')}; run "
+                         f"`make convert VERSION={version} LAYOUT={layout} PROFILE={profile}` first")
+    if name not in store.children(ENTRIES):
+        raise CacheError(f"{ref}: names entry {name}, which is not in {store.describe(ENTRIES)}; convert again")
+    return open_entry(store, name)
 
 
-def resolve_ref(root: Path, version: str, layout: str, profile: str) -> Entry:
-    ref = root / ref_key(version, layout, profile)
-    try:
-        name = json.loads(ref.read_text())["entry"]
-    except FileNotFoundError:
-        raise CacheError(f"{ref}: no converted {version} ({layout}, {profile}) in cache {root}; run "
-                         f"`make convert VERSION={version} LAYOUT={layout} PROFILE={profile}` first") from None
-    entry = find_entry(root, name)
-    if entry is None:
-        raise CacheError(f"{ref}: names entry {name}, which is not in {entries_dir(root)}; convert again")
-    return entry
-
-
-def holds_slot(entry: Entry, slot: int | None) -> bool:
-    """Whether every bank of the entry has this slot (None: every slot of every bank)."""
-    for arr in entry.manifest["arrays"].values():
-        if arr["attributes"]["embodiment_bank"]:
-            wanted = range(arr["shape"][0]) if slot is None else (slot,)
-            if any(str(s) not in arr["chunks"] for s in wanted):
-                return False
-    return True
-
-
-def choose_entry(root: Path, version: str, layout: str, profile: str, entry: str | None = None,
+def choose_entry(store: Store, version: str, layout: str, profile: str, entry: str | None = None,
                  revision: str | None = None, slot: int | None = None, source: str | Path | None = None) -> Entry:
     """The entry `load` opens: `entry` (a name or a fingerprint prefix) when given; else the one the ref names, if
     it matches `revision` and holds `slot`; else the newest published entry of this version, layout and profile
     that does. An error lists what there is."""
-    published = [e for _, e, state in iter_entries(root) if state == "published"]
+    if entry is None:
+        try:
+            current = resolve_ref(store, version, layout, profile)
+        except CacheError:
+            current = None
+        if current is not None and _fits(current, revision, slot, source):
+            return current  # the common case: one manifest read, no listing
+    published = [e for _, e, state in list_entries(store) if state == "published"]
     if entry is not None:
-        found = [e for e in published if e.name == entry or str(e.manifest.get("fingerprint", "")).startswith(entry)]
+        found = [e for e in published if e.name == entry or e.manifest.fingerprint.startswith(entry)]
         if len(found) != 1:
             names = ", ".join(e.name for e in (found or published)) or "none"
-            raise CacheError(f"{entries_dir(root)}: {'no' if not found else 'more than one'} entry matches {entry!r} "
-                             f"({'candidates' if found else 'entries'}: {names})")
+            raise CacheError(f"{store.describe(ENTRIES)}: {'no' if not found else 'more than one'} entry matches "
+                             f"{entry!r} ({'candidates' if found else 'entries'}: {names})")
         return found[0]
-    try:
-        current = resolve_ref(root, version, layout, profile)
-    except CacheError:
-        current = None
-    def fits(e: Entry) -> bool:
-        snapshot = (e.manifest.get("source") or {}).get("snapshot")
-        return holds_slot(e, slot) and (revision is None or e.manifest.get("revision") == revision) and \
-            (source is None or (snapshot is not None and Path(snapshot).resolve() == Path(source).resolve()))
-    if current is not None and fits(current):
-        return current
-    same = [e for e in published if (e.manifest.get("version"), e.manifest.get("layout", "generic"),
-                                     e.manifest.get("profile")) == (version, layout, profile)]
-    match = sorted((e for e in same if fits(e)), key=lambda e: e.manifest.get("published_unix", 0), reverse=True)
+    same = [e for e in published if (e.manifest.version, e.manifest.layout, e.manifest.profile) == (version, layout, profile)]
+    match = sorted((e for e in same if _fits(e, revision, slot, source)), key=lambda e: e.manifest.published_unix,
+                   reverse=True)
     if match:
         return match[0]
     if current is None and not same:
-        return resolve_ref(root, version, layout, profile)  # the "convert first" error
+        return resolve_ref(store, version, layout, profile)  # the "convert first" error
     want = " and ".join(x for x in (f"slot {slot}" if slot is not None else "every slot",
                                     f"revision {revision}" if revision else "",
                                     f"source {source}" if source else "") if x)
-    have = "; ".join(f"{e.name}: slots {e.manifest.get('slots')}, revision {e.manifest.get('revision')}" for e in same)
-    raise CacheError(f"{entries_dir(root)}: no published {version} ({layout}, {profile}) entry holds {want} ({have}); "
-                     f"convert with --embodiments {slot if slot is not None else 'all'}"
+    have = "; ".join(f"{e.name}: slots {e.manifest.slots}, revision {e.manifest.revision}" for e in same)
+    raise CacheError(f"{store.describe(ENTRIES)}: no published {version} ({layout}, {profile}) entry holds {want} "
+                     f"({have}); convert with --embodiments {slot if slot is not None else 'all'}"
                      f"{f' --revision {revision}' if revision else ''}")
 
 
-def iter_entries(root: Path) -> Iterator[tuple[Path, Entry | None, str]]:
-    """Every directory under entries/: (path, entry or None, state: published | incomplete | broken)."""
-    base = entries_dir(root)
-    for path in sorted(base.iterdir()) if base.is_dir() else []:
-        if TMP_MARK in path.name:
-            yield path, None, "incomplete"
-            continue
-        try:
-            yield path, open_entry(path), "published"
-        except CacheError:
-            yield path, None, "broken"
-
-
-def _tree_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def referenced(root: Path) -> dict[str, list[str]]:
-    """Entry name -> the refs that point to it (what `load` opens: in use)."""
-    out: dict[str, list[str]] = {}
-    for ref in sorted((root / "refs").glob("*.json")) if (root / "refs").is_dir() else []:
-        try:
-            out.setdefault(json.loads(ref.read_text())["entry"], []).append(ref.stem)
-        except (OSError, ValueError, KeyError):
-            pass
-    return out
+def _fits(e: Entry, revision: str | None, slot: int | None, source: str | Path | None) -> bool:
+    snapshot = e.manifest.source.get("snapshot")
+    return e.manifest.holds_slot(slot) and (revision is None or e.manifest.revision == revision) and \
+        (source is None or (snapshot is not None and Path(str(snapshot)).resolve() == Path(source).resolve()))
 
 
 def parse_size(text: str) -> int:
@@ -307,69 +240,93 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
-def collect_garbage(root: Path, older_than_days: float | None = None, max_bytes: int | None = None,
+def entry_rows(store: Store, only: str | None = None, verify: bool = False) -> list[dict]:
+    """`cache ls` / `cache verify`: one row per entry (state, identity, bytes on disk, refs), the same for every
+    store. Bytes shared with another entry by hard links (reuse) are counted once in `unique_bytes`."""
+    in_use, seen, now, rows = refs(store), set(), time.time(), []
+    for name, entry, state in list_entries(store):
+        if only and name != only:
+            continue
+        if verify and entry is not None:
+            problems = entry.verify()
+            state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
+        elif state == "incomplete" and TMP_MARK not in name:
+            state = "incomplete (no manifest: a push in progress or abandoned)"
+        size, unique = store.usage(entry_key(name), seen)
+        m = entry.manifest if entry else None
+        rows.append({"entry": name, "state": state, "version": m and m.version, "layout": m and m.layout,
+                     "profile": m and m.profile, "slots": m and m.slots, "revision": m and m.revision,
+                     "source": m and ("synthetic" if m.source.get("synthetic") or m.synthetic else m.source.get("snapshot")),
+                     "bytes": size, "unique_bytes": unique, "shared_bytes": size - unique,
+                     "published_unix": m and m.published_unix,
+                     "age_s": round(now - m.published_unix) if m else None, "refs": in_use.get(name, [])})
+    if only and not rows:
+        known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
+        raise CacheError(f"{store.describe(entry_key(only))}: no such entry in cache {store.describe('')} "
+                         f"(entries: {known})")
+    return rows
+
+
+def collect_garbage(store: Store, older_than_days: float | None = None, max_bytes: int | None = None,
                     include_current: bool = False, dry_run: bool = False) -> list[dict]:
     """Remove temporaries of dead processes, broken and corrupt entries (a chunk that fails its checksum); then,
     if asked, published entries older than `older_than_days`, then the oldest until the cache holds at most
     `max_bytes`. An entry a ref points to is never removed by age or size unless `include_current`; a corrupt
-    one is removed with its refs (it cannot be loaded anyway). `dry_run` lists without removing."""
+    one is removed with its refs (it cannot be loaded anyway). An object-store entry without a manifest may be
+    a push in progress: it is listed, never removed. `dry_run` lists without removing."""
     removed: list[dict] = []
-    in_use = referenced(root)
+    in_use = refs(store)
 
-    def remove(path: Path, reason: str) -> None:
-        size = _tree_bytes(path)
+    def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> None:
         if not dry_run:
-            shutil.rmtree(path, ignore_errors=True)
-        removed.append({"entry": path.name, "reason": reason, "bytes": size, "refs": in_use.get(path.name, [])})
+            store.delete(entry_key(name))
+            for ref in in_use.get(name, []) if drop_refs else []:
+                store.delete(f"{REFS}/{ref}.json")
+        removed.append({"entry": name, "reason": reason, "bytes": size, "refs": in_use.get(name, [])})
 
     published = []
-    for path, entry, state in iter_entries(root):
-        owner = _tmp_owner(path) if state == "incomplete" else None
-        if state == "incomplete" and owner is not None and not _pid_alive(owner):
-            remove(path, "temporary of a dead process")
+    for row in entry_rows(store, verify=True):
+        name, state = row["entry"], row["state"]
+        if TMP_MARK in name:
+            owner = _tmp_owner(name)
+            if owner is not None and not _pid_alive(owner):
+                remove(name, "temporary of a dead process", row["bytes"])
         elif state == "broken":
-            remove(path, "no valid manifest")
-        elif state == "published":
-            problems = verify_entry(entry)
-            if problems:
-                remove(path, f"corrupt: {problems[0]}")
-                if not dry_run:
-                    for ref in in_use.get(path.name, []):
-                        (root / "refs" / f"{ref}.json").unlink(missing_ok=True)
-            else:
-                published.append(path)
-    candidates = [p for p in published if include_current or p.name not in in_use]
-    candidates.sort(key=lambda p: p.stat().st_mtime)  # oldest first
+            remove(name, "no valid manifest", row["bytes"])
+        elif state.startswith("CORRUPT"):
+            remove(name, f"corrupt: {state.split(': ', 1)[1]}", row["bytes"], drop_refs=True)
+        elif state == "verified":
+            published.append(row)
+    candidates = sorted((r for r in published if include_current or not r["refs"]), key=lambda r: r["published_unix"])
     if older_than_days is not None:
         cutoff = time.time() - older_than_days * 86400
-        for path in [p for p in candidates if p.stat().st_mtime < cutoff]:
-            remove(path, f"older than {older_than_days:g} days")
-            candidates.remove(path)
-            published.remove(path)
+        for row in [r for r in candidates if r["published_unix"] < cutoff]:
+            remove(row["entry"], f"older than {older_than_days:g} days", row["bytes"], drop_refs=True)
+            candidates.remove(row)
+            published.remove(row)
     if max_bytes is not None:
-        sizes = {p: _tree_bytes(p) for p in published}
-        total = sum(sizes.values())
-        for path in list(candidates):
+        total = sum(r["unique_bytes"] for r in published)
+        for row in list(candidates):
             if total <= max_bytes:
                 break
-            remove(path, f"cache over {max_bytes:,} bytes")
-            total -= sizes[path]
+            remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True)
+            total -= row["unique_bytes"]
     return removed
 
 
-def remove_entry(root: Path, name: str, include_current: bool = False) -> dict:
+def remove_entry(store: Store, name: str, include_current: bool = False) -> dict:
     """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
     and then its refs go too."""
-    path = entries_dir(root) / name
-    if not path.is_dir() or TMP_MARK in name:
-        known = ", ".join(p.name for p, _, _ in iter_entries(root) if TMP_MARK not in p.name) or "none"
-        raise CacheError(f"{path}: no such entry in cache {root} (entries: {known})")
-    refs = referenced(root).get(name, [])
-    if refs and not include_current:
-        raise CacheError(f"{path}: refs/{', refs/'.join(refs)} point to this entry (it is what `load` opens); "
-                         "pass --include-current to remove it and those refs")
-    size = _tree_bytes(path)
-    shutil.rmtree(path)
-    for ref in refs:
-        (root / "refs" / f"{ref}.json").unlink(missing_ok=True)
-    return {"entry": name, "reason": "removed on request", "bytes": size, "refs": refs}
+    if TMP_MARK in name or name not in store.children(ENTRIES):
+        known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
+        raise CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} "
+                         f"(entries: {known})")
+    in_use = refs(store).get(name, [])
+    if in_use and not include_current:
+        raise CacheError(f"{store.describe(entry_key(name))}: refs/{', refs/'.join(in_use)} point to this entry (it "
+                         "is what `load` opens); pass --include-current to remove it and those refs")
+    size = sum(store.sizes(entry_key(name)).values())
+    store.delete(entry_key(name))
+    for ref in in_use:
+        store.delete(f"{REFS}/{ref}.json")
+    return {"entry": name, "reason": "removed on request", "bytes": size, "refs": in_use}

@@ -20,14 +20,11 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.layout import straddling_unit
 from pipeline.load import load
 from pipeline.render import write_graph
-from pipeline.reuse import shared_bytes
 from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache
-from pipeline.store import is_url, open_store, remote_entries, remote_refs, requested_root, verify_remote
 from pipeline.synth import synthesize
 from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks import device as tt
 from tasks.checkpoint import Checkpoint
-from tasks.entry import entry_key
 from tasks.errors import PipelineError
 
 LAYOUT_HELP = ("tt-n16 (what tt-metal's GR00T N1.6 port builds; n16's default) or generic (the original unpadded "
@@ -199,119 +196,31 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _entry_row(root: Path, path: Path, entry, state: str, refs: dict, seen_inodes: set) -> dict:
-    m = entry.manifest if entry else {}
-    size = own = 0
-    for f in path.rglob("*"):
-        if f.is_file():
-            st = f.stat()
-            size += st.st_size
-            if (st.st_dev, st.st_ino) not in seen_inodes:  # bytes shared by hard links are counted once
-                seen_inodes.add((st.st_dev, st.st_ino))
-                own += st.st_size
-    source = m.get("source", {})
-    return {"entry": path.name, "state": state, "version": m.get("version"), "layout": m.get("layout", "generic"),
-            "profile": m.get("profile"), "slots": m.get("slots"), "revision": m.get("revision"),
-            "source": "synthetic" if source.get("synthetic") or m.get("synthetic") else source.get("snapshot"),
-            "bytes": size, "unique_bytes": own, "shared_bytes": shared_bytes(path),
-            "age_s": round(time.time() - path.stat().st_mtime), "refs": refs.get(path.name, [])}
-
-
 def _slots(slots) -> str:
     if not slots:
         return "-"
     return "all 32" if slots == list(range(32)) else ",".join(map(str, slots))
 
 
-def _cache_remote(a: argparse.Namespace, store) -> dict:
-    """`cache ls|verify|gc|rm` on an object-store root: the same rules, through the Store (no rename there, so an
-    entry without its manifest may be a push in progress: listed, never removed)."""
-    entries, refs = remote_entries(store), remote_refs(store)
-    if a.entry and a.entry not in entries:
-        raise PipelineError(f"{store.describe('entries/' + a.entry)}: no such entry (entries: {', '.join(entries) or 'none'})")
-    rows = []
-    for name, m in entries.items():
-        if a.entry and name != a.entry:
-            continue
-        state = "published" if m else "incomplete (no manifest: a push in progress or abandoned)"
-        if m and a.action in ("verify", "gc"):
-            problems = verify_remote(store, name, m)
-            state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
-        m = m or {}
-        rows.append({"entry": name, "state": state, "version": m.get("version"), "layout": m.get("layout", "generic"),
-                     "profile": m.get("profile"), "slots": m.get("slots"), "revision": m.get("revision"),
-                     "source": "synthetic" if m.get("synthetic") else (m.get("source") or {}).get("snapshot"),
-                     "bytes": m.get("bytes", 0), "published_unix": m.get("published_unix"), "refs": refs.get(name, [])})
-    removed = []
-    if a.action in ("gc", "rm"):
-        now = time.time()
-        for r in rows:
-            corrupt, current = r["state"].startswith("CORRUPT"), bool(r["refs"])
-            old = a.older_than_days is not None and r["published_unix"] and now - r["published_unix"] > a.older_than_days * 86400
-            asked = a.action == "rm"
-            if asked and current and not a.include_current:
-                raise PipelineError(f"{store.describe('entries/' + r['entry'])}: refs {', '.join(r['refs'])} point to this "
-                                    "entry; pass --include-current to remove it and those refs")
-            if r["published_unix"] is None and not asked:
-                continue  # maybe a push in progress
-            if corrupt or asked or (old and (a.include_current or not current)):
-                removed.append({"entry": r["entry"], "reason": "corrupt" if corrupt else "removed on request" if asked
-                                else f"older than {a.older_than_days:g} days", "bytes": r["bytes"], "refs": r["refs"]})
-        if not a.dry_run:
-            for r in removed:
-                store.delete(entry_key(r["entry"]))
-                for ref in r["refs"] if (a.include_current or r["reason"] == "corrupt" or a.action == "rm") else []:
-                    store.delete(f"refs/{ref}.json")
-        if not a.json:
-            verb = "would remove" if a.dry_run else "removed"
-            print("\n".join(f"{verb} {r['entry']} ({r['reason']}, {_size(r['bytes'])})" for r in removed)
-                  or "nothing to remove")
-        return {"root": store.describe(""), "removed": removed, "dry_run": bool(a.dry_run)}
-    if not a.json:
-        for r in rows:
-            print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout']:8} {r['profile'] or '-':7} {_slots(r['slots']):8} "
-                  f"{(r['revision'] or '-')[:10]:10} {_size(r['bytes']):>10}  {r['state']}"
-                  + (f"  <- {', '.join(r['refs'])}" if r["refs"] else ""))
-        print(f"{len(rows)} entries in {store.describe('')}")
-    if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
-        raise PipelineError(f"{store.describe('')}: {sum(r['state'].startswith('CORRUPT') for r in rows)} entry(ies) "
-                            "failed verification")
-    return {"root": store.describe(""), "entries": rows}
-
-
 def cmd_cache(a: argparse.Namespace) -> dict:
-    if is_url(requested_root(a.cache)):
-        if a.max_bytes:
-            raise PipelineError(f"{requested_root(a.cache)}: --max-bytes works on a local cache; on an object store "
-                                "use --older-than-days or `cache rm NAME`")
-        return _cache_remote(a, open_store(requested_root(a.cache)))
-    root = cache.cache_root(a.cache)
+    """`cache ls|verify|gc|rm`, the same rules for a local folder and an object store."""
+    store = cache.cache_store(a.cache)
+    root = store.describe("")
     if a.action in ("gc", "rm"):
         if a.action == "rm":
             if not a.entry:
                 raise PipelineError("cache rm needs an entry name (see `python -m pipeline cache ls`)")
-            removed = [cache.remove_entry(root, a.entry, a.include_current)]
+            removed = [cache.remove_entry(store, a.entry, a.include_current)]
         else:
-            removed = cache.collect_garbage(root, a.older_than_days, cache.parse_size(a.max_bytes) if a.max_bytes
+            removed = cache.collect_garbage(store, a.older_than_days, cache.parse_size(a.max_bytes) if a.max_bytes
                                             else None, a.include_current, a.dry_run)
         if not a.json:
             verb = "would remove" if a.dry_run else "removed"
             print("\n".join(f"{verb} {r['entry']} ({r['reason']}, {_size(r['bytes'])})"
                             + (f"; refs {', '.join(r['refs'])} dropped" if r["refs"] and not a.dry_run else "")
                             for r in removed) or "nothing to remove")
-        return {"root": str(root), "removed": removed, "dry_run": bool(a.dry_run)}
-    refs, seen = cache.referenced(root), set()
-    entries = list(cache.iter_entries(root))
-    if a.action == "verify" and a.entry and not any(p.name == a.entry for p, _, _ in entries):
-        raise PipelineError(f"{cache.entries_dir(root) / a.entry}: no such entry (see `python -m pipeline cache ls`)")
-    rows = []
-    for path, entry, state in entries:
-        if a.entry and path.name != a.entry:
-            continue
-        if a.action == "verify" and entry is not None:
-            problems = cache.verify_entry(entry)
-            state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
-        rows.append(_entry_row(root, path, entry, state, refs, seen))
+        return {"root": root, "removed": removed, "dry_run": bool(a.dry_run)}
+    rows = cache.entry_rows(store, a.entry, verify=a.action == "verify")
     if not a.json:
         if rows:
             head = f"{'entry':46} {'version':7} {'layout':8} {'profile':7} {'slots':8} {'revision':10} {'source':10} " \
@@ -320,15 +229,16 @@ def cmd_cache(a: argparse.Namespace) -> dict:
             for r in rows:
                 src = "synthetic" if r["source"] == "synthetic" else ("snapshot" if r["source"] else "-")
                 tail = r["state"] + (f"  <- {', '.join(r['refs'])}" if r["refs"] else "")
-                print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout']:8} {r['profile'] or '-':7} "
+                age = _age(r["age_s"]) if r["age_s"] is not None else "-"
+                print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
                       f"{_slots(r['slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
-                      f"{_size(r['unique_bytes']):>10} {_age(r['age_s']):>7}  {tail}")
+                      f"{_size(r['unique_bytes']):>10} {age:>7}  {tail}")
             print(f"{len(rows)} entries, {_size(sum(r['unique_bytes'] for r in rows))} on disk (shared bytes counted once)")
         else:
-            print(f"no entries in {cache.entries_dir(root)}")
+            print(f"no entries in {store.describe('entries')}")
     if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
         raise PipelineError(f"cache {root}: {sum(r['state'].startswith('CORRUPT') for r in rows)} entry(ies) failed verification")
-    return {"root": str(root), "entries": rows}
+    return {"root": root, "entries": rows}
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:

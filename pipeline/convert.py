@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import resource
 import shutil
@@ -13,17 +12,18 @@ from pathlib import Path
 
 from pipeline import cache
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
+from pipeline.load import load
 from pipeline.recipe import build_plan
 from pipeline.reuse import Reuse, plan_reuse
 from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
-from pipeline.store import is_url, open_store, push_entry, requested_root
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
+from tasks.entry import PROGRESS_DIR, Entry, entry_key, push, write_ref
 from tasks.errors import CacheError, ConfigError
-from tasks.entry import MANIFEST, PROGRESS_DIR, entry_key, manifest_key, ref_key
 from tasks.plan import Plan, work_units
 from tasks.stage import already_staged
+from tasks.store import LocalStore
 
 
 @dataclass(frozen=True)
@@ -51,85 +51,64 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def prepare(opts: ConvertOptions) -> tuple[Checkpoint, Plan, tuple[int, ...], dict, Path]:
-    """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry."""
+def prepare(opts: ConvertOptions, root: Path | None = None) -> tuple[Checkpoint, Plan, tuple[int, ...], dict, Path]:
+    """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry. `root` is
+    the local cache the entry is built in (default: the one `opts.cache_root` builds in)."""
     cfg = load_config(opts.version)
+    root = root or cache.build_root(cache.cache_store(opts.cache_root))
     hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic))
     plan = build_plan(opts.version, {k: ck.shape(k) for k in ck.keys()}, opts.profile, opts.layout)
     slots = cfg.slot_ids(opts.embodiments)
-    root = cache.cache_root(opts.cache_root)
     source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic}
     ident = cache.identity(plan, source, cache.source_sha256(root, ck), slots)
     return ck, plan, slots, ident, root
 
 
 def convert(opts: ConvertOptions) -> dict:
-    """Convert (or reuse) one entry; returns the summary that `convert --json` prints."""
+    """Convert (or reuse) one entry; returns the summary that `convert --json` prints. The entry is built in a
+    local folder and published there by rename; a cache that cannot rename (an object store) then gets it pushed,
+    manifest last — the one place the two kinds of cache differ."""
     check_scheduler(opts.scheduler)
-    if is_url(opts.cache_root):
-        return _convert_to_store(replace(opts, cache_root=requested_root(opts.cache_root)))
     t0 = time.perf_counter()
-    ck, plan, slots, ident, root = prepare(opts)
+    store = cache.cache_store(opts.cache_root)
+    ck, plan, slots, ident, root = prepare(opts, cache.build_root(store))
     name = cache.entry_name(ident)
-    final = cache.entries_dir(root) / name
     summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
-               "cache_path": str(final), "slots": list(slots), "targets": len(plan.targets),
+               "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
                "skipped": dict(plan.skipped), "source": ident["source"]}
-    existing = cache.find_entry(root, name) if not opts.force else None
+    existing = cache.find_entry(store, name) if not opts.force else None
     if opts.check_against_cache:
         if existing is None:
             ck.close()
-            raise CacheError(f"{final}: nothing is cached for this conversion, so there is nothing to check against; "
-                             "run the convert without --check-against-cache first")
+            raise CacheError(f"{summary['cache_path']}: nothing is cached for this conversion, so there is nothing to "
+                             "check against; run the convert without --check-against-cache first")
         checked = check_against(existing, opts, ck, plan, slots, ident, root)
         return {**summary, **checked, "seconds": time.perf_counter() - t0}
     if existing is not None:
         ck.close()
-        cache.set_ref(root, opts.version, plan.layout, plan.profile, name)
+        write_ref(store, opts.version, plan.layout, plan.profile, name)
         hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
         if opts.device is not None:  # nothing to convert: upload straight from the cache
-            from pipeline.load import load
-
             slot = slots[0] if len(slots) == 1 else None
-            hit["device_tensors"] = load(opts.version, root, slot, plan.profile, device=opts.device,
-                                        layout=plan.layout).tensors
+            hit["device_tensors"] = load(opts.version, store, slot, plan.profile, device=opts.device,
+                                        layout=plan.layout, entry=name).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
+    final = cache.entries_dir(root) / name
     result, timings, graph, done, reused = _build(opts, ck, plan, slots, ident, root, name, final)
-    cache.set_ref(root, opts.version, plan.layout, plan.profile, name)
+    pushed = {}
+    if not store.can_rename:
+        pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
+    write_ref(store, opts.version, plan.layout, plan.profile, name)
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
             "hashed_shards_before_graph": sorted(set(reused.verified) - reused.identified), "tasks": len(graph),
             "bytes_read": _source_bytes_read(plan, ck, slots, done),
             "bytes_written": sum(n["nbytes"] for n in result["numerics"]),
-            "seconds": time.perf_counter() - t0, "stage_seconds": timings["stage_seconds"],
+            "stage_seconds": timings["stage_seconds"],
             "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
             "published_here": result["published_here"], "device_tensors": result["device_tensors"],
-            "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"]))}
-
-
-def _convert_to_store(opts: ConvertOptions) -> dict:
-    """A cache at an object-store URL: reuse the entry if its manifest is there, else build it in the local cache
-    and push it, manifest last (pipeline/store.py)."""
-    t0 = time.perf_counter()
-    store = open_store(str(opts.cache_root))
-    local = replace(opts, cache_root=cache.cache_root(None))  # builds (and remembers source hashes) locally
-    ck, plan, slots, ident, _ = prepare(local)
-    ck.close()
-    name = cache.entry_name(ident)
-    ref = (ref_key(opts.version, plan.layout, plan.profile), {"entry": name, "updated_unix": time.time()})
-    manifest = None if opts.force else store.get_json(manifest_key(name))
-    if manifest is not None and manifest.get("fingerprint") == ident["fingerprint"]:
-        store.put_json(*ref)
-        return {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
-                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
-                "skipped": dict(plan.skipped), "source": ident["source"], "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
-                "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
-    summary = convert(local)
-    pushed = push_entry(Path(summary["cache_path"]), store, name, opts.progress)
-    store.put_json(*ref)
-    return {**summary, "cache_hit": False, "local_build": summary["cache_path"],
-            "cache_path": store.describe(entry_key(name)), "pushed_bytes": pushed,
+            "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"])), **pushed,
             "seconds": time.perf_counter() - t0}
 
 
@@ -176,7 +155,7 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
     return result, timings, graph, done, reused
 
 
-def check_against(existing: cache.Entry, opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...],
+def check_against(existing: Entry, opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...],
                   ident: dict, root: Path) -> dict:
     """Convert afresh into a scratch entry and compare every chunk with the cached one, so a cache can never hide
     a broken conversion. The scratch entry is deleted either way."""
@@ -184,14 +163,14 @@ def check_against(existing: cache.Entry, opts: ConvertOptions, ck: Checkpoint, p
     scratch = cache.entries_dir(root) / scratch_name
     try:
         _build(replace(opts, reuse=False), ck, plan, slots, ident, root, scratch_name, scratch)
-        fresh = json.loads((scratch / MANIFEST).read_text())["arrays"]
+        fresh = cache.entry_at(scratch).manifest.arrays
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    cached = existing.manifest["arrays"]
+    cached = existing.manifest.arrays
     differ = sorted(n for n in fresh.keys() | cached.keys() if fresh.get(n) != cached.get(n))
-    problems = cache.verify_entry(existing)
+    problems = existing.verify()
     if differ or problems:
-        raise CacheError(f"{existing.path}: the cached entry differs from a fresh conversion in {len(differ)} "
+        raise CacheError(f"{existing.describe()}: the cached entry differs from a fresh conversion in {len(differ)} "
                          f"array(s){' (first ' + differ[0] + ')' if differ else ''} and has {len(problems)} bad "
                          "chunk(s); delete it or convert with --force")
     return {"cache_hit": True, "checked_against_fresh_conversion": True, "arrays_compared": len(fresh), "tasks": 0,

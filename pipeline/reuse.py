@@ -20,8 +20,9 @@ from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
 from tasks.publish import content_id
 from tasks.source import VerifiedShard, verify_shard
-from tasks.entry import chunk_coords, chunk_key, packed_path, progress_path
+from tasks.entry import Entry, chunk_coords, list_entries, packed_path, progress_path
 from tasks.stage import Staged
+from tasks.store import LocalStore
 from tasks.zarr_v3 import chunk_path, write_json_atomic
 
 
@@ -33,18 +34,18 @@ class Reuse:
     linked_bytes: int = 0
 
 
-def _published(root: Path, version: str) -> list[cache.Entry]:
-    out = [e for _, e, state in cache.iter_entries(root) if state == "published" and e.manifest.get("version") == version]
-    return sorted(out, key=lambda e: e.manifest.get("published_unix", 0), reverse=True)
+def _published(root: Path, version: str) -> list[Entry]:
+    out = [e for _, e, state in list_entries(LocalStore(root)) if state == "published" and e.manifest.version == version]
+    return sorted(out, key=lambda e: e.manifest.published_unix, reverse=True)
 
 
-def _known_tensor_hashes(entries: list[cache.Entry], shard_sha: str) -> dict[str, str]:
+def _known_tensor_hashes(entries: list[Entry], shard_sha: str) -> dict[str, str]:
     """Per-key hashes recorded by entries converted from a shard with this sha256."""
     known: dict[str, str] = {}
     for e in entries:
-        if shard_sha in e.manifest.get("shards", {}).values():
-            for arr in e.manifest["arrays"].values():
-                known.update(arr.get("source_xxh3", {}))
+        if shard_sha in e.manifest.shards.values():
+            for arr in e.manifest.arrays.values():
+                known.update(arr.source_xxh3)
     return known
 
 
@@ -74,30 +75,30 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
         else:
             reuse.verified[shard] = verify_shard(header, expected_sha[shard])  # the verify pass, done first
             hashes.update(reuse.verified[shard].tensor_xxh3)
-    by_id: dict[str, tuple[cache.Entry, str]] = {}
+    by_id: dict[str, tuple[Entry, str]] = {}
     for e in reversed(entries):  # newest wins
-        for name, arr in e.manifest["arrays"].items():
-            if "content_id" in arr:
-                by_id[arr["content_id"]] = (e, name)
+        for name, arr in e.manifest.arrays.items():
+            if arr.content_id:
+                by_id[arr.content_id] = (e, name)
     holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], cache.CONVERTER_VERSION))
               for t in plan.targets}
     for t, slot in work_units(plan.targets, slots):
         if holder[t.name] is None:
             continue
         entry, name = holder[t.name]
-        rec = entry.manifest["arrays"][name]["chunks"].get(chunk_key(slot))
-        if rec is None or (t.device_file and "tensorbin" not in rec):  # same bytes, but its device file is wanted
+        rec = entry.manifest.arrays[name].chunks.get(slot)
+        if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
             continue
         coords = chunk_coords(len(t.shape), slot)
         _link(chunk_path(entry.path / name, coords), chunk_path(tmp / t.name, coords))
-        packed = rec.get("tensorbin")
+        packed = rec.tensorbin
         if packed:
             _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
-        staged = Staged(t.name, slot, rec["nbytes"], rec["xxh3"], rec.get("max_abs_err", 0.0), rec.get("pcc", 1.0),
-                        packed and packed["nbytes"], packed and packed["xxh3"])
+        staged = Staged(t.name, slot, rec.nbytes, rec.xxh3, rec.max_abs_err, rec.pcc,
+                        packed and packed.nbytes, packed and packed.xxh3)
         write_json_atomic(progress_path(tmp, t.name, slot), asdict(staged))
         reuse.records[(t.name, slot)] = staged
-        reuse.linked_bytes += rec["nbytes"] + (packed["nbytes"] if packed else 0)  # chunk and device file
+        reuse.linked_bytes += rec.nbytes + (packed.nbytes if packed else 0)  # chunk and device file
     return reuse
 
 

@@ -3,14 +3,13 @@
 Opening reads only the index and the shard headers and cross-checks them: every key in exactly one shard, index and
 headers agreeing, byte accounting closing (`8 + header + data == file size` per shard, data sum == `total_size`).
 The shard is resolved per key, never per layer: in every GR00T release one unit is cut by a shard boundary.
-Reads go through `os.preadv` into fresh numpy arrays and count their bytes, so `slot()` and `rows()` provably read
-only what they return.
+Reads go through tasks/source.py — the functions the conversion graph's read and slot tasks call — into fresh
+numpy arrays and are counted, so `slot()` and `rows()` provably read only what they return.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Iterator
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.safetensors_file import ShardHeader, TensorEntry, read_header, read_rows
+from tasks import source
+from tasks.safetensors_file import ShardHeader, TensorEntry, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SYNTHETIC_MARK = "gr00t_tt_synthetic"  # pipeline/synth.py writes it; read here so a copy is still recognised
@@ -93,7 +93,6 @@ class Checkpoint:
         declared = self.metadata.get("total_size")
         if declared is not None and declared != total:
             raise CheckpointError(self.index_path, f"metadata.total_size is {declared} but the shards hold {total} data bytes")
-        self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
 
@@ -160,35 +159,24 @@ class Checkpoint:
         name = path.resolve().name if path.is_symlink() else ""
         return name if _SHA256_NAME.match(name) else None
 
-    # -- data reads ---------------------------------------------------------------------------------------------
-    def _fd(self, shard: str) -> int:
-        with self._lock:
-            if shard not in self._fds:
-                self._fds[shard] = os.open(self.shard_path(shard), os.O_RDONLY)
-            return self._fds[shard]
-
-    def rows(self, key: str, lo: int, hi: int) -> np.ndarray:
-        """Rows `lo:hi` of the leading dimension, reading only those bytes."""
-        shard = self.shard_of(key)
-        out = read_rows(self._fd(shard), self.headers[shard], key, lo, hi)
+    # -- data reads: the same functions as the conversion graph's read and slot tasks (tasks/source.py) ---------
+    def _counted(self, out: np.ndarray) -> np.ndarray:
         with self._lock:
             self.bytes_read += out.nbytes
         return out
 
+    def rows(self, key: str, lo: int, hi: int) -> np.ndarray:
+        """Rows `lo:hi` of the leading dimension, reading only those bytes."""
+        return self._counted(source.read_rows(self.headers[self.shard_of(key)], key, lo, hi))
+
     def get(self, key: str) -> np.ndarray:
         """The whole tensor as stored (bf16 as `ml_dtypes.bfloat16`)."""
-        shape = self.info(key).shape
-        return self.rows(key, 0, shape[0] if shape else 1)
+        return self._counted(source.read_tensor(self.headers[self.shard_of(key)], key))
 
     def slot(self, key: str, e: int) -> np.ndarray:
         """`W[e]` of a `[32, ...]` embodiment bank, reading only that slot's bytes. Never transposed: the model
         computes `x @ W[e] + b[e]`."""
-        shape = self.info(key).shape
-        if len(shape) < 2:
-            raise CheckpointError(self.index_path, f"shape {list(shape)} has no slot dimension to index", key)
-        if not 0 <= e < shape[0]:
-            raise CheckpointError(self.index_path, f"slot {e} is out of range: the bank has slots 0..{shape[0] - 1}", key)
-        return self.rows(key, e, e + 1)[0]
+        return self._counted(source.read_slot(self.headers[self.shard_of(key)], key, e))
 
     def iter_prefix(self, prefix: str) -> Iterator[tuple[str, np.ndarray]]:
         """`(key, tensor)` for every key under `prefix` in shard order; one tensor in flight at a time."""
@@ -196,10 +184,7 @@ class Checkpoint:
             yield key, self.get(key)
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        """Nothing to release (every read opens and closes its shard); kept so `with Checkpoint(...)` reads well."""
 
     def __enter__(self) -> "Checkpoint":
         return self

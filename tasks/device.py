@@ -157,12 +157,6 @@ def upload_array(array: np.ndarray, dtype: str, layout: str, kind: str, device):
                            device=device, mesh_mapper=mapper, memory_config=ttnn.DRAM_MEMORY_CONFIG)
 
 
-def upload(host, device):
-    """Move a host tensor (already in its device dtype/layout) into device DRAM. Hardware only."""
-    ttnn = _ttnn()
-    return ttnn.to_device(host, device, memory_config=ttnn.DRAM_MEMORY_CONFIG)
-
-
 def close_device(device) -> None:
     ttnn = _ttnn()
     (ttnn.close_mesh_device if hasattr(device, "get_num_devices") else ttnn.close_device)(device)

@@ -1,24 +1,35 @@
-"""A cache entry's names and keys, in one place (cache/README.md says the same): where the manifest, refs, chunks and
-device files of an entry live, how a chunk is keyed in the manifest, and the checksum every chunk is held to.
-Paths are relative to the cache root or the entry, so one name serves a local folder and an object store alike.
+"""A cache entry, in one place (cache/README.md says the same): its names, its manifest as a typed record, and
+every read of a published entry — listing, opening, verifying, reading a chunk into a caller's buffer, a device
+file — through a `Store`, so a local folder and an object store are read by the same code.
+
+Keys are relative to the cache root: `entries/<name>/…` and `refs/<version>-<layout>-<profile>.json`.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Iterator, Mapping
 
 import numpy as np
 import xxhash
 
-from tasks.zarr_v3 import chunk_path
+from tasks.errors import CacheError
+from tasks.store import LocalStore, Store
+from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path
 
 MANIFEST = "MANIFEST.json"  # written last: present means complete
 ENTRIES, REFS = "entries", "refs"
 PROGRESS_DIR = ".staged"    # per-chunk progress records of an entry being built (resume)
 PACKED_DIR = "tensorbin"    # ttnn's `.tensorbin` device files, outside the Zarr arrays
 WHOLE = "all"               # the manifest key of a whole-array chunk; a bank's chunks are keyed by slot
+TMP_MARK = ".tmp-"          # `<name>.tmp-<pid>-<random>`: an entry being built (local caches only)
 
 
+# -- names --------------------------------------------------------------------------------------------------------
 def entry_key(name: str) -> str:
     return f"{ENTRIES}/{name}"
 
@@ -70,9 +81,274 @@ def checksum(data: np.ndarray | bytes | memoryview) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
-def matches(data: np.ndarray | bytes | memoryview | None, record: dict) -> bool:
-    """Whether bytes are the chunk (or device file) a manifest record describes: its size and xxh3."""
-    if data is None:
-        return False
-    size = data.nbytes if isinstance(data, (np.ndarray, memoryview)) else len(data)
-    return size == record["nbytes"] and checksum(data) == record["xxh3"]
+# -- the manifest, typed ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FileRecord:
+    nbytes: int
+    xxh3: str
+
+    def matches(self, data: np.ndarray | bytes | memoryview | None) -> bool:
+        """Whether bytes are this chunk or device file: its size and xxh3."""
+        if data is None:
+            return False
+        size = data.nbytes if isinstance(data, (np.ndarray, memoryview)) else len(data)
+        return size == self.nbytes and checksum(data) == self.xxh3
+
+
+@dataclass(frozen=True)
+class ChunkRecord(FileRecord):
+    max_abs_err: float = 0.0
+    pcc: float = 1.0
+    tensorbin: FileRecord | None = None  # ttnn's device file of this chunk, when the plan keeps one
+
+    def to_json(self) -> dict:
+        doc = {"nbytes": self.nbytes, "xxh3": self.xxh3, "max_abs_err": self.max_abs_err, "pcc": self.pcc}
+        if self.tensorbin is not None:
+            doc["tensorbin"] = {"nbytes": self.tensorbin.nbytes, "xxh3": self.tensorbin.xxh3}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "ChunkRecord":
+        packed = doc.get("tensorbin")
+        return cls(doc["nbytes"], doc["xxh3"], doc.get("max_abs_err", 0.0), doc.get("pcc", 1.0),
+                   FileRecord(packed["nbytes"], packed["xxh3"]) if packed else None)
+
+
+@dataclass(frozen=True)
+class ArrayRecord:
+    shape: list[int]                    # stored shape: [bank slots, *logical] for a bank
+    chunk_shape: list[int]
+    attributes: Mapping[str, object]    # what the array records about itself (cache/README.md, "entries/")
+    source_xxh3: Mapping[str, str]      # source key -> xxh3-128 of its bytes
+    content_id: str                     # what the bytes are a function of (reuse across entries)
+    chunks: Mapping[int | None, ChunkRecord]  # slot (None: the whole array) -> record
+
+    @property
+    def logical_shape(self) -> list[int]:
+        return list(self.attributes["logical_shape"])
+
+    @property
+    def bank(self) -> bool:
+        return bool(self.attributes["embodiment_bank"])
+
+    @property
+    def host_only(self) -> bool:
+        return bool(self.attributes.get("host_only"))
+
+    @property
+    def device_dtype(self) -> str:
+        return str(self.attributes["device_dtype"])
+
+    @property
+    def device_layout(self) -> str:
+        return str(self.attributes["device_layout"])
+
+    def to_json(self) -> dict:
+        return {"shape": self.shape, "chunk_shape": self.chunk_shape, "attributes": dict(self.attributes),
+                "source_xxh3": dict(self.source_xxh3), "content_id": self.content_id,
+                "chunks": {chunk_key(s): c.to_json() for s, c in self.chunks.items()}}
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "ArrayRecord":
+        return cls(doc["shape"], doc["chunk_shape"], doc["attributes"], doc.get("source_xxh3", {}),
+                   doc.get("content_id", ""), {slot_of(k): ChunkRecord.from_json(c) for k, c in doc["chunks"].items()})
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """`MANIFEST.json`: the entry's identity (what its bytes are a function of), then every array and chunk."""
+
+    fingerprint: str
+    cache_format: int
+    converter: str
+    version: str
+    revision: str | None
+    synthetic: str | None
+    layout: str
+    profile: str
+    shards: Mapping[str, str]          # shard file -> sha256
+    recipes_sha256: str
+    slots: list[int]
+    source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
+    published_unix: float = 0.0
+    arrays: Mapping[str, ArrayRecord] = field(default_factory=dict)
+    bytes: int = 0
+    chunks: int = 0
+
+    def to_json(self) -> dict:
+        return {"fingerprint": self.fingerprint, "cache_format": self.cache_format, "converter": self.converter,
+                "version": self.version, "revision": self.revision, "synthetic": self.synthetic,
+                "layout": self.layout, "profile": self.profile, "shards": dict(self.shards),
+                "recipes_sha256": self.recipes_sha256, "slots": list(self.slots), "source": dict(self.source),
+                "published_unix": self.published_unix, "arrays": {n: a.to_json() for n, a in self.arrays.items()},
+                "bytes": self.bytes, "chunks": self.chunks}
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "Manifest":
+        return cls(doc["fingerprint"], doc["cache_format"], doc["converter"], doc["version"], doc.get("revision"),
+                   doc.get("synthetic"), doc.get("layout", "generic"), doc["profile"], doc.get("shards", {}),
+                   doc.get("recipes_sha256", ""), doc.get("slots", []), doc.get("source", {}),
+                   doc.get("published_unix", 0.0), {n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
+                   doc.get("bytes", 0), doc.get("chunks", 0))
+
+    def holds_slot(self, slot: int | None) -> bool:
+        """Whether every bank has this slot (None: every slot of every bank)."""
+        for arr in self.arrays.values():
+            wanted = range(arr.shape[0]) if slot is None else (slot,)
+            if arr.bank and any(s not in arr.chunks for s in wanted):
+                return False
+        return True
+
+
+# -- a published entry, read through a Store ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    store: Store
+    name: str
+    manifest: Manifest
+
+    @property
+    def path(self) -> Path:
+        """The entry's folder (local caches; an object store's entries have no path)."""
+        if not isinstance(self.store, LocalStore):
+            raise CacheError(f"{self.describe()}: an object-store entry has no local path")
+        return self.store.path(entry_key(self.name))
+
+    def describe(self, rel: str = "") -> str:
+        return self.store.describe(f"{entry_key(self.name)}/{rel}" if rel else entry_key(self.name))
+
+    def chunk_object(self, array: str, slot: int | None) -> str:
+        """The store key of a chunk (slot None: the whole array)."""
+        ndim = len(self.manifest.arrays[array].logical_shape)
+        return chunk_file(PurePosixPath(entry_key(self.name)), array, ndim, slot).as_posix()
+
+    def device_object(self, array: str, slot: int | None) -> str:
+        """The store key of a chunk's `.tensorbin`."""
+        return packed_path(PurePosixPath(entry_key(self.name)), array, slot).as_posix()
+
+    def read_chunk(self, array: str, slot: int | None, out: np.ndarray | None = None) -> np.ndarray:
+        """One chunk, checked against its manifest record (the pass that touches every byte): read into `out`
+        (e.g. a slot's slice of a whole bank), else mapped (locally) or fetched on its own."""
+        arr = self.manifest.arrays[array]
+        key = self.chunk_object(array, slot)
+        if out is None:
+            out = self.store.map(key, STORAGE_DTYPE, tuple(arr.logical_shape))
+        else:
+            self.store.read_into(key, out)
+        if not arr.chunks[slot].matches(out):
+            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
+                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
+        return out
+
+    def device_file(self, array: str, slot: int | None) -> Path:
+        """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
+        rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
+        path = self.store.local_file(key)
+        if path is None:
+            raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
+                             "again with --force")
+        data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else b""
+        if not rec.matches(data):
+            raise CacheError(f"{self.store.describe(key)}: packed tensor does not match its manifest checksum "
+                             "(tampered or corrupt); convert again with --force")
+        return path
+
+    def verify(self) -> list[str]:
+        """Every chunk and device file the manifest lists must exist with its size and xxh3; the problems found."""
+        problems = []
+        for array, arr in self.manifest.arrays.items():
+            for slot, rec in arr.chunks.items():
+                key = self.chunk_object(array, slot)
+                data = self.store.get(key)
+                if data is None:
+                    problems.append(f"{self.store.describe(key)}: chunk listed in the manifest is missing")
+                elif not rec.matches(data):
+                    problems.append(f"{self.store.describe(key)}: chunk bytes do not match the manifest checksum "
+                                    "(tampered or corrupt)")
+                if rec.tensorbin is not None:
+                    packed = self.device_object(array, slot)
+                    if not rec.tensorbin.matches(self.store.get(packed)):
+                        problems.append(f"{self.store.describe(packed)}: packed tensor is missing or does not match "
+                                        "the manifest checksum")
+        return problems
+
+
+def open_entry(store: Store, name: str) -> Entry:
+    """A published entry: its manifest must exist, parse, and carry the fingerprint its name promises."""
+    key = manifest_key(name)
+    raw = store.get(key)
+    if raw is None:
+        remedy = ("published — run `python -m pipeline cache gc` and convert again" if store.can_rename else
+                  "pushed (a push in progress, or one that died) — convert again to complete it")
+        raise CacheError(f"{store.describe(entry_key(name))}: no {MANIFEST}; the entry was never completely {remedy}")
+    try:
+        manifest = Manifest.from_json(json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CacheError(f"{store.describe(key)}: manifest is not valid JSON ({e}); convert again with --force") from e
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CacheError(f"{store.describe(key)}: manifest lacks {e} or has the wrong type; convert again with "
+                         "--force") from None
+    if not manifest.fingerprint or not name.endswith(manifest.fingerprint[:20]):
+        raise CacheError(f"{store.describe(key)}: fingerprint {manifest.fingerprint[:20] or 'missing'} does not match "
+                         f"the entry name {name}: the entry was copied or tampered with; convert again with --force")
+    return Entry(store, name, manifest)
+
+
+def list_entries(store: Store) -> Iterator[tuple[str, Entry | None, str]]:
+    """Every name under entries/: (name, entry or None, state). States: published; incomplete (being built
+    locally, or — where there is no rename — no manifest yet: a push in progress or abandoned); broken (a local
+    final name without a valid manifest, which publish-by-rename can never produce)."""
+    for name in store.children(ENTRIES):
+        if TMP_MARK in name:
+            yield name, None, "incomplete"
+            continue
+        try:
+            yield name, open_entry(store, name), "published"
+        except CacheError:
+            yield name, None, "broken" if store.can_rename or store.get(manifest_key(name)) is not None else "incomplete"
+
+
+def read_ref(store: Store, version: str, layout: str, profile: str) -> str | None:
+    ref = store.get_json(ref_key(version, layout, profile))
+    return None if ref is None else ref.get("entry")
+
+
+def write_ref(store: Store, version: str, layout: str, profile: str, name: str) -> None:
+    store.put_json(ref_key(version, layout, profile), {"entry": name, "updated_unix": time.time()})
+
+
+def refs(store: Store) -> dict[str, list[str]]:
+    """Entry name -> the refs that point to it (what `load` opens: in use)."""
+    out: dict[str, list[str]] = {}
+    for key in store.list(REFS):
+        try:
+            ref = store.get_json(key) or {}
+        except CacheError:
+            continue
+        if key.endswith(".json") and "entry" in ref:
+            out.setdefault(ref["entry"], []).append(PurePosixPath(key).stem)
+    return out
+
+
+def push(local: LocalStore, name: str, store: Store, progress: bool = False) -> int:
+    """Copy a published local entry to a store that cannot rename: every object, then the manifest last, so a
+    reader (which accepts an entry only through its manifest) never sees half of it. Objects already there with
+    the same size are skipped (entries are named by content). Returns the bytes sent."""
+    prefix = entry_key(name)
+    there = store.sizes(prefix)
+    files = {k: n for k, n in local.sizes(prefix).items() if k != manifest_key(name)}
+    total, sent, t0 = sum(files.values()), 0, time.perf_counter()
+    last = t0
+    for key, size in files.items():
+        if there.get(key) == size:
+            continue
+        data = local.path(key).read_bytes()
+        store.put(key, data)
+        sent += len(data)
+        if progress and time.perf_counter() - last >= 5:
+            last = time.perf_counter()
+            print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe(prefix)}, "
+                  f"{last - t0:.0f} s", file=sys.stderr, flush=True)
+    manifest = local.get(manifest_key(name))
+    store.put(manifest_key(name), manifest)
+    return sent + len(manifest)

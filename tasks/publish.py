@@ -19,10 +19,9 @@ from typing import Mapping, Sequence
 
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
-from tasks.entry import MANIFEST, PROGRESS_DIR, chunk_key
+from tasks.entry import MANIFEST, PROGRESS_DIR, ArrayRecord, ChunkRecord, FileRecord, Manifest
 from tasks.stage import Staged
 from tasks.zarr_v3 import group_metadata, write_json_atomic
-
 
 
 def unit_done(unit: str, staged: Sequence[Staged | tuple], verified: Sequence[VerifiedShard]) -> dict:
@@ -57,20 +56,19 @@ def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], con
 
 
 def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], tensor_xxh3: Mapping[str, str],
-                    converter: object) -> dict[str, dict]:
+                    converter: object) -> dict[str, ArrayRecord]:
     """Per array: its metadata, content id, and per chunk (slot or whole array) byte count and xxh3.
     Does not perform I/O."""
-    arrays: dict[str, dict] = {}
+    chunks: dict[str, dict[int | None, ChunkRecord]] = {name: {} for name in array_meta}
+    for s in staged:
+        packed = None if s.packed_xxh3 is None else FileRecord(s.packed_nbytes, s.packed_xxh3)
+        chunks[s.name][s.slot] = ChunkRecord(s.nbytes, s.xxh3, s.max_abs_err, s.pcc, packed)
+    arrays = {}
     for name, meta in array_meta.items():
         sources = {k: tensor_xxh3[k] for k in meta["attributes"]["sources"]}
-        arrays[name] = {"shape": meta["shape"], "chunk_shape": meta["chunk_grid"]["configuration"]["chunk_shape"],
-                        "attributes": meta["attributes"], "source_xxh3": sources,
-                        "content_id": content_id(list(sources.values()), meta["attributes"], converter), "chunks": {}}
-    for s in staged:
-        record = {"nbytes": s.nbytes, "xxh3": s.xxh3, "max_abs_err": s.max_abs_err, "pcc": s.pcc}
-        if s.packed_xxh3 is not None:
-            record["tensorbin"] = {"nbytes": s.packed_nbytes, "xxh3": s.packed_xxh3}
-        arrays[s.name]["chunks"][chunk_key(s.slot)] = record
+        arrays[name] = ArrayRecord(meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"],
+                                   meta["attributes"], sources,
+                                   content_id(list(sources.values()), meta["attributes"], converter), chunks[name])
     return arrays
 
 
@@ -92,10 +90,10 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
     for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
         orphan.unlink(missing_ok=True)
     arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.get("converter"))
-    manifest = {**identity, "published_unix": time.time(), "arrays": arrays,
-                "bytes": sum(s.nbytes for s in staged), "chunks": len(staged)}
+    manifest = Manifest(**identity, published_unix=time.time(), arrays=arrays, bytes=sum(s.nbytes for s in staged),
+                        chunks=len(staged))
     _fsync_tree(tmp_dir)
-    write_json_atomic(tmp_dir / MANIFEST, manifest, durable=True)
+    write_json_atomic(tmp_dir / MANIFEST, manifest.to_json(), durable=True)
     _fsync(tmp_dir)
     aside = final_dir.with_name(f"{final_dir.name}.tmp-{os.getpid()}-replaced")
     if replace and final_dir.exists():
@@ -109,6 +107,5 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
         won = False
-    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest["bytes"],
-            "chunks": manifest["chunks"], "numerics": [asdict(s) for s in staged],
+    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "chunks": manifest.chunks, "numerics": [asdict(s) for s in staged],
             "device_tensors": {k: v for u in units for k, v in u.get("device", {}).items()}}

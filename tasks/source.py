@@ -1,7 +1,8 @@
 """Stage functions on the source checkpoint: index a shard, verify its bytes, read a tensor or one slot.
 
 Pure in the sense that matters for the graph: plain values in, plain values out, no Dask, no shared state. Reads
-open the shard themselves (one `os.open` is far cheaper than the read), so tasks run on any worker.
+open the shard themselves (one `os.open` is far cheaper than the read), so tasks run on any worker; the
+checkpoint reader (tasks/checkpoint.py) reads through the same functions.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 import xxhash
 
 from tasks.errors import CheckpointError
-from tasks.safetensors_file import ShardHeader, read_header, read_rows
+from tasks import safetensors_file
+from tasks.safetensors_file import ShardHeader, read_header
 
 HASH_BLOCK = 16 * 2**20
 
@@ -83,10 +85,12 @@ def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedSh
     return VerifiedShard(header, digest, tensors)
 
 
-def _read(header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
+def read_rows(header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
+    """Rows `lo:hi` of the leading dimension of `key`, reading only those bytes. The one read every reader takes:
+    the graph's read and slot tasks below, and `Checkpoint.rows/get/slot`."""
     fd = os.open(header.path, os.O_RDONLY)
     try:
-        return read_rows(fd, header, key, lo, hi)
+        return safetensors_file.read_rows(fd, header, key, lo, hi)
     finally:
         os.close(fd)
 
@@ -94,12 +98,15 @@ def _read(header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
 def read_tensor(header: ShardHeader, key: str) -> np.ndarray:
     """One whole tensor, as stored."""
     entry = header.entries[key]
-    return _read(header, key, 0, entry.shape[0] if entry.shape else 1)
+    return read_rows(header, key, 0, entry.shape[0] if entry.shape else 1)
 
 
 def read_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
-    """`W[slot]` of an embodiment bank: reads that slot's bytes only."""
+    """`W[slot]` of an embodiment bank: reads that slot's bytes only. Never transposed: the model computes
+    `x @ W[e] + b[e]`."""
     shape = header.entries[key].shape
+    if len(shape) < 2:
+        raise CheckpointError(header.path, f"shape {list(shape)} has no slot dimension to index", key)
     if not 0 <= slot < shape[0]:
         raise CheckpointError(header.path, f"slot {slot} is out of range: the bank has slots 0..{shape[0] - 1}", key)
-    return _read(header, key, slot, slot + 1)[0]
+    return read_rows(header, key, slot, slot + 1)[0]

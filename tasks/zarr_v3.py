@@ -23,8 +23,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tasks.errors import CacheError
-from tasks.safetensors_file import read_into
 
 STORAGE_DTYPE = np.dtype("<u2")
 
@@ -74,39 +72,3 @@ def write_chunk(array_dir: Path, coords: Sequence[int], data: np.ndarray) -> Non
     """Store one chunk: `data` must already have the chunk's shape; bf16 is stored as its uint16 bits."""
     raw = np.ascontiguousarray(data).reshape(-1).view(STORAGE_DTYPE)
     write_bytes_atomic(chunk_path(array_dir, coords), memoryview(raw.view(np.uint8)))
-
-
-def _open_chunk(path: Path, nbytes: int) -> int:
-    """Open a chunk file that must hold exactly `nbytes`; a missing or short chunk is an error, never zeros."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise CacheError(f"{path}: chunk is missing from the cache entry; run `python -m pipeline cache verify` "
-                         "and convert again with --force") from None
-    size = os.fstat(fd).st_size
-    if size != nbytes:
-        os.close(fd)
-        raise CacheError(f"{path}: chunk holds {size} bytes, expected {nbytes}; the entry is corrupt — "
-                         "convert again with --force")
-    return fd
-
-
-def read_chunk_into(array_dir: Path, coords: Sequence[int], out: np.ndarray) -> None:
-    """Read one chunk into `out` (its exact size)."""
-    path = chunk_path(array_dir, coords)
-    fd = _open_chunk(path, out.nbytes)
-    try:
-        read_into(fd, 0, out, path)
-    finally:
-        os.close(fd)
-
-
-def map_chunk(array_dir: Path, coords: Sequence[int], shape: Sequence[int]) -> np.ndarray:
-    """A copy-on-write memory map of one chunk: the page cache's pages, no copy into fresh memory (which costs more
-    than the read itself on a VM that hands out pages lazily); writes stay private to the process."""
-    path = chunk_path(array_dir, coords)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * STORAGE_DTYPE.itemsize
-    os.close(_open_chunk(path, nbytes))
-    if nbytes == 0:
-        return np.empty(tuple(shape), STORAGE_DTYPE)
-    return np.memmap(path, dtype=STORAGE_DTYPE, mode="c", shape=tuple(shape))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,48 @@ from tasks.device import configure_ttnn_env, hardware_present
 
 configure_ttnn_env(os.environ, hardware_present())
 os.environ["HF_HUB_OFFLINE"] = "1"  # the tests never reach the hub; the offline path says what to run
+
+
+BUCKET = "team-weights"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_url():
+    """A real S3 API: moto's server on 127.0.0.1, started once per session (an object store: no rename)."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+                      AWS_DEFAULT_REGION="us-east-1")
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        import boto3  # only here: the one test dependency that needs it, ~0.5 s to import
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+        yield f"s3://{BUCKET}/gr00t"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="session")

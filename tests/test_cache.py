@@ -22,6 +22,7 @@ from pipeline.cache import entries_dir
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks.errors import CacheError
+from tasks.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,7 @@ def test_changing_one_source_byte_makes_a_new_entry_and_keeps_the_old(copy_snaps
     shard.write_bytes(bytes(data))
     second = convert(_opts("n16", tmp_path, snapshot=snap, embodiments="gr1"))
     assert not second["cache_hit"] and second["fingerprint"] != first["fingerprint"]
-    assert cache_mod.verify_entry(cache_mod.open_entry(Path(first["cache_path"]))) == []
+    assert cache_mod.entry_at(Path(first["cache_path"])).verify() == []
 
 
 def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypatch):
@@ -99,7 +100,7 @@ def test_concurrent_converts_publish_one_entry_and_all_succeed(hf_cache, tmp_pat
     summaries = [json.loads(out) for out, _ in results]
     assert len({s["cache_path"] for s in summaries}) == 1
     assert [p.name for p in entries_dir(tmp_path).iterdir()] == [Path(summaries[0]["cache_path"]).name]
-    assert cache_mod.verify_entry(cache_mod.open_entry(Path(summaries[0]["cache_path"]))) == []
+    assert cache_mod.entry_at(Path(summaries[0]["cache_path"])).verify() == []
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_tampered_chunk_is_refused_by_verify_and_load(n17_cache):
     data = bytearray(chunk.read_bytes())
     data[10] ^= 0x40
     chunk.write_bytes(bytes(data))
-    problems = cache_mod.verify_entry(cache_mod.open_entry(entry))
+    problems = cache_mod.entry_at(entry).verify()
     assert problems == [f"{chunk}: chunk bytes do not match the manifest checksum (tampered or corrupt)"]
     with pytest.raises(CacheError) as err:
         load("n17", root)
@@ -196,11 +197,11 @@ def test_gc_removes_orphans_of_dead_processes_and_broken_entries(n17_cache):
     orphan.mkdir()
     broken = entries_dir(root) / "n17-bf16-00000000000000000000"
     broken.mkdir()
-    removed = {r["entry"]: r["reason"] for r in cache_mod.collect_garbage(root)}
+    removed = {r["entry"]: r["reason"] for r in cache_mod.collect_garbage(LocalStore(root))}
     assert removed == {orphan.name: "temporary of a dead process", broken.name: "no valid manifest"}
     assert entry.exists()
-    assert cache_mod.collect_garbage(root, max_bytes=0) == []  # a ref points to it: in use
-    assert [r["entry"] for r in cache_mod.collect_garbage(root, max_bytes=0, include_current=True)] == [entry.name]
+    assert cache_mod.collect_garbage(LocalStore(root), max_bytes=0) == []  # a ref points to it: in use
+    assert [r["entry"] for r in cache_mod.collect_garbage(LocalStore(root), max_bytes=0, include_current=True)] == [entry.name]
 
 
 def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tmp_path):
@@ -225,13 +226,13 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
     per_key = {s.key: s.nbytes for s in layout("n16", "tiny")}
     assert tuned["bytes_read"] == sum(per_key[k] for t in changed for k in t.sources)  # only the changed targets
     assert shared_bytes(Path(tuned["cache_path"])) == tuned["reused_bytes"] > 0
-    assert cache_mod.verify_entry(cache_mod.open_entry(Path(base["cache_path"]))) == []
+    assert cache_mod.entry_at(Path(base["cache_path"])).verify() == []
 
 
 def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_zeros(tmp_path):
     from tasks.convert import Converted
     from tasks.stage import stage_target
-    from tasks.zarr_v3 import read_chunk_into
+    from tasks.store import LocalStore
 
     zeros = np.zeros((64, 32), np.uint16)
     staged = stage_target(tmp_path, Converted("t", None, zeros, "bfloat16", "TILE", (64, 32), 0.0, 1.0))
@@ -239,7 +240,7 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
     assert chunk.read_bytes() == bytes(64 * 32 * 2) and staged.nbytes == 4096  # zarr would have skipped it
     chunk.unlink()
     with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
-        read_chunk_into(tmp_path / "t", (0, 0), np.empty((64, 32), np.uint16))
+        LocalStore(tmp_path).read_into("t/c/0/0", np.empty((64, 32), np.uint16))
 
 
 def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):

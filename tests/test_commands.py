@@ -97,7 +97,7 @@ def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries
                                    force=True, progress=False))
     assert Path(again["cache_path"]).name == current and not again["cache_hit"]
     assert not [p for p in entries_dir(root).iterdir() if ".tmp-" in p.name]  # the replaced one is gone
-    assert cache_mod.verify_entry(cache_mod.open_entry(entries_dir(root) / current)) == []
+    assert cache_mod.entry_at(entries_dir(root) / current).verify() == []
 
 
 def test_ctrl_c_prints_one_line_exits_130_and_the_next_run_resumes(hf_cache, tmp_path):

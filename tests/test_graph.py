@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import pytest
 
-from pipeline.convert import ConvertOptions
+from pipeline.convert import ConvertOptions, convert
+from pipeline.recipe import build_plan
+from tasks.checkpoint import Checkpoint
 from pipeline.graph import PUBLISH, ancestors
 from pipeline.layout import straddling_unit
 from pipeline.render import graph_for, graph_json, unit_summary
@@ -33,8 +37,6 @@ def test_only_the_straddling_unit_depends_on_two_shards(hf_cache, cache_root, ve
 
 
 def test_every_read_depends_on_the_index_of_its_own_shard(hf_cache, cache_root, snapshots):
-    from tasks.checkpoint import Checkpoint
-
     graph = _graph(hf_cache, cache_root, "n16")
     with Checkpoint(snapshots["n16"]) as ck:
         reads = [k for k in graph if k[0] in ("read", "slot")]
@@ -90,3 +92,32 @@ def test_with_an_open_device_each_target_uploads_right_after_staging(hf_cache, c
         assert set(graph[key].dependencies) == {("stage", *key[1:]), ("convert", *key[1:])}
     unit = ("unit", "action_head.model.transformer_blocks.19")
     assert {d[0] for d in graph[unit].dependencies} == {"upload", "verify"}
+
+
+def test_a_one_embodiment_conversion_reads_only_that_slot_of_each_bank(hf_cache, cache_root, snapshots, monkeypatch):
+    """The slot-bytes guarantee on the path production takes: a real convert (the Dask graph, threads), every
+    positioned read recorded at the system call. Each bank's bytes read are exactly its slot's byte range."""
+    reads, lock, preadv = [], threading.Lock(), os.preadv
+
+    def recording(fd, buffers, offset):
+        n = preadv(fd, buffers, offset)
+        with lock:
+            reads.append((os.path.realpath(f"/proc/self/fd/{fd}"), offset, n))
+        return n
+
+    monkeypatch.setattr(os, "preadv", recording)
+    summary = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny",
+                                     cache_root=cache_root, progress=False))
+    slot = summary["slots"][0]
+    with Checkpoint(snapshots["n16"]) as ck:
+        plan = build_plan("n16", {k: ck.shape(k) for k in ck.keys()}, layout="tt-n16")
+        banks = sorted({k for t in plan.targets if t.embodiment for k in t.sources})
+        assert len(banks) == 14 and all(k.startswith("action_head.") and ck.shape(k)[0] == 32 for k in banks)
+        for key in banks:
+            header, entry = ck.headers[ck.shard_of(key)], ck.info(key)
+            start = header.data_start + entry.start
+            per_slot = entry.nbytes // 32
+            touched = [(o, n) for path, o, n in reads if path == os.path.realpath(header.path)
+                       and o < start + entry.nbytes and o + n > start]
+            assert touched == [(start + slot * per_slot, per_slot)], key
+    assert sum(n for _, _, n in reads) == summary["bytes_read"]

@@ -25,7 +25,9 @@ from pipeline import cache as cache_mod
 from pipeline.cli import main
 from pipeline.convert import ConvertOptions, convert
 from tasks.checkpoint import INDEX_NAME
+from tasks.entry import list_entries
 from tasks.errors import CheckpointError
+from tasks.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
@@ -241,7 +243,7 @@ def test_kill_9_at_ten_seeded_points_never_publishes_and_resumes_exactly(hf_cach
         published = [p for p in cache_mod.entries_dir(root).iterdir() if ".tmp-" not in p.name] \
             if cache_mod.entries_dir(root).exists() else []
         for entry in published:  # a run that finished before the kill published a complete entry, never a half one
-            assert cache_mod.verify_entry(cache_mod.open_entry(entry)) == []
+            assert cache_mod.entry_at(entry).verify() == []
     final = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=root, progress=False))
     assert _entry_chunks(Path(final["cache_path"])) == _entry_chunks(Path(clean["cache_path"]))
 
@@ -295,9 +297,9 @@ def test_readers_during_publish_never_see_a_partial_entry(hf_cache, tmp_path):
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _ in range(2)]
     seen = 0
     while any(p.poll() is None for p in procs):
-        for path, entry, state in cache_mod.iter_entries(tmp_path):
+        for name, entry, state in list_entries(LocalStore(tmp_path)):
             if state != "incomplete":  # anything not a temporary must be complete and valid
-                assert state == "published" and cache_mod.verify_entry(entry) == []
+                assert state == "published" and entry.verify() == []
                 seen += 1
         time.sleep(0.01)
     assert all(p.returncode == 0 for p in procs)

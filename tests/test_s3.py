@@ -1,60 +1,14 @@
-"""A shared cache on an object store: a real S3 API (moto's server on 127.0.0.1, started here), no rename."""
+"""A shared cache on an object store: a real S3 API (moto's server on 127.0.0.1: tests/conftest.py), no rename."""
 
 from __future__ import annotations
-
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
-from pipeline.store import open_store
 from tasks.errors import CacheError
-
-BUCKET = "team-weights"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_url():
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
-                      AWS_DEFAULT_REGION="us-east-1")
-    try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        import boto3
-
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-        yield f"s3://{BUCKET}/gr00t"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+from tasks.store import open_store
 
 
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):

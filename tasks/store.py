@@ -1,0 +1,242 @@
+"""Where cache entries live: one small interface, with a local directory or an object store behind it.
+
+Keys are `/`-separated paths relative to the cache root. The two stores differ in one capability, `can_rename`:
+a local directory builds an entry beside its final name and publishes it by rename; an object store has no
+rename, so an entry built and verified locally is pushed object by object, `MANIFEST.json` last
+(tasks/entry.py `push`). Everything else — listing, reading a chunk into a caller's buffer, verifying — is the
+same code for both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from tasks.errors import CacheError
+from tasks.safetensors_file import read_into
+from tasks.zarr_v3 import write_bytes_atomic
+
+
+class Store(ABC):
+    can_rename: bool = False
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write a whole object; readers see the old object or the new one, never a mix."""
+
+    @abstractmethod
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under `prefix` (recursively), sorted, with its size in bytes (one listing, no reads)."""
+
+    def list(self, prefix: str) -> list[str]:
+        return list(self.sizes(prefix))
+
+    def usage(self, prefix: str, seen: set) -> tuple[int, int]:
+        """Bytes under `prefix`, and how many of them are not already in `seen` (which this updates): a local
+        cache shares bytes between entries by hard links; an object store shares none."""
+        sizes = self.sizes(prefix)
+        seen.update(sizes)
+        return sum(sizes.values()), sum(sizes.values())
+
+    @abstractmethod
+    def children(self, prefix: str) -> list[str]:
+        """The names directly under `prefix` (objects or folders), sorted."""
+
+    @abstractmethod
+    def delete(self, prefix: str) -> None:
+        """Remove every key under `prefix` (and the key itself)."""
+
+    @abstractmethod
+    def describe(self, key: str) -> str:
+        """The key as the user knows it (a path or a URL), for messages."""
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        """Fill `out` with the object, which must hold exactly `out.nbytes` bytes."""
+        data = self.get(key)
+        _check_size(self, key, None if data is None else len(data), out.nbytes)
+        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+
+    def map(self, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The object as a writable array of `shape` (locally a private memory map of the file, no copy)."""
+        out = np.empty(shape, dtype)
+        self.read_into(key, out)
+        return out
+
+    def local_file(self, key: str) -> Path | None:
+        """A local file holding the object (ttnn loads from a path), or None when it does not exist."""
+        data = self.get(key)
+        if data is None:
+            return None
+        if not hasattr(self, "_downloads"):
+            self._downloads = tempfile.TemporaryDirectory(prefix="gr00t-store-")
+        path = Path(self._downloads.name) / key.replace("/", "%")
+        path.write_bytes(data)
+        return path
+
+    def get_json(self, key: str) -> dict | None:
+        raw = self.get(key)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CacheError(f"{self.describe(key)}: not valid JSON ({e}); the object is corrupt") from e
+
+    def put_json(self, key: str, doc: object) -> None:
+        self.put(key, (json.dumps(doc, indent=1) + "\n").encode())
+
+
+def _check_size(store: Store, key: str, found: int | None, expected: int) -> None:
+    """A missing or short object is an error, never zeros."""
+    if found is None:
+        raise CacheError(f"{store.describe(key)}: chunk is missing from the cache entry; run `python -m pipeline "
+                         "cache verify` and convert again with --force")
+    if found != expected:
+        raise CacheError(f"{store.describe(key)}: chunk holds {found} bytes, expected {expected}; the entry is "
+                         "corrupt — convert again with --force")
+
+
+class LocalStore(Store):
+    """A cache folder. Reads go through one system call into the caller's buffer, or a private memory map."""
+
+    can_rename = True
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        write_bytes_atomic(self.path(key), data)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        base = self.path(prefix)
+        files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+        return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in files}
+
+    def usage(self, prefix: str, seen: set) -> tuple[int, int]:
+        size = unique = 0
+        for p in self.path(prefix).rglob("*"):
+            if p.is_file():
+                st = p.stat()
+                size += st.st_size
+                if (st.st_dev, st.st_ino) not in seen:  # a hard link to bytes already counted
+                    seen.add((st.st_dev, st.st_ino))
+                    unique += st.st_size
+        return size, unique
+
+    def children(self, prefix: str) -> list[str]:
+        base = self.path(prefix)
+        return sorted(p.name for p in base.iterdir()) if base.is_dir() else []
+
+    def delete(self, prefix: str) -> None:
+        path = self.path(prefix)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def describe(self, key: str) -> str:
+        return str(self.path(key)) if key else str(self.root)
+
+    def _open(self, key: str, nbytes: int) -> int:
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            _check_size(self, key, None, nbytes)
+        size = os.fstat(fd).st_size
+        if size != nbytes:
+            os.close(fd)
+            _check_size(self, key, size, nbytes)
+        return fd
+
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        fd = self._open(key, out.nbytes)
+        try:
+            read_into(fd, 0, out, self.path(key))
+        finally:
+            os.close(fd)
+
+    def map(self, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        # The page cache's pages, not a copy into fresh memory (which costs more than the read on a VM that hands
+        # out pages lazily); copy-on-write, so a caller's writes stay private.
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        os.close(self._open(key, nbytes))
+        if nbytes == 0:
+            return np.empty(shape, dtype)
+        return np.memmap(self.path(key), dtype=dtype, mode="c", shape=shape)
+
+    def local_file(self, key: str) -> Path | None:
+        return self.path(key) if self.path(key).is_file() else None
+
+
+class FsspecStore(Store):
+    """An object store through fsspec (s3fs for `s3://`; the endpoint comes from AWS_ENDPOINT_URL when set)."""
+
+    def __init__(self, url: str):
+        import fsspec  # lazy: only object-store caches need it (with s3fs, ~0.3 s to import)
+
+        self.url = url.rstrip("/")
+        self.fs, self.base = fsspec.core.url_to_fs(self.url)
+
+    def _path(self, key: str) -> str:
+        return f"{self.base}/{key}" if key else self.base
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(self._path(key))
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.fs.pipe_file(self._path(key), bytes(data))  # one PUT: atomic per object
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        try:
+            found = self.fs.find(self._path(prefix), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {p[len(self.base) + 1:]: int(info.get("size") or 0) for p, info in sorted(found.items())}
+
+    def children(self, prefix: str) -> list[str]:
+        try:
+            found = self.fs.ls(self._path(prefix), detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
+
+    def delete(self, prefix: str) -> None:
+        paths = self.fs.find(self._path(prefix))
+        if paths:
+            self.fs.rm(paths)
+
+    def describe(self, key: str) -> str:
+        return f"{self.url}/{key}" if key else self.url
+
+
+def is_url(root: object) -> bool:
+    return isinstance(root, str) and "://" in root
+
+
+def open_store(root: Store | Path | str) -> Store:
+    """A store for a cache root: a local folder, or an object-store URL (`s3://bucket/prefix`)."""
+    if isinstance(root, Store):
+        return root
+    return FsspecStore(root) if is_url(root) else LocalStore(Path(root))

@@ -1,0 +1,102 @@
+"""The Store contract: a local folder and an object store (moto's S3 server) behave the same behind the interface,
+and an entry read through either gives the same manifest, chunks, device files and verification."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from pipeline.cache import entry_at
+from pipeline.convert import ConvertOptions, convert
+from tasks.entry import WHOLE, open_entry, push
+from tasks.errors import CacheError
+from tasks.store import LocalStore, Store, open_store
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path) -> Store:
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return open_store(f"{request.getfixturevalue('s3_url')}/contract-{uuid.uuid4().hex[:8]}")
+
+
+def test_objects_round_trip_whole_and_missing_ones_are_none(store):
+    assert store.get("a/b.bin") is None
+    store.put("a/b.bin", b"first")
+    store.put("a/b.bin", b"second, longer")  # a whole object is replaced, never mixed
+    assert store.get("a/b.bin") == b"second, longer"
+    store.put_json("refs/x.json", {"entry": "e"})
+    assert store.get_json("refs/x.json") == {"entry": "e"} and store.get_json("refs/none.json") is None
+    store.put("refs/bad.json", b"{not json")
+    with pytest.raises(CacheError, match=r"refs/bad\.json: not valid JSON"):
+        store.get_json("refs/bad.json")
+
+
+def test_listing_is_recursive_sorted_and_sized_and_children_are_one_level(store):
+    for key, data in (("e/ab/z", b"1"), ("e/a/c/d", b"22"), ("e/a/b", b"333"), ("f/x", b"4444")):
+        store.put(key, data)
+    assert store.list("e/a") == ["e/a/b", "e/a/c/d"]  # not e/ab: a prefix is a folder, not a string prefix
+    assert store.sizes("e") == {"e/a/b": 3, "e/a/c/d": 2, "e/ab/z": 1}
+    assert store.children("e") == ["a", "ab"] and store.children("nothing") == [] and store.list("nothing") == []
+    seen: set = set()
+    assert store.usage("e", seen) == (6, 6)
+    store.delete("e/a")
+    assert store.list("e") == ["e/ab/z"] and store.get("f/x") == b"4444"
+
+
+def test_read_into_fills_exactly_and_refuses_missing_or_short_objects(store):
+    data = np.arange(12, dtype=np.uint16).reshape(3, 4)
+    store.put("c/0/0", data.tobytes())
+    out = np.empty((3, 4), np.uint16)
+    store.read_into("c/0/0", out)
+    assert np.array_equal(out, data)
+    mapped = store.map("c/0/0", np.uint16, (3, 4))
+    mapped[0, 0] = 99  # a caller's writes stay private
+    assert np.array_equal(np.asarray(mapped)[1:], data[1:]) and store.get("c/0/0") == data.tobytes()
+    with pytest.raises(CacheError, match=r"c/0/1: chunk is missing from the cache entry"):
+        store.read_into("c/0/1", out)
+    with pytest.raises(CacheError, match=r"c/0/0: chunk holds 24 bytes, expected 48"):
+        store.read_into("c/0/0", np.empty((6, 4), np.uint16))
+    local = store.local_file("c/0/0")
+    assert local.read_bytes() == data.tobytes() and store.local_file("c/9") is None
+
+
+def test_only_a_local_folder_can_rename(tmp_path, s3_url):
+    assert LocalStore(tmp_path).can_rename and not open_store(s3_url).can_rename
+
+
+def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store, snapshots):
+    """Convert once locally; push the entry into the store under test (a local folder gets the same objects);
+    every reader answers the same, and the chunks equal the source read with safetensors itself."""
+    summary = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+                                     cache_root=tmp_path / "built", progress=False, profile="bfp8"))
+    built = entry_at(Path(summary["cache_path"]))
+    sent = push(built.store, built.name, store)
+    assert sent == sum(built.store.sizes(f"entries/{built.name}").values())
+    assert push(built.store, built.name, store) == len(built.store.get(f"entries/{built.name}/MANIFEST.json"))
+    entry = open_entry(store, built.name)
+    assert entry.manifest == built.manifest and entry.verify() == []
+    doc = json.loads(store.get(f"entries/{built.name}/MANIFEST.json"))
+    assert doc["arrays"]["llm.norm.weight"]["chunks"][WHOLE]["xxh3"] == entry.manifest.arrays["llm.norm.weight"].chunks[None].xxh3
+    arr = entry.manifest.arrays["llm.norm.weight"]
+    assert entry.read_chunk("llm.norm.weight", None).shape == tuple(arr.logical_shape)
+    assert entry.device_file("llm.norm.weight", None).read_bytes() == \
+        built.store.get(built.device_object("llm.norm.weight", None))
+    bank = next(n for n, a in entry.manifest.arrays.items() if a.bank)
+    slot, (source_key,) = entry.manifest.slots[0], entry.manifest.arrays[bank].attributes["sources"]
+    index = json.loads((snapshots["n17"] / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(str(snapshots["n17"] / index[source_key]), "pt") as f:  # the source, read independently
+        want = f.get_tensor(source_key)[slot].view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(entry.read_chunk(bank, slot), want)
+    damaged = entry.chunk_object(bank, slot)
+    store.put(damaged, b"\0" * len(store.get(damaged)))
+    assert [p.split(": ", 1)[1] for p in entry.verify()] == ["chunk bytes do not match the manifest checksum "
+                                                              "(tampered or corrupt)"]
+    with pytest.raises(CacheError, match=f"{bank}: chunk {slot} does not match its manifest checksum"):
+        entry.read_chunk(bank, slot)
