@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	@$(PY) -c "from tasks import kernels; print('C kernels:', kernels.build() or 'not built (no C compiler): the numpy packers give the same bytes, slower')"
 	@command -v dot >/dev/null || { apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; } || echo "warning: could not install graphviz (dot); 'make graph' will write DOT text only" >&2
 	@touch $(STAMP)
 

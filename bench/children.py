@@ -17,7 +17,7 @@ def _child_convert(a: dict) -> dict:
 
     shutil.rmtree(a["cache"], ignore_errors=True)
     s = convert(ConvertOptions(a["version"], a["profile"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
-                               progress=False, scheduler=a.get("scheduler", "threads"),
+                               progress=False, scheduler=a.get("scheduler", "threads"), workers=a.get("workers"),
                                layout=a.get("layout", "generic"), synthetic=a.get("synthetic")))
     return {"seconds": s["seconds"], "stage_seconds": s["stage_seconds"], "bytes": s["bytes_written"]}
 

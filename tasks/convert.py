@@ -37,10 +37,9 @@ class Converted:
     packed: bytes | None = None  # `.tensorbin` of a packed-dtype target: reloads without repacking
 
 
-def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin: str = "") -> None:
-    """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys (checked on the
-    bits). `origin` names the shard file(s) the sources came from."""
-    bits = array.reshape(-1).view(np.uint16)
+def _count_nonfinite(bits: np.ndarray) -> tuple[int, int]:
+    """(Inf/NaN count, first flat index or -1) of bf16 bits, in blocks (~18 GB/s here; a C loop gains ~0.15 s on
+    a full N1.6, measured and left out)."""
     scratch = np.empty(min(_BLOCK, bits.size), np.uint16)
     count, first = 0, -1
     for i in range(0, bits.size, _BLOCK):
@@ -50,6 +49,13 @@ def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin:
             bad = masked == _EXPONENT
             count += int(np.count_nonzero(bad))
             first = first if first >= 0 else i + int(np.argmax(bad))
+    return count, first
+
+
+def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin: str = "") -> None:
+    """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys (checked on the
+    bits). `origin` names the shard file(s) the sources came from."""
+    count, first = _count_nonfinite(array.reshape(-1).view(np.uint16))
     if count:
         raise CheckpointError(origin or ", ".join(sources), f"{count} NaN/Inf value(s) in target {name!r} (first at flat index "
                                                   f"{first}); the checkpoint is corrupt or was saved mid-divergence", sources[0])

@@ -11,9 +11,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tasks.bulk_write import write_bytes_atomic
 from tasks.convert import Converted
 from tasks.entry import PROGRESS_DIR, checksum, chunk_coords, packed_path, progress_path
-from tasks.zarr_v3 import chunk_path, write_bytes_atomic, write_chunk
+from tasks.zarr_v3 import chunk_path, write_chunk
 
 
 

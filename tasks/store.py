@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.bulk_write import write_bytes_atomic
 from tasks.errors import CacheError
 from tasks.safetensors_file import read_into
-from tasks.zarr_v3 import write_bytes_atomic
 
 
 class Store(ABC):

@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tasks import kernels
+
 Shape = tuple[int, ...]
 
 
@@ -31,7 +33,11 @@ BLOCK_ROWS = 256  # numpy's plain strided transpose runs at ~0.25 GB/s on 2-byte
 
 
 def _transpose_into(out: np.ndarray, x: np.ndarray) -> None:
-    """`out[:] = x.T`, copied in row blocks that stay in cache."""
+    """`out[:] = x.T`: in 32x32 blocks in C (tasks/kernels.c, ~2.5x the numpy blocks below), else in numpy row
+    blocks that stay in cache."""
+    if kernels.available() and x.ndim == 2 and x.dtype.itemsize == 2:
+        kernels.transpose_into(out, x)
+        return
     for i in range(0, x.shape[0], BLOCK_ROWS):
         out[:, i:i + BLOCK_ROWS] = x[i:i + BLOCK_ROWS].T
 

@@ -16,12 +16,12 @@ dependency only: the independent reader the tests open every entry with.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from tasks.bulk_write import write_bytes_atomic
 
 
 STORAGE_DTYPE = np.dtype("<u2")
@@ -46,22 +46,6 @@ def group_metadata(arrays: Mapping[str, dict], attributes: Mapping[str, object])
 
 def chunk_path(array_dir: Path, coords: Sequence[int]) -> Path:
     return array_dir.joinpath("c", *(str(c) for c in coords)) if coords else array_dir / "c"
-
-
-def write_bytes_atomic(path: Path, data: memoryview | bytes, durable: bool = False) -> None:
-    """Write to `<path>.<uuid>.partial`, then rename: the final name only ever holds complete bytes.
-    `durable` fsyncs before the rename (for the manifest, the one file whose presence means "complete")."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:

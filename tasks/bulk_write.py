@@ -1,0 +1,84 @@
+"""Writing a cache entry's big files (chunks, `.tensorbin`s) past the page cache.
+
+Measured on this project's 2-core VM: buffered writes cost ~1.35 s of kernel time per GB once free memory is used
+up (the page cache must take pages back and the VM hands out fresh ones slowly), so a full N1.6 tt-n16 entry's
+10.7 GB cost ~14 s of CPU in writes alone. `O_DIRECT` writes go from the process's buffer to the disk: 6 GB in
+2.8 s of wall time at 0.13 s of CPU. The bytes pass through a page-aligned bounce buffer per thread (O_DIRECT
+wants aligned memory and lengths); the last block is padded and the file cut back to its size. Small files, and
+filesystems without O_DIRECT (tmpfs), take the buffered path. Every file is still written under a temporary name
+and renamed into place, so a reader never sees a torn one.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+import uuid
+from pathlib import Path
+
+ALIGN = 4096
+DIRECT_MIN = 1 << 20        # below 1 MB the page cache costs less than the bounce copy and the device round trip
+BOUNCE = 8 << 20            # per thread: big enough for the disk to stream, small enough to stay in cache
+_local = threading.local()
+_no_direct: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
+
+
+def write_bytes_atomic(path: Path, data: memoryview | bytes, durable: bool = False) -> None:
+    """Write to `<path>.<uuid>.partial`, then rename: the final name only ever holds complete bytes.
+    `durable` fsyncs before the rename (for the manifest, the one file whose presence means "complete")."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        if not (len(data) >= DIRECT_MIN and _write_direct(tmp, memoryview(data).cast("B"))):
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _bounce() -> mmap.mmap:
+    if not hasattr(_local, "buffer"):
+        _local.buffer = mmap.mmap(-1, BOUNCE)  # anonymous maps are page-aligned
+    return _local.buffer
+
+
+def _write_direct(tmp: Path, data: memoryview) -> bool:
+    """Write `data` to the new file `tmp` with O_DIRECT; False (nothing written) where the filesystem refuses."""
+    dev = tmp.parent.stat().st_dev
+    if dev in _no_direct:
+        return False
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        _no_direct.add(dev)
+        return False
+    view, pos = memoryview(_bounce()), 0
+    try:
+        while pos < len(data):
+            n = min(BOUNCE, len(data) - pos)
+            padded = -(-n // ALIGN) * ALIGN
+            view[:n] = data[pos:pos + n]
+            if padded > n:
+                view[n:padded] = bytes(padded - n)
+            written = os.pwrite(fd, view[:padded], pos)
+            if written != padded:
+                raise OSError(errno.EIO, f"short O_DIRECT write ({written} of {padded} bytes)", str(tmp))
+            pos += n
+        os.ftruncate(fd, len(data))  # the last block was padded out to the alignment
+    except OSError as e:
+        if e.errno != errno.EINVAL or pos:
+            raise
+        _no_direct.add(dev)  # refused at the first write: the caller starts over on the buffered path
+        return False
+    finally:
+        view.release()
+        os.close(fd)
+    return True

@@ -1,0 +1,171 @@
+/* The hot loops of the convert stage, in C: ttnn's TILE layout of one bf16 matrix, as bfloat16 (a relayout) or
+ * bfloat8_b (packed), and the 2-D transpose the port's linear weights need. The rules are the ones
+ * tasks/tensorbin.py spells out and tests/test_tensorbin.py holds to ttnn bit for bit; this file only makes them
+ * fast (one pass, no temporaries, one thread: the graph runs two of these at once on two cores).
+ *
+ * Built by tasks/kernels.py (cc -O3 -shared) and called through ctypes; every function works on one matrix
+ * [rows, cols] whose rows are `stride` elements apart, zero-padded to multiples of 32 on the way out.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TILE 32
+#define FACE 16
+
+/* The source value at (r, c) of the padded matrix: zero outside the logical one. */
+static inline uint16_t at(const uint16_t *src, int64_t rows, int64_t cols, int64_t stride, int64_t r, int64_t c) {
+    return (r < rows && c < cols) ? src[r * stride + c] : 0;
+}
+
+/* One face row (16 values starting at (r, c)) into `out`, zeros past the logical edge. */
+static inline void face_row(const uint16_t *src, int64_t rows, int64_t cols, int64_t stride, int64_t r, int64_t c,
+                            uint16_t out[FACE]) {
+    if (r < rows && c + FACE <= cols) {
+        memcpy(out, src + r * stride + c, FACE * sizeof(uint16_t));
+        return;
+    }
+    for (int i = 0; i < FACE; i++) out[i] = at(src, rows, cols, stride, r, c + i);
+}
+
+/* bfloat16 TILE: every tile's four faces, each row-major. `dst` holds ceil(rows/32)*ceil(cols/32)*1024 values. */
+void tilize_bf16(const uint16_t *src, int64_t rows, int64_t cols, int64_t stride, uint16_t *dst) {
+    int64_t trows = (rows + TILE - 1) / TILE, tcols = (cols + TILE - 1) / TILE;
+    for (int64_t tr = 0; tr < trows; tr++)
+        for (int64_t tc = 0; tc < tcols; tc++)
+            for (int f = 0; f < 4; f++)
+                for (int r = 0; r < FACE; r++, dst += FACE)
+                    face_row(src, rows, cols, stride, tr * TILE + (f >> 1) * FACE + r, tc * TILE + (f & 1) * FACE, dst);
+}
+
+/* One bfloat8_b code: a bf16 value whose face row shares exponent field `shared` (tasks/tensorbin.py,
+ * _reference_codes): the 8-bit significand shifted right by gap + 1 bits, rounded to nearest-even, saturated. */
+static inline uint8_t bfp8_code(uint16_t bits, int shared) {
+    int exp = (bits >> 7) & 0xFF;
+    int significand = exp ? ((bits & 0x7F) | 0x80) : 0;
+    int drop = shared - exp + 1;
+    if (drop > 9) drop = 9;
+    int kept = significand >> drop, rest = significand & ((1 << drop) - 1), half = 1 << (drop - 1);
+    int magnitude = kept + (rest > half || (rest == half && (kept & 1)));
+    if (magnitude > 127) magnitude = 127;
+    return (uint8_t)(magnitude | (magnitude ? (bits >> 8) & 0x80 : 0));
+}
+
+/* The float32 a code reads back as: magnitude * 2**(shared - 133) (`scale`: exact, a 7-bit magnitude times a
+ * power of two), signed; NaN for a full-width magnitude above 64 in a row that held an Inf or NaN (shared 255). */
+static inline float bfp8_value(uint8_t code, int shared, float scale) {
+    int magnitude = code & 0x7F;
+    float v = (shared == 255 && magnitude > 64) ? NAN : (float)magnitude * scale;
+    return (code & 0x80) ? -v : v;
+}
+
+static inline float bf16_value(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float v;
+    memcpy(&v, &wide, sizeof v);
+    return v;
+}
+
+/* 2**k as a float (k in -149..127), for the per-row read-back scale 2**(shared - 133). */
+static float SCALE[256];
+
+__attribute__((constructor)) static void init_scales(void) {
+    for (int shared = 0; shared < 256; shared++) SCALE[shared] = ldexpf(1.0f, shared - 133);
+}
+
+static inline float bits_to_float(uint32_t bits) {
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Per-lane running numerics of one face (16 rows), folded into double per face: the lanes vectorize, and a lane
+ * sums only 16 values in float before it is widened. */
+typedef struct {
+    float back[FACE], ref[FACE], back2[FACE], ref2[FACE], cross[FACE], worst[FACE];
+} Lanes;
+
+/* One face row: its shared exponent, its 16 codes, and its numerics into `lanes`. Branch-free, so it vectorizes:
+ * a code's magnitude is the 8-bit significand times 2**-(gap + 1), rounded to nearest-even (adding and taking
+ * away 2**23 rounds a float below 2**22 to an integer, ties to even), saturated at 127 — the same numbers as
+ * bfp8_code's shifts (a gap of 8 or more leaves 0 either way). */
+static inline void pack_face_row(const uint16_t row[FACE], uint8_t *shared_out, uint8_t codes[FACE], Lanes *lanes) {
+    uint16_t top = 0;  /* the largest exponent field, left in place (a max over 16-bit lanes vectorizes) */
+    for (int i = 0; i < FACE; i++) {
+        uint16_t e = row[i] & 0x7F80;
+        top = e > top ? e : top;
+    }
+    int shared = top >> 7;
+    *shared_out = (uint8_t)shared;
+    if (shared == 255) {  /* an Inf or NaN in the row: the plain rule (convert refuses these before packing) */
+        for (int i = 0; i < FACE; i++) {
+            codes[i] = bfp8_code(row[i], shared);
+            float back = bfp8_value(codes[i], shared, SCALE[shared]), ref = bf16_value(row[i]);
+            lanes->back[i] += back, lanes->ref[i] += ref, lanes->back2[i] += back * back;
+            lanes->ref2[i] += ref * ref, lanes->cross[i] += back * ref;
+        }
+        return;
+    }
+    float scale = SCALE[shared];
+    for (int i = 0; i < FACE; i++) {
+        uint32_t b = row[i];
+        int32_t e = (b >> 7) & 0xFF, gap = shared - e;
+        gap = gap < 9 ? gap : 9;
+        int32_t significand = (int32_t)((b & 0x7F) | 0x80) & -(int32_t)(e != 0);
+        float shifted = (float)significand * bits_to_float((uint32_t)(126 - gap) << 23);
+        int32_t magnitude = (int32_t)((shifted + 8388608.0f) - 8388608.0f);
+        magnitude = magnitude < 127 ? magnitude : 127;
+        uint32_t negative = (b >> 15) & (magnitude != 0);
+        codes[i] = (uint8_t)(magnitude | (negative << 7));
+        float back = (float)magnitude * scale, ref = bits_to_float(b << 16);
+        back = negative ? -back : back;
+        float err = fabsf(back - ref);
+        lanes->worst[i] = err > lanes->worst[i] ? err : lanes->worst[i];
+        lanes->back[i] += back, lanes->ref[i] += ref, lanes->back2[i] += back * back;
+        lanes->ref2[i] += ref * ref, lanes->cross[i] += back * ref;
+    }
+}
+
+static void fold(Lanes *lanes, double *sums, float *worst) {
+    for (int i = 0; i < FACE; i++) {
+        sums[0] += lanes->back[i], sums[1] += lanes->ref[i], sums[2] += lanes->back2[i];
+        sums[3] += lanes->ref2[i], sums[4] += lanes->cross[i];
+        *worst = lanes->worst[i] > *worst ? lanes->worst[i] : *worst;
+    }
+    memset(lanes, 0, sizeof *lanes);
+}
+
+/* bfloat8_b TILE: per tile 64 shared exponents (face 0's 16 rows, then faces 1-3) and 1024 codes in the same
+ * order. Also measures what the packing costs, on the values ttnn reads back: sums[5] += (sum back, sum ref,
+ * back.back, ref.ref, back.ref), and *worst = max(*worst, |back - ref|) (meaningful for finite input). */
+void pack_bfp8(const uint16_t *src, int64_t rows, int64_t cols, int64_t stride, uint8_t *dst, double *sums,
+               float *worst) {
+    int64_t trows = (rows + TILE - 1) / TILE, tcols = (cols + TILE - 1) / TILE;
+    uint16_t row[FACE];
+    Lanes lanes;
+    memset(&lanes, 0, sizeof lanes);
+    for (int64_t tr = 0; tr < trows; tr++)
+        for (int64_t tc = 0; tc < tcols; tc++, dst += 64 + TILE * TILE) {
+            uint8_t *exps = dst, *codes = dst + 64;
+            for (int f = 0; f < 4; f++) {
+                for (int r = 0; r < FACE; r++, exps++, codes += FACE) {
+                    face_row(src, rows, cols, stride, tr * TILE + (f >> 1) * FACE + r, tc * TILE + (f & 1) * FACE, row);
+                    pack_face_row(row, exps, codes, &lanes);
+                }
+                fold(&lanes, sums, worst);
+            }
+        }
+}
+
+/* dst[c, r] = src[r, c] for a [rows, cols] source (rows `src_stride` apart) into rows `dst_stride` apart, in
+ * 32x32 blocks that stay in L1. */
+void transpose_u16(const uint16_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint16_t *dst,
+                   int64_t dst_stride) {
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE)
+        for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
+            int64_t r1 = r0 + TILE < rows ? r0 + TILE : rows, c1 = c0 + TILE < cols ? c0 + TILE : cols;
+            for (int64_t c = c0; c < c1; c++)
+                for (int64_t r = r0; r < r1; r++) dst[c * dst_stride + r] = src[r * src_stride + c];
+        }
+}
+

@@ -1,0 +1,122 @@
+"""tasks/kernels.c through ctypes: ttnn's TILE layout (bfloat16, bfloat8_b) and the 2-D transpose, one pass each
+(ctypes lets go of the GIL, so the graph's two threads run them side by side).
+
+Built on first use with the system C compiler, for this CPU, into a file named by the source, flags and CPU (so an
+edited source or another machine never gets a stale build); `make` builds it up front. Without a compiler,
+`available()` is False and the callers keep their numpy paths, which give the same bytes (tests/test_tensorbin.py
+holds both to ttnn); GR00T_TT_KERNELS=0 chooses them on purpose.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("kernels.c")
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]  # built on the machine that runs it, for its own CPU
+
+
+def _cpu() -> bytes:
+    """What `-march=native` compiles for: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return b""
+    return "\n".join(sorted({l for l in lines if l.startswith(("model name", "flags"))})).encode()
+
+
+def _library_name() -> str:
+    """Named by the source, the flags and the CPU: an edited source or another machine never gets a stale build."""
+    return f"_kernels-{hashlib.sha256(SOURCE.read_bytes() + ' '.join(FLAGS).encode() + _cpu()).hexdigest()[:16]}.so"
+
+
+def _homes() -> list[Path]:
+    """Beside the source (a checkout), else the user's cache (an installed package may sit read-only)."""
+    return [SOURCE.parent, Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gr00t-tt"]
+
+
+def build() -> Path | None:
+    """Compile kernels.c unless this exact source is already built for this CPU; None without a C compiler."""
+    name = _library_name()
+    for home in _homes():
+        if (home / name).exists():
+            return home / name
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    for home in _homes():
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=home) as tmp:  # build beside, then rename: never a torn .so
+                out = Path(tmp) / name
+                if subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE), "-lm"], capture_output=True).returncode:
+                    return None
+                os.replace(out, home / name)
+        except OSError:
+            continue  # not writable here: try the next home
+        for stale in home.glob("_kernels-*.so"):
+            if stale.name != name:
+                stale.unlink(missing_ok=True)
+        return home / name
+    return None
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    path = build()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    lib.tilize_bf16.argtypes = [_PTR, _I64, _I64, _I64, _PTR]
+    lib.pack_bfp8.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
+    lib.transpose_u16.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64]
+    for fn in (lib.tilize_bf16, lib.pack_bfp8, lib.transpose_u16):
+        fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the C kernels are in use: built here, and not switched off with GR00T_TT_KERNELS=0 (which measures
+    or bisects the numpy packers; the bytes are the same)."""
+    return os.environ.get("GR00T_TT_KERNELS") != "0" and _lib() is not None
+
+
+def _rows(matrix: np.ndarray) -> tuple[int, int, int]:
+    """(rows, cols, row stride in elements) of a 2-D uint16 array whose rows are contiguous."""
+    if matrix.ndim != 2 or matrix.dtype.itemsize != 2 or (matrix.shape[1] > 1 and matrix.strides[1] != 2):
+        raise ValueError(f"expected a 2-D 16-bit array with contiguous rows, got {matrix.shape} strides {matrix.strides}")
+    return matrix.shape[0], matrix.shape[1], matrix.strides[0] // 2
+
+
+def tilize_bf16(matrix: np.ndarray, out: np.ndarray) -> None:
+    """`out` (uint8, tiles * 2048 bytes) = the bfloat16 TILE buffer of one [rows, cols] matrix of bf16 bits."""
+    rows, cols, stride = _rows(matrix)
+    _lib().tilize_bf16(matrix.ctypes.data, rows, cols, stride, out.ctypes.data)
+
+
+def pack_bfp8(matrix: np.ndarray, out: np.ndarray, sums: np.ndarray, worst: np.ndarray) -> None:
+    """`out` (uint8, tiles * 1088 bytes) = the bfloat8_b TILE buffer of one matrix; `sums` (float64[5]) and
+    `worst` (float32[1]) accumulate the numerics of its read-back values (finite input: convert checks first)."""
+    rows, cols, stride = _rows(matrix)
+    _lib().pack_bfp8(matrix.ctypes.data, rows, cols, stride, out.ctypes.data, sums.ctypes.data, worst.ctypes.data)
+
+
+def transpose_into(out: np.ndarray, x: np.ndarray) -> None:
+    """`out[:] = x.T` for 2-D 16-bit arrays with contiguous rows (`out` may be a column slice of a wider array)."""
+    rows, cols, stride = _rows(x)
+    out_rows, out_cols, out_stride = _rows(out)
+    if (out_rows, out_cols) != (cols, rows):
+        raise ValueError(f"transpose of {x.shape} does not fit {out.shape}")
+    _lib().transpose_u16(x.ctypes.data, rows, cols, stride, out.ctypes.data, out_stride)
+

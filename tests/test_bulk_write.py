@@ -1,0 +1,58 @@
+"""The cache's big-file writer (tasks/bulk_write.py): O_DIRECT through a bounce buffer, or buffered where the
+filesystem refuses; either way the file holds exactly the bytes given, under its final name only when complete."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from tasks import bulk_write
+from tasks.bulk_write import ALIGN, BOUNCE, DIRECT_MIN, write_bytes_atomic
+
+SIZES = [0, 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, BOUNCE, BOUNCE + ALIGN + 3, 3 * BOUNCE - 5]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_every_size_reads_back_exactly(tmp_path, size):
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    target = tmp_path / "a" / "chunk"
+    write_bytes_atomic(target, memoryview(data))
+    assert target.read_bytes() == data.tobytes()
+    assert [p.name for p in target.parent.iterdir()] == ["chunk"]  # no temporary left behind
+
+
+def test_a_filesystem_without_o_direct_gets_the_buffered_path(tmp_path, monkeypatch):
+    real_open, refused = os.open, []
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    monkeypatch.setattr(bulk_write, "_no_direct", set())
+    data = np.arange(3 * DIRECT_MIN, dtype=np.uint8)
+    for name in ("one", "two"):
+        write_bytes_atomic(tmp_path / name, memoryview(data))
+        assert (tmp_path / name).read_bytes() == data.tobytes()
+    assert len(refused) == 1  # the refusal is remembered per filesystem
+
+
+def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+        os.unlink(tmp_path / "probe")
+    except OSError:
+        pytest.skip(f"{tmp_path}: this filesystem has no O_DIRECT, so the direct path is never taken here")
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_bytes_atomic(tmp_path / "chunk", memoryview(np.zeros(2 * DIRECT_MIN, np.uint8)))
+    assert list(tmp_path.iterdir()) == []
