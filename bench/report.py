@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.harness import BENCH, DATA, _warm, median, run_child
+from bench.harness import BENCH, DATA, _warm, median, remove, run_child, settle
 from pipeline.cache import entry_at, resolve_ref
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
@@ -61,7 +61,7 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     for _ in range(runs):  # contenders alternate run by run
         for profile in ("bf16", "bfp8"):
             raw[f"convert_{profile}"].append(run_child("convert", {"version": VERSION, "profile": profile, "hf": str(hf), "synthetic": scale,
-                                                                   "cache": str(caches[profile])}, cold))
+                                                                   "cache": str(caches[profile])}, cold, fresh=caches[profile]))
         raw["raw_copy"].append(run_child("raw_copy", {"snapshot": str(snapshot), "scratch": str(scratch)}, cold))
     conv = raw["convert_bf16"]
     _metric(rows, "convert bf16 / read+write raw", median(conv), median(raw["raw_copy"]), "<= 1.3",
@@ -91,9 +91,11 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     for _ in range(runs):
         for suffix, source, sc in (("", hf, scale), ("_tiny", tiny_hf, "tiny")):
             raw[f"dask_sync{suffix}"].append(run_child("convert", {"version": VERSION, "profile": "bf16", "hf": str(source), "synthetic": sc,
-                                                                   "cache": str(DATA / "cache-overhead"), "scheduler": "sync"}))
+                                                                   "cache": str(DATA / "cache-overhead"), "scheduler": "sync"},
+                                                        fresh=DATA / "cache-overhead"))
             raw[f"plain_loop{suffix}"].append(run_child("plain_loop", {"version": VERSION, "hf": str(source), "synthetic": sc,
-                                                                       "cache": str(DATA / "cache-overhead")}))
+                                                                       "cache": str(DATA / "cache-overhead")},
+                                                        fresh=DATA / "cache-overhead"))
     _metric(rows, "Dask overhead: graph (sync, 1 thread) / plain loop", median(raw["dask_sync"]), median(raw["plain_loop"]),
             "<= 1.1", median(raw["dask_sync"]) <= 1.1 * median(raw["plain_loop"]), note=f"{scale} n16")
     _metric(rows, "Dask overhead on tiny n16 (5,800 tasks, no real work)", median(raw["dask_sync_tiny"]),
@@ -111,9 +113,8 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     raw["load_bfp8"] = []
     for _ in range(runs):
         for p in ("bf16", "bfp8"):
-            shutil.rmtree(ast[p], ignore_errors=True)
             args = {"version": VERSION, "snapshot": str(snapshot), "cache_dir": str(ast[p]), "profile": p, "scale": scale}
-            raw[f"as_tensor_first_{p}"].append(run_child("as_tensor", {**args, "first": True}, cold))
+            raw[f"as_tensor_first_{p}"].append(run_child("as_tensor", {**args, "first": True}, cold, fresh=ast[p]))
             raw[f"as_tensor_warm_{p}"].append(run_child("as_tensor", {**args, "first": False}, cold))
         raw["load_bfp8"].append(run_child("load", {"version": VERSION, "cache": str(caches["bfp8"]), "profile": "bfp8",
                                                    "embodiment": "gr1", "ttnn_host": True}, cold))
@@ -163,13 +164,15 @@ def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(P
         for plan in plans:
             cache, ast = DATA / f"cache-{scale}-tt-n16-{plan}", DATA / f"as_tensor-{scale}-tt-n16-{plan}"
             args = {"version": VERSION, "snapshot": str(snapshot), "plan": plan}
+            remove(cache)
+            settle()  # before the warming, so the source is as warm for us as for the others
             _warm(*shards)
             raw[f"{plan}:convert"].append(run_child("convert", {"version": VERSION, "profile": plan, "layout": "tt-n16",
                                                                 "hf": str(hf), "cache": str(cache), "synthetic": scale}, cold))
             _warm(*shards)
             raw[f"{plan}:port_path"].append(run_child("port_path", args, cold))
-            shutil.rmtree(ast, ignore_errors=True)
-            ast.mkdir(parents=True)
+            remove(ast)
+            settle()
             _warm(*shards)
             raw[f"{plan}:as_tensor_first"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": True}, cold))
             _warm(cache)

@@ -27,7 +27,7 @@ from tasks.plan import Plan, Target
 from tasks.store import LocalStore, Store, open_store
 from tasks.zarr_v3 import array_metadata, write_json_atomic
 
-CACHE_FORMAT = 2               # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CACHE_FORMAT = 3               # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "cache"
 

@@ -19,10 +19,10 @@ from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
-from tasks.entry import PROGRESS_DIR, Entry, entry_key, push, write_ref
+from tasks.entry import Entry, entry_key, push, write_ref
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
-from tasks.stage import already_staged
+from tasks.stage import already_staged, staged_records
 from tasks.store import LocalStore
 
 
@@ -124,11 +124,11 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
             attrs = {t.name: cache.array_attributes(t, slots) for t in plan.targets}
             reused = plan_reuse(root, plan, slots, ck, ident["shards"], expected_sha, tmp, attrs)
         done = {}
-        if (tmp / PROGRESS_DIR).is_dir():  # a fresh directory has nothing to resume: skip 1,000+ probes
-            for t, slot in work_units(plan.targets, slots):
-                record = already_staged(tmp, t.name, slot, len(t.shape))
-                if record is not None:
-                    done[(t.name, slot)] = record
+        records = staged_records(tmp)  # a killed run's (and the reuse links') progress
+        for t, slot in work_units(plan.targets, slots):
+            record = records.get((t.name, slot))
+            if record is not None and already_staged(tmp, record, len(t.shape)):
+                done[(t.name, slot)] = record
         read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known only by its sha256 is trusted like a cache hit, unless something is read from it.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import cache
@@ -20,10 +20,10 @@ from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
 from tasks.publish import content_id
 from tasks.source import VerifiedShard, verify_shard
-from tasks.entry import Entry, chunk_coords, list_entries, packed_path, progress_path
-from tasks.stage import Staged
+from tasks.entry import Entry, chunk_coords, list_entries, packed_path
+from tasks.stage import Staged, record_progress
 from tasks.store import LocalStore
-from tasks.zarr_v3 import chunk_path, write_json_atomic
+from tasks.zarr_v3 import chunk_path
 
 
 @dataclass
@@ -96,7 +96,7 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
             _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
         staged = Staged(t.name, slot, rec.nbytes, rec.xxh3, rec.max_abs_err, rec.pcc,
                         packed and packed.nbytes, packed and packed.xxh3)
-        write_json_atomic(progress_path(tmp, t.name, slot), asdict(staged))
+        record_progress(tmp, staged)
         reuse.records[(t.name, slot)] = staged
         reuse.linked_bytes += rec.nbytes + (packed.nbytes if packed else 0)  # chunk and device file
     return reuse

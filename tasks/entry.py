@@ -23,7 +23,7 @@ from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path
 
 MANIFEST = "MANIFEST.json"  # written last: present means complete
 ENTRIES, REFS = "entries", "refs"
-PROGRESS_DIR = ".staged"    # per-chunk progress records of an entry being built (resume)
+PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
 PACKED_DIR = "tensorbin"    # ttnn's `.tensorbin` device files, outside the Zarr arrays
 WHOLE = "all"               # the manifest key of a whole-array chunk; a bank's chunks are keyed by slot
 TMP_MARK = ".tmp-"          # `<name>.tmp-<pid>-<random>`: an entry being built (local caches only)
@@ -70,8 +70,10 @@ def packed_path(entry: Path | PurePosixPath, name: str, slot: int | None) -> Pat
     return entry / PACKED_DIR / (_chunk_name(name, slot) + ".tensorbin")
 
 
-def progress_path(entry: Path, name: str, slot: int | None) -> Path:
-    return entry / PROGRESS_DIR / (_chunk_name(name, slot) + ".json")
+def progress_log(entry: Path, writer: str) -> Path:
+    """One append-only log per writing process and thread: a file per chunk would cost an inode each, which is
+    what creating files costs most on ext4 (find_inode_bit), thousands of times per entry."""
+    return entry / PROGRESS_DIR / f"{writer}.jsonl"
 
 
 def checksum(data: np.ndarray | bytes | memoryview) -> str:

@@ -1,19 +1,21 @@
 """The stage step: write a converted target into the entry's Zarr group (and, for packed device dtypes, ttnn's
 `.tensorbin` of it under `tensorbin/`) and record what was written.
 
-Each write leaves a small progress record (`.staged/<name>[@slot].json` with the chunk's xxh3 checksum). A resumed
+Each write then appends a progress record (the chunk's xxh3 checksum) to its thread's log in `.staged/`. A resumed
 conversion keeps every chunk whose bytes still match its record and redoes the rest.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tasks.bulk_write import write_bytes_atomic
 from tasks.convert import Converted
-from tasks.entry import PROGRESS_DIR, checksum, chunk_coords, packed_path, progress_path
+from tasks.entry import PROGRESS_DIR, checksum, chunk_coords, packed_path, progress_log
 from tasks.zarr_v3 import chunk_path, write_chunk
 
 
@@ -39,19 +41,42 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
         write_bytes_atomic(packed_path(entry, converted.name, converted.slot), packed)
     record = Staged(converted.name, converted.slot, data.nbytes, checksum(data), converted.max_abs_err, converted.pcc,
                     None if packed is None else len(packed), None if packed is None else checksum(packed))
-    write_bytes_atomic(progress_path(entry, converted.name, converted.slot), json.dumps(asdict(record)).encode())
+    record_progress(entry, record)
     return record
 
 
-def already_staged(entry: Path, name: str, slot: int | None, ndim: int) -> Staged | None:
-    """The record of a chunk a killed run wrote, if the chunk's bytes still match it; else None."""
-    record_path = progress_path(entry, name, slot)
+def record_progress(entry: Path, record: Staged) -> None:
+    """Append the record to this thread's progress log, after its chunk is in place. A line torn by a kill is
+    skipped on resume, and its chunk converted again."""
+    log = progress_log(entry, f"{os.getpid()}-{threading.get_ident()}")
+    log.parent.mkdir(exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        record = Staged(**json.loads(record_path.read_text()))
-        data = chunk_path(entry / name, chunk_coords(ndim, slot)).read_bytes()
-        packed = packed_path(entry, name, slot).read_bytes() if record.packed_xxh3 else None
-    except (OSError, ValueError, TypeError):
-        return None
+        os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def staged_records(entry: Path) -> dict[tuple[str, int | None], Staged]:
+    """Every progress record a killed run left in `entry` (later lines win)."""
+    records = {}
+    for log in sorted((entry / PROGRESS_DIR).glob("*.jsonl")):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                record = Staged(**json.loads(line))
+            except (ValueError, TypeError):
+                continue  # torn by the kill
+            records[(record.name, record.slot)] = record
+    return records
+
+
+def already_staged(entry: Path, record: Staged, ndim: int) -> bool:
+    """Whether the chunk (and device file) a killed run recorded still hold the bytes the record describes."""
+    try:
+        data = chunk_path(entry / record.name, chunk_coords(ndim, record.slot)).read_bytes()
+        packed = packed_path(entry, record.name, record.slot).read_bytes() if record.packed_xxh3 else None
+    except OSError:
+        return False
     if len(data) != record.nbytes or checksum(data) != record.xxh3:
-        return None
-    return record if packed is None or checksum(packed) == record.packed_xxh3 else None
+        return False
+    return packed is None or checksum(packed) == record.packed_xxh3

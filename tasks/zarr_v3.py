@@ -1,10 +1,10 @@
 """The slice of the Zarr v3 format the cache uses, written and read directly (https://zarr-specs.readthedocs.io/en/latest/v3/core/index.html).
 
 Arrays are `uint16` (bf16 bit patterns; `attributes.dtype == "bfloat16"`), regular chunk grid, default chunk key
-encoding with `/`, one `bytes` codec (little endian) and nothing else: a chunk file is the chunk's raw C-order
+encoding with `.` (a chunk is a file beside its `zarr.json`, not a directory per coordinate), one `bytes` codec (little endian) and nothing else: a chunk file is the chunk's raw C-order
 bytes. So a chunk can be written and read with one system call into a caller's buffer, with no per-array
 library overhead, and zarr-python (or any v3 reader) still opens the result. Chunk files are written to a unique
-temporary name and renamed into place, so a reader never sees a torn chunk.
+temporary name and renamed into place (tasks/bulk_write.py), so a reader never sees a torn chunk.
 
 Measured against zarr-python 3.1 (`python -m bench --only zarr`, bench/zarr-results.json): writing and reading back
 every bf16 array of the full-size N1.6 tt-n16 entry (6.24 GB, 986 arrays, banks chunked per slot), page cache warm,
@@ -25,6 +25,7 @@ from tasks.bulk_write import write_bytes_atomic
 
 
 STORAGE_DTYPE = np.dtype("<u2")
+SEPARATOR = "."  # cache format 3 (2 used "/": a directory per coordinate, 3,800 per N1.6 entry instead of 990)
 
 
 def array_metadata(shape: Sequence[int], chunks: Sequence[int], attributes: Mapping[str, object]) -> dict:
@@ -32,7 +33,7 @@ def array_metadata(shape: Sequence[int], chunks: Sequence[int], attributes: Mapp
     return {
         "shape": list(shape), "data_type": "uint16",
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": SEPARATOR}},
         "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
         "attributes": dict(attributes), "zarr_format": 3, "node_type": "array", "storage_transformers": [],
     }
@@ -45,7 +46,7 @@ def group_metadata(arrays: Mapping[str, dict], attributes: Mapping[str, object])
 
 
 def chunk_path(array_dir: Path, coords: Sequence[int]) -> Path:
-    return array_dir.joinpath("c", *(str(c) for c in coords)) if coords else array_dir / "c"
+    return array_dir / SEPARATOR.join(("c", *(str(c) for c in coords)))
 
 
 def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:

@@ -32,7 +32,7 @@ def _opts(version, root, **kw):
 
 
 def _chunks(entry: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("c/**/*")) if p.is_file()}
+    return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("c.*")) if p.is_file()}
 
 
 def test_changing_one_source_byte_makes_a_new_entry_and_keeps_the_old(copy_snapshot, tmp_path):
@@ -78,7 +78,8 @@ def test_kill_9_then_resume_gives_the_bytes_of_an_uninterrupted_run(hf_cache, tm
     deadline = time.time() + 60
     staged = 0
     while time.time() < deadline and proc.poll() is None:
-        staged = len(list(entries_dir(root).glob("*.tmp-*/.staged/*.json"))) if entries_dir(root).exists() else 0
+        staged = sum(log.read_bytes().count(b"\n") for log in entries_dir(root).glob("*.tmp-*/.staged/*.jsonl")) \
+            if entries_dir(root).exists() else 0  # progress records: one line per staged chunk
         if staged >= 300:
             break
         time.sleep(0.005)
@@ -111,7 +112,7 @@ def n17_cache(hf_cache, tmp_path) -> tuple[Path, Path]:
 
 def test_tampered_chunk_is_refused_by_verify_and_load(n17_cache):
     root, entry = n17_cache
-    chunk = entry / "llm.layers.3.mlp.up_proj.weight" / "c" / "0" / "0"
+    chunk = entry / "llm.layers.3.mlp.up_proj.weight" / "c.0.0"
     data = bytearray(chunk.read_bytes())
     data[10] ^= 0x40
     chunk.write_bytes(bytes(data))
@@ -124,7 +125,7 @@ def test_tampered_chunk_is_refused_by_verify_and_load(n17_cache):
 
 def test_missing_chunk_and_missing_or_corrupt_manifest_are_refused(n17_cache):
     root, entry = n17_cache
-    chunk = entry / "action_head.action_encoder.W2.W" / "c" / "10" / "0" / "0"
+    chunk = entry / "action_head.action_encoder.W2.W" / "c.10.0.0"
     chunk.unlink()
     with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
         load("n17", root, embodiment="new_embodiment")
@@ -153,10 +154,10 @@ def test_one_embodiment_reads_only_its_slot_chunks(n17_cache, snapshots):
                      for c in a["chunks"].values())
     other_bytes = sum(c["nbytes"] for a in manifest["arrays"].values() if not a["attributes"]["embodiment_bank"]
                       for c in a["chunks"].values())
-    for bank in (p for p in entry.iterdir() if (p / "c").is_dir() and len(list((p / "c").iterdir())) == 32):
-        for slot_dir in (bank / "c").iterdir():
-            if slot_dir.name != "10":
-                shutil.rmtree(slot_dir)  # proves the load never opens another slot's chunk
+    for bank in (p for p in entry.iterdir() if p.is_dir() and len(list(p.glob("c.*"))) == 32):
+        for chunk in bank.glob("c.*"):
+            if chunk.name.split(".")[1] != "10":
+                chunk.unlink()  # proves the load never opens another slot's chunk
     loaded = load("n17", root, embodiment="new_embodiment")
     assert loaded.slot == 10
     assert loaded.stats["bytes_read"] - other_bytes == bank_bytes // 32
@@ -236,11 +237,11 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
 
     zeros = np.zeros((64, 32), np.uint16)
     staged = stage_target(tmp_path, Converted("t", None, zeros, "bfloat16", "TILE", (64, 32), 0.0, 1.0))
-    chunk = tmp_path / "t" / "c" / "0" / "0"
+    chunk = tmp_path / "t" / "c.0.0"
     assert chunk.read_bytes() == bytes(64 * 32 * 2) and staged.nbytes == 4096  # zarr would have skipped it
     chunk.unlink()
     with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
-        LocalStore(tmp_path).read_into("t/c/0/0", np.empty((64, 32), np.uint16))
+        LocalStore(tmp_path).read_into("t/c.0.0", np.empty((64, 32), np.uint16))
 
 
 def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):
@@ -254,7 +255,7 @@ def test_a_killed_runs_partial_files_never_reach_the_published_entry(hf_cache, t
     name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"]).name
     orphan = entries_dir(tmp_path / "b") / f"{name}.tmp-999999999-deadbeef"  # a dead process's directory
     (orphan / ".staged").mkdir(parents=True)
-    partial = orphan / "llm.norm.weight" / "c" / "0" / "0.0123456789abcdef.partial"
+    partial = orphan / "llm.norm.weight" / "c.0.0.0123456789abcdef.partial"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"half a chunk")
     done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))

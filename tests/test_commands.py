@@ -57,7 +57,7 @@ def test_gc_removes_corrupt_entries_and_their_refs(two_entries):
     manifest = json.loads((entries_dir(root) / current / "MANIFEST.json").read_text())
     # slot 0 of a bank: the one chunk this entry does not share (by hard link) with the other
     name = next(n for n, a in manifest["arrays"].items() if a["attributes"]["embodiment_bank"])
-    chunk = entries_dir(root) / current / name / "c" / "0" / "0" / "0"
+    chunk = entries_dir(root) / current / name / "c.0.0.0"
     chunk.write_bytes(b"\xff" * chunk.stat().st_size)
     proc = _cli("cache", "gc", "--cache", str(root))
     assert proc.returncode == 0 and f"removed {current} (corrupt: " in proc.stdout and "refs n17-generic-bf16 dropped" in proc.stdout
@@ -111,7 +111,8 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_next_run_resumes(hf_cache, tmp
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline, staged = time.time() + 60, 0
         while time.time() < deadline and proc.poll() is None:
-            staged = len(list(entries_dir(root).glob("*.tmp-*/.staged/*.json"))) if entries_dir(root).exists() else 0
+            staged = sum(log.read_bytes().count(b"\n") for log in entries_dir(root).glob("*.tmp-*/.staged/*.jsonl")) \
+                if entries_dir(root).exists() else 0  # progress records: one line per staged chunk
             if staged >= 20:
                 break
             time.sleep(0.002)

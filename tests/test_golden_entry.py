@@ -1,5 +1,6 @@
 """The cache format, pinned: a tiny entry's manifest and one chunk of each kind must equal a copy committed in
-tests/golden/ (written once, by the converter of 2026-11-30, before the entry code was restructured).
+tests/golden/ (written by the converter of 2026-11-30 before the entry code was restructured, and written again
+for cache format 3 — chunk keys `c.0.0` instead of `c/0/0` — with nothing else changed but PCC digits).
 
 What legitimately varies between runs is normalized first: the publish time, the snapshot folder, the
 fingerprint and the recipes hash (the last two change whenever configs/recipes.toml does). A deliberate format
@@ -18,11 +19,11 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "n16-tt-n16-port-gr1"
 # One array of each kind: a whole bf16 TILE matrix, a bank slot (bf16, transposed never), a bfloat8_b matrix with
 # its `.tensorbin`, a host-only float32 norm, and a fused, head-padded projection.
 PINNED = {
-    "bank slot": ("action_encoder.W1.W", "c/20/0/0"),
-    "whole bf16": ("language.model.layers.0.self_attn.q_proj.weight", "c/0/0"),
-    "bfloat8_b": ("dit.transformer_blocks.0.ff.net.0.proj.weight", "c/0/0"),
-    "host only": ("language.model.layers.0.self_attn.q_norm.weight", "c/0"),
-    "fused, padded": ("vision.encoder.layers.0.self_attn.qkv_padded.weight", "c/0/0"),
+    "bank slot": ("action_encoder.W1.W", "c.20.0.0"),
+    "whole bf16": ("language.model.layers.0.self_attn.q_proj.weight", "c.0.0"),
+    "bfloat8_b": ("dit.transformer_blocks.0.ff.net.0.proj.weight", "c.0.0"),
+    "host only": ("language.model.layers.0.self_attn.q_norm.weight", "c.0"),
+    "fused, padded": ("vision.encoder.layers.0.self_attn.qkv_padded.weight", "c.0.0"),
 }
 VARYING = {"published_unix": 0, "fingerprint": "<fingerprint>", "recipes_sha256": "<recipes sha256>"}
 
@@ -40,7 +41,7 @@ def _entry_files(entry: Path) -> dict[str, bytes]:
     for name, chunk in PINNED.values():
         files[f"{name}/zarr.json"] = (entry / name / "zarr.json").read_bytes()
         files[f"{name}/{chunk}"] = (entry / name / chunk).read_bytes()
-        slot = chunk.split("/")[1] if manifest["arrays"][name]["attributes"]["embodiment_bank"] else None
+        slot = chunk.split(".")[1] if manifest["arrays"][name]["attributes"]["embodiment_bank"] else None
         packed = entry / "tensorbin" / (name + (f"@{slot}" if slot else "") + ".tensorbin")
         if packed.exists():
             files[f"tensorbin/{packed.name}"] = packed.read_bytes()

@@ -196,7 +196,7 @@ def published(hf_cache, tmp_path) -> Path:
 
 
 def _chunk(entry: Path) -> Path:
-    return entry / "language.model.layers.2.mlp.up_proj.weight" / "c" / "0" / "0"
+    return entry / "language.model.layers.2.mlp.up_proj.weight" / "c.0.0"
 
 
 @pytest.mark.parametrize("case,damage,expected", [
@@ -222,7 +222,7 @@ def test_the_suite_covers_at_least_25_cases():
 # ---- faults -------------------------------------------------------------------------------------------------------
 
 def _entry_chunks(entry: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("c/**/*")) if p.is_file()}
+    return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("c.*")) if p.is_file()}
 
 
 def test_kill_9_at_ten_seeded_points_never_publishes_and_resumes_exactly(hf_cache, tmp_path):

@@ -49,7 +49,7 @@ def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
     done = convert(ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     store = open_store(s3_url)
     name = done["cache_path"].rsplit("/", 1)[1]
-    key = f"entries/{name}/llm.norm.weight/c/0/0"
+    key = f"entries/{name}/llm.norm.weight/c.0.0"
     data = bytearray(store.get(key))
     data[0] ^= 1
     store.put(key, bytes(data))
@@ -77,7 +77,7 @@ def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     assert main(["cache", "verify", name, "--cache", s3_url]) == 0  # (other tests tamper with their own entries)
     assert main(["cache", "gc", "--older-than-days", "0", "--cache", s3_url]) == 0  # in use: kept
     assert store.get_json(f"entries/{name}/MANIFEST.json") is not None
-    key = next(k for k in store.list(f"entries/{name}") if "/c/" in k)
+    key = next(k for k in store.list(f"entries/{name}") if "/c." in k)
     store.put(key, b"\x00" * len(store.get(key)))
     assert main(["cache", "verify", name, "--cache", s3_url]) == 2
     assert main(["cache", "gc", "--cache", s3_url]) == 0  # corrupt: removed with its ref
