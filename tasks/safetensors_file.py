@@ -22,6 +22,7 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
+from tasks.bulk_write import aligned_empty
 from tasks.errors import CheckpointError
 
 # safetensors dtype tag -> numpy dtype used to hold it (bf16 as ml_dtypes.bfloat16: same bytes, real numbers).
@@ -189,7 +190,8 @@ def read_rows(fd: int, header: ShardHeader, key: str, lo: int, hi: int) -> np.nd
     rows = entry.shape[0] if entry.shape else 1
     if not 0 <= lo <= hi <= rows:
         raise CheckpointError(header.path, f"rows [{lo}, {hi}) are out of range for shape {list(entry.shape)}", key)
-    out = np.empty((hi - lo, *entry.shape[1:]) if entry.shape else (), NUMPY_DTYPES[entry.dtype])
+    # page-aligned: a tensor staged as it was read (banks, norms) goes to the cache without a bounce copy
+    out = aligned_empty((hi - lo, *entry.shape[1:]) if entry.shape else (), NUMPY_DTYPES[entry.dtype])
     row_bytes = entry.nbytes // rows if rows else 0
     read_into(fd, header.data_start + entry.start + lo * row_bytes, out, header.path)
     return out

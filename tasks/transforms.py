@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tasks import kernels
+from tasks.bulk_write import aligned_empty  # outputs the cache writer hands to the disk without a copy
 
 Shape = tuple[int, ...]
 
@@ -45,7 +46,7 @@ def _transpose_into(out: np.ndarray, x: np.ndarray) -> None:
 def fuse_transpose(*xs: np.ndarray) -> np.ndarray:
     """`[out_i, in]`... -> `[in, sum(out_i)]`: one matmul instead of several (q|k|v, k|v). Each source is
     transposed straight into its columns; nothing is concatenated first."""
-    out = np.empty((xs[0].shape[1], sum(x.shape[0] for x in xs)), xs[0].dtype)
+    out = aligned_empty((xs[0].shape[1], sum(x.shape[0] for x in xs)), xs[0].dtype)
     col = 0
     for x in xs:
         _transpose_into(out[:, col:col + x.shape[0]], x)
@@ -87,7 +88,7 @@ def fuse_pad_heads_transpose(*xs: np.ndarray, heads: int, head_dim: int, padded:
     """`[heads*head_dim, in]`... -> `[in, len(xs)*heads*padded]`: sections side by side (q|k|v), every head's
     columns zero-padded from head_dim to padded."""
     n_in = xs[0].shape[1]
-    out = np.zeros((n_in, len(xs) * heads * padded), xs[0].dtype)
+    out = aligned_empty((n_in, len(xs) * heads * padded), xs[0].dtype, zeros=True)
     for i, x in enumerate(xs):
         for h in range(heads):
             col = (i * heads + h) * padded
@@ -115,7 +116,7 @@ def pad_heads_row(x: np.ndarray, *, heads: int, head_dim: int, padded: int) -> n
 def pad_heads_in_transpose(x: np.ndarray, *, heads: int, head_dim: int, padded: int) -> np.ndarray:
     """An output projection reading padded heads: `[out, heads*head_dim]` -> `[heads*padded, out]`, the rows of
     every head's padding zero."""
-    out = np.zeros((heads * padded, x.shape[0]), x.dtype)
+    out = aligned_empty((heads * padded, x.shape[0]), x.dtype, zeros=True)
     for h in range(heads):
         _transpose_into(out[h * padded:h * padded + head_dim], x[:, h * head_dim:(h + 1) * head_dim])
     return out

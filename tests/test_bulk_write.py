@@ -10,14 +10,21 @@ import numpy as np
 import pytest
 
 from tasks import bulk_write
-from tasks.bulk_write import ALIGN, BOUNCE, DIRECT_MIN, write_bytes_atomic
+from tasks.bulk_write import ALIGN, BOUNCE, DIRECT_MIN, aligned_empty, write_bytes_atomic
 
 SIZES = [0, 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, BOUNCE, BOUNCE + ALIGN + 3, 3 * BOUNCE - 5]
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["page-aligned array", "any buffer"])
 @pytest.mark.parametrize("size", SIZES)
-def test_every_size_reads_back_exactly(tmp_path, size):
+def test_every_size_reads_back_exactly(tmp_path, size, aligned):
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    if aligned:  # written straight from the array, the tail through the bounce buffer
+        data, copy = aligned_empty(size, np.uint8), data
+        data[:] = copy
+        assert size == 0 or data.ctypes.data % ALIGN == 0
+    else:  # one byte past a page boundary: every byte goes through the bounce buffer
+        data = np.concatenate([np.zeros(1, np.uint8), data])[1:]
     target = tmp_path / "a" / "chunk"
     write_bytes_atomic(target, memoryview(data))
     assert target.read_bytes() == data.tobytes()

@@ -23,6 +23,7 @@ from pipeline.load import load
 from pipeline.snapshot import resolve_snapshot
 from pipeline.synth import synthesize
 from pipeline.versions import load_config
+from tasks import tensorbin
 from tests.port_oracle import HOST, hf_state, port_oracle
 
 def _cached_bf16(group, name: str) -> torch.Tensor:
@@ -137,7 +138,9 @@ def test_padded_dit_attention_computes_the_same_function(attn_entry, attn_snapsh
 
 
 def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots, tmp_path):
-    """The bf16 plan keeps no .tensorbin: a reload tilizes in numpy and hands ttnn the bytes; same tensors as ttnn's."""
+    """The bf16 plan keeps no .tensorbin: a reload builds the ttnn host tensors from the bf16 chunks. Each must
+    hold the plain reload's values, and serialize to the bytes of our own TILE layout (tasks/tensorbin.py, which
+    tests/test_tensorbin.py holds to `dump_tensor`)."""
     convert(ConvertOptions("n16", "bf16", embodiments="gr1", snapshot=snapshots["n16"], cache_root=tmp_path, progress=False))
     host = load("n16", tmp_path, "gr1", profile="bf16", ttnn_host=True)
     values = load("n16", tmp_path, "gr1", profile="bf16").tensors
@@ -145,8 +148,11 @@ def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots,
     for name, mine in host.tensors.items():
         if isinstance(mine, torch.Tensor):  # host-only targets stay torch float32
             continue
-        theirs = ttnn.from_torch(values[name], dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT)
-        assert (mine.dtype, mine.layout, tuple(mine.padded_shape)) == (theirs.dtype, theirs.layout, tuple(theirs.padded_shape))
-        assert torch.equal(ttnn.to_torch(mine).view(torch.int16), ttnn.to_torch(theirs).view(torch.int16)), name
+        bits = values[name].view(torch.int16).numpy().view(np.uint16)
+        assert (mine.dtype, mine.layout) == (ttnn.bfloat16, ttnn.TILE_LAYOUT), name
+        assert torch.equal(ttnn.to_torch(mine).view(torch.int16), values[name].view(torch.int16)), name
+        dumped = tmp_path / "t.tensorbin"
+        ttnn.dump_tensor(str(dumped), mine)
+        assert dumped.read_bytes() == tensorbin.tensorbin(bits, "bfloat16")[0].tobytes(), name
         checked += 1
     assert checked > 900
