@@ -270,17 +270,11 @@ _SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # memory-bac
 
 
 def host_tensor(array: np.ndarray, dtype: str, layout: str):
-    """A ttnn host tensor of a bf16 array in `dtype`/`layout`. bfloat16: ttnn's own `from_torch` of the bf16 values
-    (6.6-6.9 GB/s here on a 2048x6144 matrix, against 1.4 GB/s for a numpy-made `.tensorbin` handed over through
-    a memory-backed file; the same tensor, tests/test_port_layout.py). Packed dtypes: the numpy/C-made
-    `.tensorbin` through that file (~10x ttnn's packing from float32); else ttnn's own conversion."""
-    if dtype == "bfloat16":
-        import torch  # lazy, as everywhere: 1-2 s to import, and only ttnn host tensors need it here
-
-        ttnn = _ttnn()
-        values = torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
-        return ttnn.from_torch(values, dtype=ttnn.bfloat16,
-                               layout=ttnn.TILE_LAYOUT if layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT)
+    """A ttnn host tensor of a bf16 array in `dtype`/`layout`: for TILE, our `.tensorbin` (tasks/kernels.c, or
+    numpy) handed to `ttnn.load_tensor` through a memory-backed file; else ttnn's own conversion.
+    `ttnn.from_torch` of the bf16 values tilizes faster in isolation (6.6-6.9 GB/s against 1.4 on a 2048x6144
+    matrix) but a whole bf16-plan reload then peaked at 12.2 GB RSS against 7.4 (full N1.6, one embodiment, no
+    faster end to end on this VM), so it is not used."""
     made = tensorbin(array, dtype) if layout == "TILE" else None
     if made is None:
         return to_host_tensor(array, dtype, layout)

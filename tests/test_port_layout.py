@@ -23,7 +23,6 @@ from pipeline.load import load
 from pipeline.snapshot import resolve_snapshot
 from pipeline.synth import synthesize
 from pipeline.versions import load_config
-from tasks import tensorbin
 from tests.port_oracle import HOST, hf_state, port_oracle
 
 def _cached_bf16(group, name: str) -> torch.Tensor:
@@ -139,8 +138,7 @@ def test_padded_dit_attention_computes_the_same_function(attn_entry, attn_snapsh
 
 def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots, tmp_path):
     """The bf16 plan keeps no .tensorbin: a reload builds the ttnn host tensors from the bf16 chunks. Each must
-    hold the plain reload's values, and serialize to the bytes of our own TILE layout (tasks/tensorbin.py, which
-    tests/test_tensorbin.py holds to `dump_tensor`)."""
+    hold the plain reload's values, and equal ttnn's own `from_torch` of them, serialized byte for byte."""
     convert(ConvertOptions("n16", "bf16", embodiments="gr1", snapshot=snapshots["n16"], cache_root=tmp_path, progress=False))
     host = load("n16", tmp_path, "gr1", profile="bf16", ttnn_host=True)
     values = load("n16", tmp_path, "gr1", profile="bf16").tensors
@@ -151,8 +149,10 @@ def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots,
         bits = values[name].view(torch.int16).numpy().view(np.uint16)
         assert (mine.dtype, mine.layout) == (ttnn.bfloat16, ttnn.TILE_LAYOUT), name
         assert torch.equal(ttnn.to_torch(mine).view(torch.int16), values[name].view(torch.int16)), name
-        dumped = tmp_path / "t.tensorbin"
-        ttnn.dump_tensor(str(dumped), mine)
-        assert dumped.read_bytes() == tensorbin.tensorbin(bits, "bfloat16")[0].tobytes(), name
+        theirs = ttnn.from_torch(torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16), dtype=ttnn.bfloat16,
+                                 layout=ttnn.TILE_LAYOUT)
+        ttnn.dump_tensor(str(tmp_path / "mine.tensorbin"), mine)
+        ttnn.dump_tensor(str(tmp_path / "theirs.tensorbin"), theirs)
+        assert (tmp_path / "mine.tensorbin").read_bytes() == (tmp_path / "theirs.tensorbin").read_bytes(), name
         checked += 1
     assert checked > 900
