@@ -18,8 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--scale", choices=("tiny", "full"), default="full")
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
-    p.add_argument("--only", choices=("port", "zarr"),
+    p.add_argument("--only", choices=("port", "generic", "zarr"),
                    help="port: only the tt-n16 rows against the port's own path (bench/port-results.*); "
+                        "generic: only the generic-layout rows (bench/results.*); "
                         "zarr: zarr-python against our Zarr writer and reader (bench/zarr-results.json)")
     a = p.parse_args(argv)
     if a.child:
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.only == "port":
         return run_port(a.scale, a.runs, a.cold)
+    if a.only == "generic":
+        return run_all(a.scale, a.runs, a.cold)
     if a.only == "zarr":
         return run_zarr(a.scale, a.runs)
     return run_all(a.scale, a.runs, a.cold) or run_port(a.scale, a.runs, a.cold)

@@ -104,6 +104,16 @@ def _naive_targets(version: str, snapshot: Path, profile: str = "bf16"):
         yield t, x
 
 
+def _child_cat(a: dict) -> dict:
+    """What the OS alone does with the same files: `cat` them to /dev/null (the ceiling raw_read is held to)."""
+    import subprocess
+
+    files = _entry_files(Path(a["entry"]), a.get("packed", False))
+    t0 = time.perf_counter()
+    subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
+    return {"seconds": time.perf_counter() - t0, "bytes": sum(p.stat().st_size for p in files)}
+
+
 def _child_naive(a: dict) -> dict:
     import ttnn
 
@@ -321,7 +331,7 @@ def _child_zarr_io(a: dict) -> dict:
     return {"seconds": write + read, "write_seconds": write, "read_seconds": read, "bytes": total}
 
 
-CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_convert, _child_raw_copy, _child_load, _child_raw_read,
+CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_convert, _child_raw_copy, _child_load, _child_raw_read, _child_cat,
                                                      _child_naive, _child_as_tensor, _child_plain_loop,
                                                      _child_port_path, _child_as_tensor_port, _child_zarr_io)}
 

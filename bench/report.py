@@ -70,11 +70,19 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     _metric(rows, "peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, "GB")
 
     entry = resolve_ref(LocalStore(caches["bf16"]), VERSION, "generic", "bf16").path
-    raw["load"], raw["raw_read"], raw["naive"] = [], [], []
-    for _ in range(runs):
+    raw["load"], raw["raw_read"], raw["cat"], raw["naive"] = [], [], [], []
+    for _ in range(runs):  # each contender's inputs read just before it, so all start equally warm
+        _warm(entry)
         raw["load"].append(run_child("load", {"version": VERSION, "cache": str(caches["bf16"])}, cold))
+        _warm(entry)
         raw["raw_read"].append(run_child("raw_read", {"entry": str(entry)}, cold))
+        _warm(entry)
+        raw["cat"].append(run_child("cat", {"entry": str(entry)}, cold))
+        _warm(*snapshot.iterdir())
         raw["naive"].append(run_child("naive", {"version": VERSION, "snapshot": str(snapshot)}, cold))
+    gbps = {k: median(raw[k], "bytes") / median(raw[k]) / 1e9 for k in ("raw_read", "cat")}
+    _metric(rows, "raw readinto GB/s / cat GB/s (is the baseline starved?)", gbps["raw_read"], gbps["cat"], ">= 0.5",
+            gbps["raw_read"] >= 0.5 * gbps["cat"], "GB/s", note=f"cat {gbps['cat']:.2f} GB/s")
     _metric(rows, "full reload to host / raw readinto", median(raw["load"]), median(raw["raw_read"]), "<= 1.2",
             median(raw["load"]) <= 1.2 * median(raw["raw_read"]), note="same files, buffers kept")
     _metric(rows, "full reload / naive load_file+transform+from_torch", median(raw["load"]), median(raw["naive"]),
