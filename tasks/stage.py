@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tasks.bulk_write import write_bytes_atomic
 from tasks.convert import Converted
-from tasks.entry import PROGRESS_DIR, checksum, chunk_coords, packed_path, progress_log
+from tasks.entry import PROGRESS_DIR, FileRecord, checksum, chunk_coords, packed_path, progress_log
 from tasks.zarr_v3 import chunk_path, write_chunk
 
 
@@ -77,6 +77,6 @@ def already_staged(entry: Path, record: Staged, ndim: int) -> bool:
         packed = packed_path(entry, record.name, record.slot).read_bytes() if record.packed_xxh3 else None
     except OSError:
         return False
-    if len(data) != record.nbytes or checksum(data) != record.xxh3:
+    if not FileRecord(record.nbytes, record.xxh3).matches(data):
         return False
-    return packed is None or checksum(packed) == record.packed_xxh3
+    return packed is None or FileRecord(record.packed_nbytes, record.packed_xxh3).matches(packed)

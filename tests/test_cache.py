@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks.errors import CacheError
 from tasks.store import LocalStore
+from tests.progress import wait_until_staged
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,14 +75,7 @@ def test_kill_9_then_resume_gives_the_bytes_of_an_uninterrupted_run(hf_cache, tm
     root = tmp_path / "killed"
     proc = subprocess.Popen(_convert_cmd(hf_cache, root, "--scheduler", "sync"), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    staged = 0
-    while time.time() < deadline and proc.poll() is None:
-        staged = sum(log.read_bytes().count(b"\n") for log in entries_dir(root).glob("*.tmp-*/.staged/*.jsonl")) \
-            if entries_dir(root).exists() else 0  # progress records: one line per staged chunk
-        if staged >= 300:
-            break
-        time.sleep(0.005)
+    staged = wait_until_staged(proc, root, 300, poll=0.005)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert staged >= 300, "the run finished before it could be killed"

@@ -18,6 +18,7 @@ from pipeline import cache as cache_mod
 from pipeline.cache import entries_dir
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
+from tests.progress import wait_until_staged
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,13 +110,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_next_run_resumes(hf_cache, tmp
         # then never installs its Ctrl-C handler
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        deadline, staged = time.time() + 60, 0
-        while time.time() < deadline and proc.poll() is None:
-            staged = sum(log.read_bytes().count(b"\n") for log in entries_dir(root).glob("*.tmp-*/.staged/*.jsonl")) \
-                if entries_dir(root).exists() else 0  # progress records: one line per staged chunk
-            if staged >= 20:
-                break
-            time.sleep(0.002)
+        staged = wait_until_staged(proc, root, 20, poll=0.002)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         if proc.returncode == 0 and not [p for p in entries_dir(root).iterdir() if ".tmp-" in p.name]:
