@@ -316,6 +316,7 @@ def _child_zarr_io(a: dict) -> dict:
             for slot, data in chunks.items():
                 z[(slice(slot, slot + 1),) if slot is not None else ...] = data
         else:
+            (out / name).mkdir()
             for slot, data in chunks.items():
                 write_chunk(out / name, chunk_coords(ndim, slot), data)
         write += time.perf_counter() - t0

@@ -25,7 +25,7 @@ from tasks.entry import (ENTRIES, REFS, TMP_MARK, Entry, entry_key, list_entries
 from tasks.errors import CacheError
 from tasks.plan import Plan, Target
 from tasks.store import LocalStore, Store, open_store
-from tasks.zarr_v3 import array_metadata, write_json_atomic
+from tasks.zarr_v3 import array_metadata, create_array, write_json_atomic
 
 CACHE_FORMAT = 3               # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
@@ -128,9 +128,10 @@ def claim_tmp(root: Path, name: str) -> Path:
 
 
 def create_arrays(tmp: Path, plan: Plan, slots: tuple[int, ...], ident: Mapping[str, object]) -> None:
-    """Write every target's array metadata (idempotent, so a resumed run can repeat it)."""
+    """Every target's array folder and metadata (idempotent, so a resumed run can repeat it): the stage tasks
+    then write their chunks into folders that exist."""
     for t in plan.targets:
-        write_json_atomic(tmp / t.name / "zarr.json", _array_meta(t, slots))
+        create_array(tmp / t.name, _array_meta(t, slots))
 
 
 def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:

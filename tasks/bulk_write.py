@@ -30,7 +30,9 @@ _no_direct: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
 
 
 def aligned_empty(shape: tuple[int, ...] | int, dtype: object, zeros: bool = False) -> np.ndarray:
-    """A new array whose data starts on a page boundary, so that writing it skips the bounce copy."""
+    """A new array whose data starts on a page boundary, so that writing it skips the bounce copy. (A pool that
+    reused freed buffers was measured and dropped: numpy's allocations already reuse memory and ask for huge
+    pages, and the pool's mappings cost more faults and RSS — 12.8 s and 1.08 GB against 12.0 s and 0.80 GB.)"""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = (np.zeros if zeros else np.empty)(nbytes + ALIGN, np.uint8)
@@ -44,15 +46,43 @@ def write_bytes_atomic(path: Path, data: memoryview | bytes, durable: bool = Fal
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
     try:
-        if not (len(data) >= DIRECT_MIN and _write_direct(tmp, memoryview(data).cast("B"))):
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                if durable:
-                    fh.flush()
-                    os.fsync(fh.fileno())
+        _write(tmp, data, durable)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_bytes_in_place(path: Path, data: memoryview | bytes) -> None:
+    """Write `path` under its own name, into a folder that exists. Only for an entry still being built: no reader
+    sees it before the rename that publishes the whole entry, and a resumed build checks every file against its
+    progress record, so a file a kill tore is written again, never published. Saves a rename, a mkdir and an
+    unlink per file (~4,800 per N1.6 port-plan entry)."""
+    _write(path, data, durable=False)
+
+
+def _write(path: Path, data: memoryview | bytes, durable: bool) -> None:
+    """`data` as the new file `path`: large buffers past the page cache, the rest buffered."""
+    if not durable and len(data) >= DIRECT_MIN and _write_direct(path, memoryview(data).cast("B")):
+        return
+    fd = _create(path, 0)
+    try:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _create(path: Path, flags: int) -> int:
+    """A new file at `path`. One already there (a killed run's, or a hard link to another entry's chunk, which
+    reuse makes) is unlinked, never truncated: truncating would write through the link into a published entry."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o644)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o644)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int, path: Path) -> None:
@@ -68,12 +98,12 @@ def _bounce() -> mmap.mmap:
 
 
 def _write_direct(tmp: Path, data: memoryview) -> bool:
-    """Write `data` to the new file `tmp` with O_DIRECT; False (nothing written) where the filesystem refuses."""
+    """Write `data` as the new file `tmp` with O_DIRECT; False where the filesystem refuses."""
     dev = tmp.parent.stat().st_dev
     if dev in _no_direct:
         return False
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+        fd = _create(tmp, os.O_DIRECT)
     except OSError as e:
         if e.errno != errno.EINVAL:
             raise

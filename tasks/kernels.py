@@ -41,21 +41,22 @@ def _library_name() -> str:
     return f"_kernels-{hashlib.sha256(SOURCE.read_bytes() + ' '.join(FLAGS).encode() + _cpu()).hexdigest()[:16]}.so"
 
 
-def _homes() -> list[Path]:
-    """Beside the source (a checkout), else the user's cache (an installed package may sit read-only)."""
+def homes() -> list[Path]:
+    """Where per-machine build products go: beside the source (a checkout), else the user's cache (an installed
+    package may sit read-only)."""
     return [SOURCE.parent, Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gr00t-tt"]
 
 
 def build() -> Path | None:
     """Compile kernels.c unless this exact source is already built for this CPU; None without a C compiler."""
     name = _library_name()
-    for home in _homes():
+    for home in homes():
         if (home / name).exists():
             return home / name
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    for home in _homes():
+    for home in homes():
         try:
             home.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=home) as tmp:  # build beside, then rename: never a torn .so

@@ -7,7 +7,9 @@ only a final directory with a manifest, so a crash at any point leaves either no
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -41,10 +43,35 @@ def _fsync(path: str | Path) -> None:
 
 
 def _fsync_tree(root: Path) -> None:
-    """Make every file durable before the rename that publishes them (zarr-style writes never fsync)."""
+    """Make every file durable before the rename that publishes them (zarr-style writes never fsync). Where the
+    OS has syncfs(2), one call flushes the filesystem: an N1.6 port-plan entry's ~4,800 fsyncs took 0.76 s, alone
+    at the end of the convert. Elsewhere, each file is fsynced."""
+    if _syncfs(root):
+        return
     for dirpath, _, files in os.walk(root):
         for name in files:
             _fsync(os.path.join(dirpath, name))
+
+
+def _syncfs(path: Path) -> bool:
+    syncfs = getattr(_libc(), "syncfs", None)
+    if syncfs is None:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if syncfs(fd) != 0:
+            raise OSError(ctypes.get_errno(), f"syncfs failed: {os.strerror(ctypes.get_errno())}", str(path))
+    finally:
+        os.close(fd)
+    return True
+
+
+@functools.cache
+def _libc() -> object:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:

@@ -13,7 +13,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tasks.bulk_write import write_bytes_atomic
+from tasks.bulk_write import write_bytes_in_place
 from tasks.convert import Converted
 from tasks.entry import PROGRESS_DIR, FileRecord, checksum, chunk_coords, packed_path, progress_log
 from tasks.zarr_v3 import chunk_path, write_chunk
@@ -38,7 +38,12 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
     write_chunk(entry / converted.name, chunk_coords(data.ndim, converted.slot), data)
     packed = converted.packed
     if packed is not None:
-        write_bytes_atomic(packed_path(entry, converted.name, converted.slot), packed)
+        path = packed_path(entry, converted.name, converted.slot)
+        try:
+            write_bytes_in_place(path, packed)
+        except FileNotFoundError:  # the entry's first device file makes their folder
+            path.parent.mkdir(exist_ok=True)
+            write_bytes_in_place(path, packed)
     record = Staged(converted.name, converted.slot, data.nbytes, checksum(data), converted.max_abs_err, converted.pcc,
                     None if packed is None else len(packed), None if packed is None else checksum(packed))
     record_progress(entry, record)
@@ -49,8 +54,11 @@ def record_progress(entry: Path, record: Staged) -> None:
     """Append the record to this thread's progress log, after its chunk is in place. A line torn by a kill is
     skipped on resume, and its chunk converted again."""
     log = progress_log(entry, f"{os.getpid()}-{threading.get_ident()}")
-    log.parent.mkdir(exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except FileNotFoundError:  # the entry's first record makes the folder
+        log.parent.mkdir(exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
     finally:

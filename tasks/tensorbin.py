@@ -13,14 +13,18 @@ bottom-right), each face row-major.
   bits shifted out are lost), rounded to 7 bits to nearest-even and saturated at 127; exponent field 0 gives 0,
   and a zero magnitude drops its sign. A code reads back as magnitude * 2**(E - 133).
 
-The header is taken at run time from ttnn itself (one tiny `dump_tensor` per rank), patched for the shape and
-size, and the whole file is checked once per rank and dtype against `dump_tensor` of a test tensor; when they
-differ (another ttnn), `writer()` says so and the caller uses ttnn's own path. Measured: see `pack` below.
+The header is taken from ttnn itself (one tiny `dump_tensor` per rank), patched for the shape and size, and the
+whole file is checked once per rank and dtype against `dump_tensor` of a test tensor, once per ttnn installation
+(`_Headers`); when they differ (another ttnn), `header_for` gives None and the caller uses ttnn's own path. Measured: see `pack` below.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
 import struct
 import tempfile
 import threading
@@ -30,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks import kernels
-from tasks.bulk_write import aligned_empty
+from tasks.bulk_write import aligned_empty, write_bytes_atomic
 from tasks.device import _ttnn, padded_shape, pcc_from_sums, to_host_tensor, widen_bf16  # ttnn itself stays lazy there
 
 TILE, FACE = 32, 16
@@ -196,11 +200,16 @@ def unpack_bfp8(payload: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class _Headers:
-    """Per (rank, dtype): ttnn's header with the positions of the shape and payload size, checked once."""
+    """Per (rank, dtype): ttnn's header with the positions of the shape and payload size, checked against ttnn
+    once per ttnn installation. Checking imports ttnn (~1.8 s of one core here, ~0.5 GB of RSS with torch), so
+    what was learned is kept beside this file, named by ttnn's version, the size and mtime of its library and
+    this file's and the C packer's source (like tasks/kernels.py's library): a convert that makes every device
+    file itself then never imports ttnn, and another ttnn, or another packer, is checked again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._known: dict[tuple[int, str], tuple[bytes, int, int] | None] = {}
+        self._loaded = False
 
     @staticmethod
     def _dump(ttnn, array: np.ndarray, dtype: str) -> bytes:
@@ -231,12 +240,74 @@ class _Headers:
 
     def get(self, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
         with self._lock:
+            if not self._loaded:
+                self._known.update(_read_learned())
+                self._loaded = True
             if (rank, dtype) not in self._known:
                 self._known[(rank, dtype)] = self._learn(_ttnn(), rank, dtype)
+                _write_learned(self._known)
             return self._known[(rank, dtype)]
 
 
+def _learned_name() -> str | None:
+    """The file this ttnn's checked headers are kept in (None without ttnn). Finding ttnn does not import it."""
+    spec = importlib.util.find_spec("ttnn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    libraries = sorted(Path(spec.submodule_search_locations[0]).glob("_ttnn*.so"))
+    identity = [importlib.metadata.version("ttnn")] + [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+                                                       for p in libraries]
+    digest = hashlib.sha256(json.dumps(identity).encode() + Path(__file__).read_bytes() + kernels.SOURCE.read_bytes())
+    return f"_ttnn-headers-{digest.hexdigest()[:16]}.json"
+
+
+def _read_learned() -> dict[tuple[int, str], tuple[bytes, int, int] | None]:
+    try:
+        name = _learned_name()
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return {}
+    for home in kernels.homes() if name else ():
+        try:
+            doc = json.loads((home / name).read_text())
+        except (OSError, ValueError):
+            continue
+        return {(int(key.split(":")[0]), key.split(":")[1]): None if v is None else (bytes.fromhex(v[0]), v[1], v[2])
+                for key, v in doc.items()}
+    return {}
+
+
+def _write_learned(known: dict[tuple[int, str], tuple[bytes, int, int] | None]) -> None:
+    doc = {f"{rank}:{dtype}": None if t is None else [t[0].hex(), t[1], t[2]] for (rank, dtype), t in known.items()}
+    try:
+        name = _learned_name()
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return
+    for home in kernels.homes() if name else ():
+        try:
+            write_bytes_atomic(home / name, json.dumps(doc, indent=1, sort_keys=True).encode())
+        except OSError:
+            continue  # not writable here: try the next home (none: the next process checks again)
+        for stale in home.glob("_ttnn-headers-*.json"):
+            if stale.name != name:
+                stale.unlink(missing_ok=True)
+        return
+
+
 _HEADERS = _Headers()
+
+
+def check_formats() -> str:
+    """Check the headers the GR00T layouts need (2-D weights, 3-D position tables; bfloat16 and bfloat8_b) now, so
+    that no convert imports ttnn for them; `make` runs this once per install. Returns a line for the log."""
+    checked = [f"{rank}-D {dtype}" for rank in (2, 3) for dtype in ("bfloat16", "bfloat8_b")
+               if header_for(rank, dtype) is not None]
+    return ", ".join(checked) or "none match this ttnn: converts use ttnn's own path"
+
+
+def header_for(rank: int, dtype: str) -> tuple[bytes, int, int] | None:
+    """ttnn's `.tensorbin` header template for this rank and dtype, learned from ttnn once per process (None when
+    this ttnn writes another format: then ttnn's own path is used)."""
+    return _HEADERS.get(rank, dtype) if dtype in TILE_BYTES and rank >= 2 else None
 
 
 def _header(template: tuple[bytes, int, int], shape: tuple[int, ...], nbytes: int) -> bytes:
@@ -255,7 +326,7 @@ def tensorbin(array: np.ndarray, dtype: str) -> tuple[np.ndarray, Packed] | None
     then payload), and its numerics; None when this ttnn's format is not the one checked (then use ttnn)."""
     if dtype not in TILE_BYTES or array.ndim < 2:
         return None
-    template = _HEADERS.get(array.ndim, dtype)
+    template = header_for(array.ndim, dtype)
     if template is None:
         return None
     size = payload_size(array.shape, dtype)

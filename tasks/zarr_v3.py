@@ -3,8 +3,9 @@
 Arrays are `uint16` (bf16 bit patterns; `attributes.dtype == "bfloat16"`), regular chunk grid, default chunk key
 encoding with `.` (a chunk is a file beside its `zarr.json`, not a directory per coordinate), one `bytes` codec (little endian) and nothing else: a chunk file is the chunk's raw C-order
 bytes. So a chunk can be written and read with one system call into a caller's buffer, with no per-array
-library overhead, and zarr-python (or any v3 reader) still opens the result. Chunk files are written to a unique
-temporary name and renamed into place (tasks/bulk_write.py), so a reader never sees a torn chunk.
+library overhead, and zarr-python (or any v3 reader) still opens the result. Chunk files are written in place,
+inside an entry that is being built and is published whole by one rename (tasks/publish.py), so a reader never sees
+a torn chunk.
 
 Measured against zarr-python 3.1 (`python -m bench --only zarr`, bench/zarr-results.json): writing and reading back
 every bf16 array of the full-size N1.6 tt-n16 entry (6.24 GB, 986 arrays, banks chunked per slot), page cache warm,
@@ -21,7 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tasks.bulk_write import write_bytes_atomic
+from tasks.bulk_write import write_bytes_atomic, write_bytes_in_place
 
 
 STORAGE_DTYPE = np.dtype("<u2")
@@ -53,7 +54,14 @@ def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:
     write_bytes_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), durable)
 
 
+def create_array(array_dir: Path, meta: Mapping[str, object]) -> None:
+    """The array's folder and `zarr.json`, inside an entry being built (written in place: tasks/bulk_write.py)."""
+    array_dir.mkdir(exist_ok=True)
+    write_bytes_in_place(array_dir / "zarr.json", (json.dumps(meta, indent=1) + "\n").encode())
+
+
 def write_chunk(array_dir: Path, coords: Sequence[int], data: np.ndarray) -> None:
-    """Store one chunk: `data` must already have the chunk's shape; bf16 is stored as its uint16 bits."""
+    """Store one chunk into an array `create_array` made: `data` must already have the chunk's shape; bf16 is
+    stored as its uint16 bits."""
     raw = np.ascontiguousarray(data).reshape(-1).view(STORAGE_DTYPE)
-    write_bytes_atomic(chunk_path(array_dir, coords), memoryview(raw.view(np.uint8)))
+    write_bytes_in_place(chunk_path(array_dir, coords), memoryview(raw.view(np.uint8)))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tasks import bulk_write
-from tasks.bulk_write import ALIGN, BOUNCE, DIRECT_MIN, aligned_empty, write_bytes_atomic
+from tasks.bulk_write import ALIGN, BOUNCE, DIRECT_MIN, aligned_empty, write_bytes_atomic, write_bytes_in_place
 
 SIZES = [0, 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, BOUNCE, BOUNCE + ALIGN + 3, 3 * BOUNCE - 5]
 
@@ -63,3 +63,24 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         write_bytes_atomic(tmp_path / "chunk", memoryview(np.zeros(2 * DIRECT_MIN, np.uint8)))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [10, DIRECT_MIN + 1], ids=["buffered", "O_DIRECT"])
+def test_in_place_replaces_a_longer_file_completely(tmp_path, size):
+    target = tmp_path / "c.0.0"
+    target.write_bytes(b"\xff" * (3 * DIRECT_MIN))  # what a killed run left under the final name
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    write_bytes_in_place(target, memoryview(data))
+    assert target.read_bytes() == data.tobytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["c.0.0"]
+
+
+def test_in_place_never_writes_through_a_hard_link(tmp_path):
+    """Reuse links chunks of published entries into the entry being built; rewriting one must not touch theirs."""
+    published, building = tmp_path / "published", tmp_path / "building"
+    published.write_bytes(b"published bytes")
+    os.link(published, building)
+    for size in (10, DIRECT_MIN + 1):
+        write_bytes_in_place(building, memoryview(np.ones(size, np.uint8)))
+        assert building.read_bytes() == bytes([1]) * size
+        assert published.read_bytes() == b"published bytes"

@@ -228,7 +228,10 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
     from tasks.stage import stage_target
     from tasks.store import LocalStore
 
+    from tasks.zarr_v3 import array_metadata, create_array
+
     zeros = np.zeros((64, 32), np.uint16)
+    create_array(tmp_path / "t", array_metadata((64, 32), (64, 32), {}))  # convert creates every array first
     staged = stage_target(tmp_path, Converted("t", None, zeros, "bfloat16", "TILE", (64, 32), 0.0, 1.0))
     chunk = tmp_path / "t" / "c.0.0"
     assert chunk.read_bytes() == bytes(64 * 32 * 2) and staged.nbytes == 4096  # zarr would have skipped it
@@ -255,3 +258,44 @@ def test_a_killed_runs_partial_files_never_reach_the_published_entry(hf_cache, t
     entry = Path(done["cache_path"])
     assert entry.name == name and not orphan.exists()  # adopted
     assert list(entry.rglob("*.partial")) == []
+
+
+def test_a_torn_chunk_under_its_final_name_is_written_again_on_resume(hf_cache, tmp_path):
+    """Chunks are written in place inside the entry being built: a kill can leave one torn under its final name,
+    with no progress record. The resumed run must redo it, never publish it."""
+    name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"]).name
+    orphan = entries_dir(tmp_path / "b") / f"{name}.tmp-999999999-deadbeef"
+    torn = orphan / "llm.norm.weight" / "c.0.0"
+    torn.parent.mkdir(parents=True)
+    torn.write_bytes(b"half a chunk")
+    done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
+    published = Path(done["cache_path"]) / "llm.norm.weight" / "c.0.0"
+    assert published.read_bytes() == (entries_dir(tmp_path / "a") / name / "llm.norm.weight" / "c.0.0").read_bytes()
+    assert done["resumed_chunks"] == 0
+
+
+def test_a_port_plan_convert_never_imports_ttnn_once_its_headers_are_checked(hf_cache, tmp_path):
+    """ttnn (with torch) costs ~1.8 s of one core and ~0.5 GB to import; the port plan's device files are all made
+    by tasks/tensorbin.py, so after the once-per-install header check a convert runs without it."""
+    from tasks import tensorbin
+
+    tensorbin.check_formats()
+    code = ("import sys; from pathlib import Path; from pipeline.convert import ConvertOptions, convert; "
+            f"s = convert(ConvertOptions('n16', cache_root=Path({str(tmp_path)!r}), hf_cache=Path({str(hf_cache)!r}), "
+            "synthetic='tiny', layout='tt-n16', profile='port', progress=False)); "
+            "print(s['cache_hit'], 'ttnn' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_without_syncfs_every_file_is_fsynced_before_the_publishing_rename(hf_cache, tmp_path, monkeypatch):
+    from tasks import publish
+
+    synced = []
+    real_fsync = publish._fsync
+    monkeypatch.setattr(publish, "_syncfs", lambda path: False)  # an OS without syncfs(2)
+    monkeypatch.setattr(publish, "_fsync", lambda path: (synced.append(Path(path).name), real_fsync(path)))
+    entry = Path(convert(_opts("n15", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"])
+    files = [p.name for p in entry.rglob("*") if p.is_file() and p.name != "MANIFEST.json"]
+    assert sorted(synced[:len(files)]) == sorted(files)  # every file, before the manifest and the rename

@@ -4,6 +4,7 @@ ranks 2 and 3. Byte for byte against `dump_tensor`, value for value against `to_
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -99,3 +100,24 @@ def _write(blob) -> str:
     path = Path(tempfile.mkdtemp()) / "t.tensorbin"
     path.write_bytes(bytes(blob))
     return str(path)
+
+
+def test_checked_headers_are_kept_per_install_and_a_damaged_record_is_checked_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "homes", lambda: [tmp_path])
+    first = tensorbin._Headers().get(2, "bfloat8_b")  # a new process: checked against ttnn, then kept
+    assert first is not None
+    (record,) = tmp_path.glob("_ttnn-headers-*.json")
+    monkeypatch.setattr(tensorbin, "_ttnn", lambda: pytest.fail("ttnn was asked again for a header already kept"))
+    assert tensorbin._Headers().get(2, "bfloat8_b") == first
+    record.write_text("{half a reco")
+    monkeypatch.setattr(tensorbin, "_ttnn", lambda: ttnn)
+    assert tensorbin._Headers().get(2, "bfloat8_b") == first  # checked again, and kept again
+    assert json.loads(record.read_text())["2:bfloat8_b"][0] == first[0].hex()
+
+
+def test_the_kept_headers_are_named_by_the_packer_source_too(tmp_path, monkeypatch):
+    before = tensorbin._learned_name()
+    edited = tmp_path / "kernels.c"
+    edited.write_bytes(kernels.SOURCE.read_bytes() + b"\n/* an edit */\n")
+    monkeypatch.setattr(kernels, "SOURCE", edited)
+    assert tensorbin._learned_name() != before  # an edited packer is checked against ttnn again
