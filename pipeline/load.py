@@ -109,25 +109,27 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     # stacking copy); every other chunk is its own tensor.
     banks = {n: np.empty([len(arrays[n].chunks)] + arrays[n].logical_shape, STORAGE_DTYPE)
              for n, _ in plain if slot is None and arrays[n].bank}
+    host = {name for name, arr in arrays.items() if arr.host_only}
+    widen = lambda buf: torch.from_numpy(buf).view(torch.bfloat16).float()  # noqa: E731  (bf16 -> float32 is exact)
     with ThreadPoolExecutor(threads) as pool:
         chunks = list(pool.map(lambda r: opened.read_chunk(*r, banks[r[0]][r[1]] if r[0] in banks else None), plain))
+        buffers = {**{n: c for (n, _), c in zip(plain, chunks) if n not in banks}, **banks}
+        # host-only tensors are widened while the device files load (embed_tokens: 1.2 GB of float32)
+        widened = {name: pool.submit(widen, buffers[name]) for name in host if name in buffers}
         packed_tensors = list(pool.map(lambda r: tt.load_packed(opened.device_file(*r)), packed))
-    buffers = {**{n: c for (n, _), c in zip(plain, chunks) if n not in banks}, **banks}
+        host_values = {name: f.result() for name, f in widened.items()}
     nbytes = sum(c.nbytes for c in chunks) + sum(arrays[n].chunks[s].tensorbin.nbytes for n, s in packed)
-    host = {name for name, arr in arrays.items() if arr.host_only}
     if device is not None:
         out = {n: tt.upload_array(data, arrays[n].device_dtype, arrays[n].device_layout,
                                   str(arrays[n].attributes["kind"]), device)
                for (n, _), data in zip(plain, chunks) if n not in host}
-        out |= {name: torch.from_numpy(buffers[name]).view(torch.bfloat16).float() for name in host}
     elif ttnn_host:
         out = {n: tensorbin.host_tensor(data, arrays[n].device_dtype, arrays[n].device_layout)
                for (n, _), data in zip(plain, chunks) if n not in host}
         out |= {n: t for (n, _), t in zip(packed, packed_tensors)}
-        out |= {name: torch.from_numpy(buffers[name]).view(torch.bfloat16).float() for name in host}
     else:
         out = {name: torch.from_numpy(buf).view(torch.bfloat16) for name, buf in buffers.items()}
-        out |= {name: out[name].float() for name in host}  # bf16 -> float32 is exact
+    out |= host_values
     out = {name: out[name] for name in arrays if name in out}  # the plan's order
     return Loaded(out, opened.name, slot, {"seconds": time.perf_counter() - t0, "tensors": len(out),
                                           "bytes_read": nbytes, "chunks": len(reads)},

@@ -8,7 +8,9 @@ Keys are relative to the cache root: `entries/<name>/…` and `refs/<version>-<l
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -76,6 +78,10 @@ def progress_log(entry: Path, writer: str) -> Path:
     return entry / PROGRESS_DIR / f"{writer}.jsonl"
 
 
+READ_BLOCK = 8 << 20  # per thread, for checking a file against its record
+_reading = threading.local()
+
+
 def checksum(data: np.ndarray | bytes | memoryview) -> str:
     """xxh3-64 of raw bytes (about 10 GB/s: cheap enough to verify every chunk on every load)."""
     if isinstance(data, np.ndarray):
@@ -95,6 +101,20 @@ class FileRecord:
             return False
         size = data.nbytes if isinstance(data, (np.ndarray, memoryview)) else len(data)
         return size == self.nbytes and checksum(data) == self.xxh3
+
+    def matches_file(self, path: Path) -> bool:
+        """Whether a local file holds these bytes, streamed through one reused buffer per thread. Not mapped: for a
+        port-plan reload's 953 device files (3.9 GB, page cache warm, 4 threads) a map took 0.35 s, this 0.21 s."""
+        buffer = getattr(_reading, "buffer", None)
+        if buffer is None:
+            buffer = _reading.buffer = memoryview(bytearray(READ_BLOCK))
+        digest = xxhash.xxh3_64()
+        with open(path, "rb", buffering=0) as fh:
+            if os.fstat(fh.fileno()).st_size != self.nbytes:
+                return False
+            while n := fh.readinto(buffer):
+                digest.update(buffer[:n])
+        return digest.hexdigest() == self.xxh3
 
 
 @dataclass(frozen=True)
@@ -249,8 +269,7 @@ class Entry:
         if path is None:
             raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
                              "again with --force")
-        data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else b""
-        if not rec.matches(data):
+        if not rec.matches_file(path):
             raise CacheError(f"{self.store.describe(key)}: packed tensor does not match its manifest checksum "
                              "(tampered or corrupt); convert again with --force")
         return path

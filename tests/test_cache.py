@@ -299,3 +299,18 @@ def test_without_syncfs_every_file_is_fsynced_before_the_publishing_rename(hf_ca
     entry = Path(convert(_opts("n15", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"])
     files = [p.name for p in entry.rglob("*") if p.is_file() and p.name != "MANIFEST.json"]
     assert sorted(synced[:len(files)]) == sorted(files)  # every file, before the manifest and the rename
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
+def test_a_damaged_device_file_is_refused_on_reload(hf_cache, tmp_path, damage):
+    entry = Path(convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", layout="tt-n16", profile="port",
+                               embodiments="gr1"))["cache_path"])
+    victim = sorted((entry / "tensorbin").glob("*.tensorbin"))[0]
+    data = bytearray(victim.read_bytes())
+    if damage == "flipped byte":
+        data[len(data) // 2] ^= 0x01
+    else:
+        data = data[:-1]
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=f"{victim.name}: packed tensor does not match its manifest checksum"):
+        load("n16", tmp_path, embodiment="gr1", profile="port", layout="tt-n16", ttnn_host=True)
