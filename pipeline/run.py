@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Hashable, Mapping
 
 import dask
@@ -96,7 +97,13 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
             if scheduler == "sync":
                 result = dask.get(dict(graph), key)
             else:
-                result = dask.threaded.get(dict(graph), key, num_workers=workers)
+                pool = ThreadPoolExecutor(workers)
+                try:
+                    result = dask.threaded.get(dict(graph), key, num_workers=workers, pool=pool)
+                finally:
+                    # On an error Dask raises at once while other tasks still run: wait for those (and drop the queued
+                    # ones), so that the caller's cleanup of the entry being built never races a task writing into it.
+                    pool.shutdown(wait=True, cancel_futures=True)
         return result, {"stage_seconds": dict(timer.seconds), "stage_tasks": dict(timer.counts)}
     if scheduler == "processes" or scheduler.startswith("tcp://"):
         # lazy: distributed takes ~1 s to import, and only these two schedulers use it

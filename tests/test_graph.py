@@ -121,3 +121,27 @@ def test_a_one_embodiment_conversion_reads_only_that_slot_of_each_bank(hf_cache,
                        and o < start + entry.nbytes and o + n > start]
             assert touched == [(start + slot * per_slot, per_slot)], key
     assert sum(n for _, _, n in reads) == summary["bytes_read"]
+
+
+def test_an_error_returns_only_once_the_tasks_already_running_have_finished(tmp_path):
+    """convert removes the entry being built when the graph fails; a task still running would write into it after
+    the removal (a flaky leftover directory before this). The run waits for running tasks before raising."""
+    import time
+
+    from pipeline.run import run
+
+    started = threading.Event()
+
+    def slow_writer():
+        started.set()
+        time.sleep(0.5)
+        (tmp_path / "written late").write_text("x")
+
+    def failing():
+        started.wait(5)
+        raise RuntimeError("verify failed")
+
+    graph = {"slow": (slow_writer,), "fail": (failing,), "both": (lambda a, b: None, "slow", "fail")}
+    with pytest.raises(RuntimeError, match="verify failed"):
+        run(graph, "both", "threads", workers=2, progress=False)
+    assert (tmp_path / "written late").exists()
