@@ -12,12 +12,14 @@ import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from tasks.bulk_write import write_bytes_in_place
 from tasks.convert import Converted
 from tasks.entry import PROGRESS_DIR, FileRecord, checksum, chunk_coords, packed_path, progress_log
 from tasks.zarr_v3 import chunk_path, write_chunk
 
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,26 +41,28 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
     packed = converted.packed
     if packed is not None:
         path = packed_path(entry, converted.name, converted.slot)
-        try:
-            write_bytes_in_place(path, packed)
-        except FileNotFoundError:  # the entry's first device file makes their folder
-            path.parent.mkdir(exist_ok=True)
-            write_bytes_in_place(path, packed)
+        _in_folder(path, lambda: write_bytes_in_place(path, packed))
     record = Staged(converted.name, converted.slot, data.nbytes, checksum(data), converted.max_abs_err, converted.pcc,
                     None if packed is None else len(packed), None if packed is None else checksum(packed))
     record_progress(entry, record)
     return record
 
 
+def _in_folder(path: Path, act: Callable[[], T]) -> T:
+    """`act()`, which creates `path`; the first file of its folder (device files, progress logs) makes the folder.
+    Trying first spares a mkdir per file."""
+    try:
+        return act()
+    except FileNotFoundError:
+        path.parent.mkdir(exist_ok=True)
+        return act()
+
+
 def record_progress(entry: Path, record: Staged) -> None:
     """Append the record to this thread's progress log, after its chunk is in place. A line torn by a kill is
     skipped on resume, and its chunk converted again."""
     log = progress_log(entry, f"{os.getpid()}-{threading.get_ident()}")
-    try:
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except FileNotFoundError:  # the entry's first record makes the folder
-        log.parent.mkdir(exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _in_folder(log, lambda: os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
     try:
         os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
     finally:

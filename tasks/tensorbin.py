@@ -15,7 +15,8 @@ bottom-right), each face row-major.
 
 The header is taken from ttnn itself (one tiny `dump_tensor` per rank), patched for the shape and size, and the
 whole file is checked once per rank and dtype against `dump_tensor` of a test tensor, once per ttnn installation
-(`_Headers`); when they differ (another ttnn), `header_for` gives None and the caller uses ttnn's own path. Measured: see `pack` below.
+(`_Headers`); when they differ (another ttnn), `header_for` gives None and the caller uses ttnn's own path.
+Measured: see `pack` below.
 """
 
 from __future__ import annotations
@@ -305,8 +306,8 @@ def check_formats() -> str:
 
 
 def header_for(rank: int, dtype: str) -> tuple[bytes, int, int] | None:
-    """ttnn's `.tensorbin` header template for this rank and dtype, learned from ttnn once per process (None when
-    this ttnn writes another format: then ttnn's own path is used)."""
+    """ttnn's `.tensorbin` header template for this rank and dtype, checked against ttnn once per install (None
+    when this ttnn writes another format: then ttnn's own path is used)."""
     return _HEADERS.get(rank, dtype) if dtype in TILE_BYTES and rank >= 2 else None
 
 
