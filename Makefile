@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 PYTHON312 := $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V -r); do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: demo test convert graph inspect bench clean-venv
+.PHONY: demo test simulator convert graph inspect bench clean-venv
 
 $(STAMP): pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "No working python3.12 found on PATH or under pyenv: install Python 3.12 (e.g. 'pyenv install 3.12')" >&2; exit 1; fi
@@ -31,7 +31,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m pipeline demo
 
-test: $(STAMP)
+# A simulated Wormhole for the device tests, built from ../shared/vendor's ttsim source when it is there
+# (tests/simulator); without it (and without TT_METAL_SIMULATOR) the device tests skip and say why.
+simulator: $(STAMP)
+	$(PY) -m tests.simulator build
+
+test: $(STAMP) simulator
 	$(PY) -m pytest -q
 
 convert: $(STAMP)

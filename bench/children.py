@@ -117,9 +117,9 @@ def _child_cat(a: dict) -> dict:
 def _child_naive(a: dict) -> dict:
     import ttnn
 
-    from tasks.device import configure_ttnn_env, hardware_present
+    from tasks.device import configure_ttnn_env, device_present
 
-    configure_ttnn_env(os.environ, hardware_present())
+    configure_ttnn_env(os.environ, device_present())
     t0 = time.perf_counter()
     n = 0
     for t, x in _naive_targets(a["version"], Path(a["snapshot"])):
@@ -133,9 +133,9 @@ def _child_as_tensor(a: dict) -> dict:
     """tt-metal's cache: `ttnn.as_tensor(cache_file_name=…)` per target (first run converts, later runs load)."""
     import ttnn
 
-    from tasks.device import configure_ttnn_env, hardware_present
+    from tasks.device import configure_ttnn_env, device_present
 
-    configure_ttnn_env(os.environ, hardware_present())
+    configure_ttnn_env(os.environ, device_present())
     cache_dir = Path(a["cache_dir"])
     cache_dir.mkdir(parents=True, exist_ok=True)  # the parent removed the last run's (bench/harness.py `remove`)
     t0 = time.perf_counter()
@@ -223,9 +223,9 @@ def _child_port_path(a: dict) -> dict:
     """What the port's constructors do, host only: every device tensor through `ttnn.from_torch` in its dtype."""
     import ttnn
 
-    from tasks.device import configure_ttnn_env, hardware_present
+    from tasks.device import configure_ttnn_env, device_present
 
-    configure_ttnn_env(os.environ, hardware_present())
+    configure_ttnn_env(os.environ, device_present())
     t0 = time.perf_counter()
     n = 0
     for _, x, dtype in _port_tensors(a):
@@ -244,9 +244,9 @@ def _child_as_tensor_port(a: dict) -> dict:
     import ttnn
     import xxhash
 
-    from tasks.device import configure_ttnn_env, hardware_present
+    from tasks.device import configure_ttnn_env, device_present
 
-    configure_ttnn_env(os.environ, hardware_present())
+    configure_ttnn_env(os.environ, device_present())
     cache_dir = Path(a["cache_dir"])
     cache_dir.mkdir(parents=True, exist_ok=True)  # the parent removed the last run's (bench/harness.py `remove`)
     t0 = time.perf_counter()

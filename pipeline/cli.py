@@ -100,15 +100,26 @@ def _convert_options(a: argparse.Namespace, device=None):
 
 @contextlib.contextmanager
 def opened_device(choice: str):
-    """`none`: host only; `auto`: every device present (a mesh), else host only; an id: that device or an
-    error. The device is closed on every exit path."""
-    if choice == "none" or (choice == "auto" and not tt.hardware_present()):
+    """`none`: host only; `auto`: every device present (a mesh; silicon or a simulator), else host only, saying
+    which on stderr; an id: that device or an error. The device is closed on every exit path."""
+    if choice == "auto":
+        print(f"--device auto: {tt.describe_devices() if tt.device_present() else 'no device: host only'}",
+              file=sys.stderr)
+    if choice == "none" or (choice == "auto" and not tt.device_present()):
         yield None
         return
-    if not tt.hardware_present():
-        raise PipelineError(f"--device {choice}: no Tenstorrent device on this machine (/dev/tenstorrent is absent); "
-                            "use --device none or auto")
-    dev = tt.open_device(None if choice == "auto" else int(choice))
+    if not tt.device_present():
+        raise PipelineError(f"--device {choice}: no Tenstorrent device on this machine (/dev/tenstorrent is absent "
+                            f"and {tt.SIMULATOR_ENV} is not set); use --device none or auto")
+    if choice != "auto" and not choice.isdigit():
+        raise PipelineError(f"--device {choice!r} is not none, auto or a device id (0, 1, ...)")
+    try:
+        dev = tt.open_device(None if choice == "auto" else int(choice))
+    except RuntimeError as e:  # tt-metal's TT_THROW: the first line after "info:" is its reason
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        reason = lines[lines.index("info:") + 1] if "info:" in lines[:-1] else lines[0] if lines else "unknown error"
+        raise PipelineError(f"--device {choice}: the Tenstorrent device could not be opened ({reason[:200]}); check "
+                            "the driver (tt-smi) or the simulator set-up, or use --device none") from None
     try:
         yield dev
     finally:
@@ -338,14 +349,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _json_channel():
+    """With --json, stdout carries the JSON alone. In a process of its own the CLI points file descriptor 1 at
+    stderr until the process ends, so that nothing else reaches it, our lines or a C library's (tt-metal's
+    simulator reports at exit); the JSON goes to the real stdout, kept aside."""
+    sys.stdout.flush()
+    real = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return real
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        # with --json, stdout carries the JSON alone: every human line goes to stderr
+        out = _json_channel() if args.json and argv is None else sys.stdout
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
             result = args.fn(args)
         if args.json:
-            print(json.dumps(result, indent=1, default=str), flush=True)
+            print(json.dumps(result, indent=1, default=str), file=out, flush=True)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -75,7 +75,9 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     `embodiment` (a tag or slot id) keeps one slot of every bank, as `[in, out]` / `[1, out]`; None keeps every
     slot as `[slots, in, out]`. By default tensors are torch bf16 on the host. `ttnn_host=True` returns ttnn host
     tensors in their device dtype and layout (packed targets straight from their `.tensorbin`, no repacking);
-    `device` uploads each target from its bf16 chunk through the conversion's own upload (one path, hit or miss). Host-only targets (tt-n16: q_norm, k_norm, embed_tokens) are always torch float32
+    `device` puts every target on that device: those with a `.tensorbin` through ttnn's `load_tensor(device=)`,
+    the rest (and everything on a mesh) from its bf16 chunk. Every device file is checked against its record
+    before the first upload. Host-only targets (tt-n16: q_norm, k_norm, embed_tokens) are always torch float32
     host tensors, as the port keeps them.
 
     Which entry: `entry` (a name or fingerprint prefix), else the last conversion (the ref) when it holds the
@@ -99,10 +101,10 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
         raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
                          "slot id")
     reads = _plan_reads(opened.manifest, slot)
-    # ttnn host tensors of packed targets come straight from their `.tensorbin`. An upload starts from the bf16
-    # chunk, as a conversion's upload does (tasks/device.upload_array), so a cache hit and a miss put the same
-    # tensors on the device by the same path.
-    from_file = ttnn_host and device is None
+    # Packed targets come straight from their `.tensorbin`, to the host or the device (ttnn's own upload of its
+    # own file). A mesh takes everything from the bf16 chunks through upload_array, the one place that decides
+    # which targets are split across its devices.
+    from_file = ttnn_host or (device is not None and tt.mesh_size(device) == 1)
     packed = [(n, s) for n, s in reads if from_file and arrays[n].chunks[s].tensorbin is not None]
     plain = [(n, s) for n, s in reads if not (from_file and arrays[n].chunks[s].tensorbin is not None)]
     # A whole bank's slots (all 32, returned as one [32, ...] tensor) are read straight into one buffer (no
@@ -116,13 +118,16 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
         buffers = {**{n: c for (n, _), c in zip(plain, chunks) if n not in banks}, **banks}
         # host-only tensors are widened while the device files load (embed_tokens: 1.2 GB of float32)
         widened = {name: pool.submit(widen, buffers[name]) for name in host if name in buffers}
-        packed_tensors = list(pool.map(lambda r: tt.load_packed(opened.device_file(*r)), packed))
+        files = list(pool.map(lambda r: opened.device_file(*r), packed))  # all checked before any upload
+        packed_tensors = list(pool.map(tt.load_packed, files)) if device is None else \
+            [tt.load_packed(f, device) for f in files]
         host_values = {name: f.result() for name, f in widened.items()}
     nbytes = sum(c.nbytes for c in chunks) + sum(arrays[n].chunks[s].tensorbin.nbytes for n, s in packed)
     if device is not None:
         out = {n: tt.upload_array(data, arrays[n].device_dtype, arrays[n].device_layout,
                                   str(arrays[n].attributes["kind"]), device)
                for (n, _), data in zip(plain, chunks) if n not in host}
+        out |= {n: t for (n, _), t in zip(packed, packed_tensors)}
     elif ttnn_host:
         out = {n: tensorbin.host_tensor(data, arrays[n].device_dtype, arrays[n].device_layout)
                for (n, _), data in zip(plain, chunks) if n not in host}

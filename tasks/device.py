@@ -2,7 +2,9 @@
 
 Without Tenstorrent hardware ttnn still does real host conversion (tilize, padding to 32x32 tiles, bfloat8_b /
 bfloat4_b packing) once `TT_METAL_MOCK_CLUSTER_DESC_PATH` names a cluster descriptor; we ship one (Wormhole
-N150) and set it only when no device is present and the user has not set their own. Conversion goes through
+N150) and set it only when no device is present and the user has not set their own. A simulated device
+(Tenstorrent's ttsim, `TT_METAL_SIMULATOR` naming its `libttsim.so`) counts as a device: a mock descriptor would
+hide it. Conversion goes through
 numpy (bf16 bits widened exactly to float32), which gives the same bytes as `ttnn.from_torch` on bf16.
 """
 
@@ -21,6 +23,7 @@ _SOURCE_CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # else the
 MOCK_DESCRIPTOR = (_SOURCE_CONFIGS if _SOURCE_CONFIGS.is_dir() else Path(str(importlib.resources.files("gr00t_tt_configs")))) \
     / "tt" / "wormhole_N150.yaml"
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
+SIMULATOR_ENV = "TT_METAL_SIMULATOR"
 QUIET_ENV = {"LOGURU_LEVEL": "INFO", "TT_METAL_LOGGER_LEVEL": "ERROR"}
 TILE = 32
 
@@ -30,21 +33,38 @@ def hardware_present() -> bool:
     return Path("/dev/tenstorrent").exists()
 
 
-def configure_ttnn_env(environ: MutableMapping[str, str], has_hardware: bool) -> str | None:
-    """Point ttnn at the shipped mock descriptor unless hardware is present or the user chose one.
-    Returns the descriptor in use (None on hardware). Must run before the first ttnn conversion."""
+def simulator_present(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """`TT_METAL_SIMULATOR` names a simulator library that exists (tt-metal then opens it instead of a card)."""
+    return bool(environ.get(SIMULATOR_ENV)) and Path(environ[SIMULATOR_ENV]).is_file()
+
+
+def device_present() -> bool:
+    """A device ttnn can open: silicon, or a simulated one."""
+    return hardware_present() or simulator_present()
+
+
+def describe_devices() -> str:
+    """What `--device auto` finds, for the line it prints."""
+    if hardware_present():
+        return "Tenstorrent hardware (/dev/tenstorrent)"
+    return f"a simulated device ({SIMULATOR_ENV}={os.environ[SIMULATOR_ENV]})"
+
+
+def configure_ttnn_env(environ: MutableMapping[str, str], has_device: bool) -> str | None:
+    """Point ttnn at the shipped mock descriptor unless a device (hardware or simulator) is present or the user
+    chose one. Returns the descriptor in use (None with a device). Must run before the first ttnn conversion."""
     for name, value in QUIET_ENV.items():
         environ.setdefault(name, value)
     if MOCK_ENV in environ:
         return environ[MOCK_ENV]
-    if has_hardware:
+    if has_device or simulator_present(environ):
         return None
     environ[MOCK_ENV] = str(MOCK_DESCRIPTOR)
     return environ[MOCK_ENV]
 
 
 def _ttnn():
-    configure_ttnn_env(os.environ, hardware_present())
+    configure_ttnn_env(os.environ, device_present())
     import ttnn  # imported late: 2-5 s with torch, and only the convert/upload stages need it
 
     return ttnn
@@ -72,9 +92,10 @@ def packed_bytes(host) -> bytes:
         return path.read_bytes()
 
 
-def load_packed(path: Path):
-    """A host tensor from a `.tensorbin` file (ttnn maps it; the caller has already read and checked its bytes)."""
-    return _ttnn().load_tensor(str(path))
+def load_packed(path: Path, device=None):
+    """A tensor from a `.tensorbin` file, on the host or (`device`) uploaded from it as ttnn stored it, dtype,
+    layout and packing included (the caller has already read and checked its bytes)."""
+    return _ttnn().load_tensor(str(path), device=device)
 
 
 def padded_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
@@ -92,7 +113,7 @@ class Numerics:
     pcc: float
 
 
-PCC_BLOCK = 1 << 16  # small float32 blocks keep the error ~1e-8 (float64 blocks cost 2x the time)
+PCC_BLOCK = 1 << 16  # small float32 blocks keep the error below 5e-7 (float64 blocks cost 2x the time)
 
 
 def pcc(a: np.ndarray, b: np.ndarray) -> float:
@@ -129,14 +150,14 @@ def host_numerics(host, reference: np.ndarray) -> Numerics:
 
 
 def open_device(device_id: int | None):
-    """Open one device, or (None) every available device as a 1 x N mesh. Hardware only."""
+    """Open one device, or (None) every available device as a 1 x N mesh (hardware or simulator)."""
     ttnn = _ttnn()
     if device_id is None:
         return ttnn.open_mesh_device(ttnn.MeshShape(1, ttnn.GetNumAvailableDevices()))
     return ttnn.open_device(device_id=device_id)
 
 
-def _mesh_size(device) -> int:
+def mesh_size(device) -> int:
     return device.get_num_devices() if hasattr(device, "get_num_devices") else 1
 
 
@@ -147,7 +168,7 @@ def upload_array(array: np.ndarray, dtype: str, layout: str, kind: str, device):
     import torch  # lazy: 1-2 s to import; only a real upload needs it
 
     ttnn = _ttnn()
-    mapper, n = None, _mesh_size(device)
+    mapper, n = None, mesh_size(device)
     if n > 1:
         split = kind == "matmul" and array.shape[-1] % (TILE * n) == 0
         mapper = ttnn.ShardTensorToMesh(device, dim=-1) if split else ttnn.ReplicateTensorToMesh(device)

@@ -15,9 +15,13 @@ import pytest
 from pipeline.snapshot import resolve_snapshot
 from pipeline.synth import synthesize
 from pipeline.versions import VERSIONS, load_config
-from tasks.device import configure_ttnn_env, hardware_present
+from tasks.device import configure_ttnn_env, device_present
+from tests import simulator
 
-configure_ttnn_env(os.environ, hardware_present())
+# Where a simulated Wormhole can be had (built from ../shared/vendor, or TT_METAL_SIMULATOR), the whole session
+# runs against it: ttnn fixes its runtime at import, so one process cannot switch from the mock cluster later.
+SIMULATED = simulator.use(os.environ)
+configure_ttnn_env(os.environ, device_present())
 os.environ["HF_HUB_OFFLINE"] = "1"  # the tests never reach the hub; the offline path says what to run
 
 
@@ -61,6 +65,18 @@ def s3_url():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def simulated_device():
+    """One simulated Wormhole N150, opened once per test run; skips (with the reason) only where none can be had."""
+    if not SIMULATED:
+        pytest.skip(simulator.unavailable_reason() or "the simulator could not be built")
+    from tasks import device
+
+    dev = device.open_device(0)
+    yield dev
+    device.close_device(dev)
 
 
 @pytest.fixture(scope="session")
