@@ -27,7 +27,7 @@ from tasks.plan import Plan, Target
 from tasks.store import LocalStore, Store, open_store
 from tasks.zarr_v3 import array_metadata, create_array, write_json_atomic
 
-CACHE_FORMAT = 3               # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CACHE_FORMAT = 4               # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "cache"
 
@@ -67,10 +67,13 @@ def source_sha256(root: Path, ck: Checkpoint) -> dict[str, str]:
     return out
 
 
-def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...]) -> dict:
+def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...],
+             source_shapes: Mapping[str, tuple[int, ...]]) -> dict:
     """Everything that determines the entry's bytes, and its fingerprint (sha256 of the canonical JSON); plus
     `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed beyond
-    the revision and the synthetic mark: the same bytes in another folder are the same entry."""
+    the revision and the synthetic mark: the same bytes in another folder are the same entry. `source_shapes`
+    (every checkpoint key's shape, a function of the hashed shards) is recorded so that a consumer's own
+    constructors can be run from the entry alone (pipeline/port_n16.py)."""
     rules = hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
     doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
            "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout, "profile": plan.profile,
@@ -78,7 +81,8 @@ def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, s
            "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
                        for t in plan.targets]}
     fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, "source": dict(source)}
+    return {"fingerprint": fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, "source": dict(source),
+            "source_shapes": {k: list(v) for k, v in sorted(source_shapes.items())}}
 
 
 def entry_name(ident: Mapping[str, object]) -> str:

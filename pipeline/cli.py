@@ -284,6 +284,28 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     return summary
 
 
+def cmd_port_check(a: argparse.Namespace) -> dict:
+    from pipeline import port_n16
+
+    code = port_n16.PortCode.find(a.tt_metal)
+    with opened_device(a.device) as dev:
+        verdict = port_n16.check_port(code, store_root=cache.build_root(cache.cache_store(a.cache)), device=dev,
+                                      force=a.force, log=lambda line: print(line, file=sys.stderr))
+    if not a.json:
+        where = "on the device" if verdict["on_device"] else "on the host"
+        if verdict["ok"]:
+            print(f"port revision {verdict['revision']} at {verdict['root']}: OK, the model built from a "
+                  f"{verdict['layout']} entry equals the port's own constructor's ({verdict['device_files']} device "
+                  f"tensors and every other attribute, {verdict['scale']} scale, {where})")
+        else:
+            print(f"port revision {verdict['revision']} at {verdict['root']}: DIFFERS from the port's own "
+                  f"constructor ({where}):\n  " + "\n  ".join(verdict["differences"]))
+    if not verdict["ok"]:
+        raise PipelineError(f"port revision {verdict['revision']} at {verdict['root']} does not build the same model "
+                            f"from a {verdict['layout']} entry: {verdict['differences'][0]}")
+    return verdict
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
     p.add_argument("-V", "--version", action="version", version=f"gr00t-tt-weights {_package_version()}")
@@ -344,6 +366,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--include-current", action="store_true",
                     help="gc/rm: entries a ref points to (what load opens) may go too")
     sp.add_argument("--dry-run", action="store_true", help="gc: list what would be removed, remove nothing")
+    sp = add("port-check", cmd_port_check, "build a small synthetic N1.6 with tt-metal's GR00T N1.6 port both ways "
+             "(its own constructor, and from a cache entry) and compare them; the verdict is kept per port revision",
+             version=False)
+    sp.add_argument("--tt-metal", help="the tt-metal checkout holding models/experimental/gr00t_n1_6 "
+                                       "(default $TT_METAL_HOME)")
+    sp.add_argument("--device", default="none", help="none (default: host) | auto | a device id")
+    sp.add_argument("--force", action="store_true", help="check again even if a verdict is kept")
     add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload; then tiny n16 in the "
                           "tt-n16 port layout", version=False)
     return p

@@ -58,10 +58,11 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> tuple[Checkpoint,
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
     hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic))
-    plan = build_plan(opts.version, {k: ck.shape(k) for k in ck.keys()}, opts.profile, opts.layout)
-    slots = cfg.slot_ids(opts.embodiments)
+    shapes = {k: ck.shape(k) for k in ck.keys()}
+    plan = build_plan(opts.version, shapes, opts.profile, opts.layout)
+    slots = cfg.slot_ids(opts.embodiments, shapes[cfg.embodiment_keys[0]][0] if cfg.embodiment_keys[0] in shapes else None)
     source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic}
-    ident = cache.identity(plan, source, cache.source_sha256(root, ck), slots)
+    ident = cache.identity(plan, source, cache.source_sha256(root, ck), slots, shapes)
     return ck, plan, slots, ident, root
 
 

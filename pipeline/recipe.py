@@ -22,7 +22,14 @@ from tasks.transforms import output_shape, padded_dim
 RECIPES_PATH = CONFIG_DIR / "recipes.toml"
 @cache
 def recipes() -> dict:
-    return tomllib.loads(RECIPES_PATH.read_text())
+    """configs/recipes.toml, with each layout that `extends` another completed from it (a port revision that
+    changes a few rules keeps the rest: naming, profiles, kinds)."""
+    book = tomllib.loads(RECIPES_PATH.read_text())
+    for spec in book["layouts"].values():
+        if "extends" in spec:
+            for key, value in book["layouts"][spec["extends"]].items():
+                spec.setdefault(key, value)
+    return book
 
 
 def resolve(version: str, layout: str | None = None, profile: str | None = None) -> tuple[str, str]:

@@ -49,6 +49,7 @@ class VersionConfig:
     default_layout: str
     components: Mapping[str, str]                 # the port's weight groups: component -> key prefix
     embodiment_ids: Mapping[str, int] = field(default_factory=dict)
+    port: Mapping[str, object] = field(default_factory=dict)  # the consumer's code: configs/<version>.toml [port]
 
     def dims_for(self, scale: str) -> Mapping[str, int]:
         """The real dims (`full`), or stand-ins: `tiny` keeps every key and count with small dims, `attn` keeps the
@@ -75,25 +76,28 @@ class VersionConfig:
     def num_slots(self) -> int:
         return int(self.dims["embodiments"])
 
-    def slot_ids(self, selection: str | None) -> tuple[int, ...]:
-        """Parse `all`, or a comma list of tags and/or ids, into sorted unique slot ids."""
+    def slot_ids(self, selection: str | None, bank_slots: int | None = None) -> tuple[int, ...]:
+        """Parse `all`, or a comma list of tags and/or ids, into sorted unique slot ids. `bank_slots`: how many
+        slots the checkpoint's banks have (a synthetic `attn` one has 2); `all` means every one of them."""
+        n = bank_slots or self.num_slots
         if selection is None or selection.strip() == "all":
-            return tuple(range(self.num_slots))
+            return tuple(range(n))
         if not selection.strip():
             raise ConfigError("no embodiment selected (an empty list): pass 'all', tags or slot ids")
         ids: set[int] = set()
         for item in (s.strip() for s in selection.split(",")):
             if item.isdigit():
                 slot = int(item)
-                if not 0 <= slot < self.num_slots:
-                    raise ConfigError(
-                        f"embodiment slot {slot} is out of range for {self.version}: slots are 0..{self.num_slots - 1}")
             elif item in self.embodiment_ids:
                 slot = self.embodiment_ids[item]
             else:
                 known = ", ".join(sorted(self.embodiment_ids))
                 raise ConfigError(f"unknown embodiment tag {item!r} for {self.version} "
-                                  f"(configs/{self.version}.toml knows: {known}); pass a tag or a slot id 0..{self.num_slots - 1}")
+                                  f"(configs/{self.version}.toml knows: {known}); pass a tag or a slot id 0..{n - 1}")
+            if not 0 <= slot < n:
+                which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot})"
+                raise ConfigError(f"embodiment {which} is out of range for this {self.version} checkpoint: its banks "
+                                  f"have slots 0..{n - 1}")
             ids.add(slot)
         if not ids:
             raise ConfigError("no embodiment selected: pass 'all', tags or slot ids")
@@ -121,5 +125,6 @@ def load_config(version: str) -> VersionConfig:
         dims=MappingProxyType(dims), scaled_dims=MappingProxyType(scaled),
         layouts=MappingProxyType({k: tuple(v) for k, v in raw["layouts"].items()}),
         default_layout=raw["default_layout"], components=MappingProxyType(raw["components"]),
+        port=MappingProxyType(raw.get("port", {})),
         embodiment_ids=MappingProxyType(raw.get("embodiments", {})),
     )

@@ -192,6 +192,7 @@ class Manifest:
     recipes_sha256: str
     slots: list[int]
     source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
+    source_shapes: Mapping[str, list[int]] = field(default_factory=dict)  # every checkpoint key (format 4 on)
     published_unix: float = 0.0
     arrays: Mapping[str, ArrayRecord] = field(default_factory=dict)
     bytes: int = 0
@@ -202,7 +203,7 @@ class Manifest:
                 "version": self.version, "revision": self.revision, "synthetic": self.synthetic,
                 "layout": self.layout, "profile": self.profile, "shards": dict(self.shards),
                 "recipes_sha256": self.recipes_sha256, "slots": list(self.slots), "source": dict(self.source),
-                "published_unix": self.published_unix, "arrays": {n: a.to_json() for n, a in self.arrays.items()},
+                "source_shapes": dict(self.source_shapes), "published_unix": self.published_unix, "arrays": {n: a.to_json() for n, a in self.arrays.items()},
                 "bytes": self.bytes, "chunks": self.chunks}
 
     @classmethod
@@ -210,7 +211,7 @@ class Manifest:
         return cls(doc["fingerprint"], doc["cache_format"], doc["converter"], doc["version"], doc.get("revision"),
                    doc.get("synthetic"), doc.get("layout", "generic"), doc["profile"], doc.get("shards", {}),
                    doc.get("recipes_sha256", ""), doc.get("slots", []), doc.get("source", {}),
-                   doc.get("published_unix", 0.0), {n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
+                   doc.get("source_shapes", {}), doc.get("published_unix", 0.0), {n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
                    doc.get("bytes", 0), doc.get("chunks", 0))
 
     def holds_slot(self, slot: int | None) -> bool:

@@ -147,4 +147,4 @@ def test_unknown_version_and_embodiment_are_one_line_errors(hf_cache, tmp_path):
     proc = _cli("convert", "--version", "n16", "--embodiments", "robot9", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and "error: unknown embodiment tag 'robot9' for n16" in proc.stderr
     proc = _cli("convert", "--version", "n16", "--embodiments", "40", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
-    assert proc.returncode == 2 and "embodiment slot 40 is out of range for n16: slots are 0..31" in proc.stderr
+    assert proc.returncode == 2 and "embodiment slot 40 is out of range for this n16 checkpoint: its banks have slots 0..31" in proc.stderr

@@ -179,7 +179,7 @@ def _assert_nothing_published(root: Path) -> None:
 @pytest.mark.parametrize("case,args,expected", [
     ("unknown version", ["--version", "n99"], "unknown version 'n99': expected one of n15, n16, n17"),
     ("unknown embodiment tag", ["--version", "n16", "--embodiments", "robot9"], "unknown embodiment tag 'robot9' for n16"),
-    ("slot index out of range", ["--version", "n16", "--embodiments", "32"], "embodiment slot 32 is out of range for n16"),
+    ("slot index out of range", ["--version", "n16", "--embodiments", "32"], "embodiment slot 32 is out of range for this n16 checkpoint"),
     ("unknown profile", ["--version", "n16", "--profile", "fp4"], "unknown profile 'fp4'"),
 ])
 def test_bad_request(hf_cache, tmp_path, capsys, case, args, expected):

@@ -1,0 +1,600 @@
+"""The hand-off to tt-metal's GR00T N1.6 port: its own `Gr00tN16ModelTTNN`, built from a cache entry.
+
+The port's constructors take HF torch dicts and preprocess every weight themselves (`w.t()`, head padding,
+fusing, `ttnn.from_torch`). Our tt-n16 tensors are their output already, so here the port's own constructors run,
+unchanged, on *traced* weights: meta tensors that carry a checkpoint key's shape and dtype but no bytes, and
+remember which keys (and which embodiment slot) every tensor derived from them came from. Each `ttnn.from_torch`
+the port calls on one is answered with the entry's `.tensorbin` of that target through `ttnn.load_tensor`
+(`device=` on a device); everything else the port computes (RoPE tables, the causal mask, `Timesteps`,
+`is_cross_attention`, padded dims) it computes itself, from the checkpoint's real shapes. Weights it keeps on
+the host (embed_tokens, q_norm, k_norm as float32) become the entry's host tensors.
+
+A run has two passes. The first (no bytes, no device) lists every tensor the port asks for and holds it to a
+target of the entry: sources, shape, dtype and layout. A port revision this layout does not serve is caught
+there, in one sentence, before anything is read. The second loads those files (checked against their records) and
+builds the model for real.
+
+Every port revision is also checked once against the port's own constructor on a small synthetic checkpoint
+(`check_port`, `gr00t-tt port-check`); the verdict is kept under the cache root, keyed by the port's code and
+our recipes, and `build_model` runs the check at first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import inspect
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from pipeline import cache
+from pipeline.layout import dims_of
+from pipeline.recipe import RECIPES_PATH, build_plan
+from pipeline.versions import load_config
+from tasks import device as tt
+from tasks.entry import Entry
+from tasks.errors import CacheError, ConfigError, PipelineError
+
+VERSION = "n16"
+TT_METAL_ENV = "TT_METAL_HOME"
+
+
+class PortError(PipelineError):
+    """The port's code cannot be found, or builds tensors this entry does not hold."""
+
+
+# -- the port's code ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PortCode:
+    """The port's modules, imported from one tt-metal tree, and the revision of that code (sha256 of its files)."""
+
+    root: Path
+    package: str
+    revision: str
+
+    @classmethod
+    def find(cls, tt_metal: str | Path | None = None) -> "PortCode":
+        spec = load_config(VERSION).port
+        where = tt_metal or os.environ.get(TT_METAL_ENV)
+        if not where:
+            raise PortError(f"no tt-metal tree given: pass tt_metal= (--tt-metal DIR) or set {TT_METAL_ENV} to the "
+                            f"checkout holding {spec['package'].replace('.', '/')}/")
+        root = Path(where).expanduser().resolve()
+        folder = root / Path(*str(spec["package"]).split("."))
+        if not (folder / "tt").is_dir():
+            raise PortError(f"{root}: no GR00T N1.6 port there ({folder} is missing); point --tt-metal (or "
+                            f"{TT_METAL_ENV}) at a tt-metal checkout that has {spec['package'].replace('.', '/')}/")
+        digest = hashlib.sha256()
+        for path in sorted(folder.rglob("*.py")):
+            if "tests" not in path.relative_to(folder).parts:
+                digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+        return cls(root, str(spec["package"]), digest.hexdigest()[:16])
+
+    def attr(self, ref: str) -> Any:
+        """`module.path:Name` below the port's package, imported from this tree (another tree's modules are
+        dropped first: two revisions can be used in one process)."""
+        top = self.package.split(".")[0]
+        loaded = sys.modules.get(top)
+        if loaded is not None and not any(Path(p).resolve().is_relative_to(self.root)
+                                          for p in getattr(loaded, "__path__", [])):
+            for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+                del sys.modules[name]
+        if sys.path[:1] != [str(self.root)]:  # this tree's `models` before any other's
+            sys.path[:] = [str(self.root)] + [p for p in sys.path if p != str(self.root)]
+        module, name = ref.split(":")
+        try:
+            return getattr(importlib.import_module(f"{self.package}.{module}"), name)
+        except ImportError as e:
+            raise PortError(f"{self.root}: the port's {module} does not import ({e}); it needs ttnn, torch and "
+                            "diffusers in this Python") from None
+
+
+# -- traced weights -----------------------------------------------------------------------------------------------
+def _traced_class():
+    import torch
+
+    class Traced(torch.Tensor):
+        """A checkpoint tensor without bytes (device "meta"): what the port derives from it keeps `sources` (the
+        checkpoint keys, in concatenation order), `slot` (the embodiment slot indexed out of a bank) and `ops`."""
+
+        sources: tuple[str, ...]
+        slot: int | None
+        bank: bool
+        ops: tuple[str, ...]
+
+        @staticmethod
+        def make(meta, sources, slot=None, bank=False, ops=()):
+            t = torch.Tensor._make_subclass(Traced, meta)
+            t.sources, t.slot, t.bank, t.ops = tuple(sources), slot, bank, tuple(ops)
+            return t
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            inputs = [a for a in _leaves((args, kwargs)) if isinstance(a, Traced)]
+            with torch._C.DisableTorchFunctionSubclass():
+                out = func(*args, **kwargs)
+            if not isinstance(out, torch.Tensor) or not inputs:
+                return out
+            sources = tuple(dict.fromkeys(s for t in inputs for s in t.sources))
+            slot = next((t.slot for t in inputs if t.slot is not None), None)
+            first = inputs[0]
+            name = getattr(func, "__name__", str(func))
+            if name == "__getitem__" and first.bank and slot is None and isinstance(args[1], int):
+                return Traced.make(out, sources, args[1], False, (*first.ops, f"slot {args[1]}"))
+            return Traced.make(out, sources, slot, first.bank and out.dim() == first.dim(), (*first.ops, name))
+
+    return Traced
+
+
+def _leaves(obj) -> Iterator[Any]:
+    if isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _leaves(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _leaves(x)
+    else:
+        yield obj
+
+
+HOST_OPS = frozenset({"to", "float", "contiguous", "clone", "detach"})  # what the port may do to a host table
+
+
+@dataclass(frozen=True)
+class Request:
+    """One `ttnn.from_torch` of a weight by the port: what it derived the tensor from and what it asked for."""
+
+    sources: tuple[str, ...]
+    slot: int | None
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    on_device: bool
+
+    def describe(self) -> str:
+        slot = f" slot {self.slot}" if self.slot is not None else ""
+        return (f"a {list(self.shape)} {self.dtype} {self.layout} tensor from {', '.join(self.sources)}{slot}")
+
+
+@dataclass
+class _Answers:
+    """How the from_torch interceptor answers a traced weight: None in the listing pass, the loaded tensors in
+    the build pass."""
+
+    loaded: Mapping[tuple[str, int | None], Any] | None = None
+    targets: Mapping[tuple[str, ...], str] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    used: set = field(default_factory=set)
+
+
+class _Unloaded:
+    """Stands for a slot that was not asked for; removed from the built model (its dict then says so)."""
+
+
+class SlotsLoaded(dict):
+    """A port dict of per-slot tensors holding only the slots loaded: any other slot is a clear error, never a
+    wrong slot."""
+
+    def __missing__(self, slot):
+        raise KeyError(f"embodiment slot {slot} was not loaded into this model (loaded: {sorted(self)}); build it "
+                       "with embodiments= that include it, or all")
+
+
+def _enum_name(value) -> str:
+    return str(value).rsplit(".", 1)[-1].replace("_LAYOUT", "")
+
+
+@contextlib.contextmanager
+def _intercepted(answers: _Answers, traced_type) -> Iterator[None]:
+    """`ttnn.from_torch` answers traced weights from the entry for as long as the port's constructors run; any
+    other tensor (the causal mask, activations) goes to ttnn as before."""
+    import ttnn
+
+    real = ttnn.from_torch
+
+    def from_torch(tensor=None, dtype=None, *args, **kwargs):
+        if not isinstance(tensor, traced_type):
+            return real(tensor, dtype, *args, **kwargs)
+        layout = _enum_name(kwargs.get("layout") or ttnn.ROW_MAJOR_LAYOUT)
+        request = Request(tensor.sources, tensor.slot, tuple(tensor.shape), _enum_name(dtype or ttnn.bfloat16).lower(),
+                          layout, kwargs.get("device") is not None)
+        memory = kwargs.get("memory_config")
+        if memory is not None and memory != ttnn.DRAM_MEMORY_CONFIG:
+            raise PortError(f"the port asks for {request.describe()} in {memory}; the hand-off loads weights "
+                            "into DRAM only")
+        answers.requests.append(request)
+        if answers.loaded is None:
+            return None
+        key = (answers.targets[request.sources], request.slot)
+        answers.used.add(key)
+        return answers.loaded.get(key, _Unloaded())
+
+    ttnn.from_torch = from_torch
+    try:
+        yield
+    finally:
+        ttnn.from_torch = real
+
+
+# -- the entry's side ---------------------------------------------------------------------------------------------
+def _match(requests: list[Request], entry: Entry, code: PortCode) -> dict[tuple[str, ...], str]:
+    """sources -> target name for every request, each held to its target's shape, dtype and layout; the first
+    that no target serves is a PortError naming the layout revision that would (or that none does)."""
+    arrays = entry.manifest.arrays
+    by_sources = {tuple(a.attributes["sources"]): name for name, a in arrays.items()}
+    for r in requests:
+        name = by_sources.get(r.sources)
+        a = arrays.get(name) if name else None
+        if a is not None and tuple(a.logical_shape) == r.shape and a.device_dtype == r.dtype and \
+                a.device_layout == r.layout and a.bank == (r.slot is not None):
+            continue
+        have = (f"its target {name} is a {a.logical_shape} {a.device_dtype} {a.device_layout}" if a else
+                "no target of it has those sources")
+        fits = _layouts_serving(requests, entry.manifest.source_shapes, entry.manifest.profile)
+        remedy = (f"convert with --layout {fits[0]} for this port revision" if fits else
+                  f"no supported layout revision serves it ({', '.join(load_config(VERSION).port['layouts'])}): "
+                  "this port revision is not supported")
+        raise PortError(f"{code.root} (port revision {code.revision}) builds {r.describe()}, but entry "
+                        f"{entry.name} ({entry.manifest.layout}) cannot hand it over: {have}; {remedy}")
+    return by_sources
+
+
+def _layouts_serving(requests: list[Request], source_shapes: Mapping[str, list[int]], profile: str) -> list[str]:
+    """The layout revisions whose plan, for this checkpoint, has a target for every request."""
+    shapes = {k: tuple(v) for k, v in source_shapes.items()}
+    fits = []
+    for layout in load_config(VERSION).port["layouts"]:
+        plan = build_plan(VERSION, shapes, profile, layout)
+        targets = {t.sources: t for t in plan.targets}
+        if all(_serves(targets.get(r.sources), r) for r in requests):
+            fits.append(layout)
+    return fits
+
+
+def _serves(target, request: Request) -> bool:
+    """Whether a planned target is the tensor a request asks for (a bank's target: one slot of it)."""
+    return target is not None and target.shape == request.shape and target.device_dtype == request.dtype and \
+        target.layout == request.layout and target.embodiment == (request.slot is not None)
+
+
+def port_config(code: PortCode, source_shapes: Mapping[str, list[int]]):
+    """The port's own Gr00tN16Config, default but for the fields configs/n16.toml [port.fields] derives from
+    this checkpoint's dims (at the published dims: the default exactly)."""
+    spec = load_config(VERSION).port
+    config = code.attr(str(spec["config"]))()
+    dims = dict(dims_of(VERSION, {k: tuple(v) for k, v in source_shapes.items()}))
+    for path, expression in spec["fields"].items():
+        *parents, leaf = path.split(".")
+        owner = config
+        for p in parents:
+            owner = getattr(owner, p)
+        setattr(owner, leaf, int(eval(expression, {"__builtins__": {}, "isqrt": math.isqrt}, dims)))  # noqa: S307
+    return config
+
+
+def _traced_loader(code: PortCode, source_shapes: Mapping[str, list[int]], banks: set[str]):
+    """The port's own weight loader, holding a traced tensor for every checkpoint key (its `load()` returns
+    them: it reads no file)."""
+    import torch
+
+    traced = _traced_class()
+    loader = code.attr(str(load_config(VERSION).port["loader"]))()
+    loader._state_dict = {k: traced.make(torch.empty(shape, dtype=torch.bfloat16, device="meta"), (k,),
+                                         bank=k in banks) for k, shape in source_shapes.items()}
+    return loader, traced
+
+
+# -- building -----------------------------------------------------------------------------------------------------
+@dataclass
+class PortModel:
+    """The port's model as built, and how: `model` is `Gr00tN16ModelTTNN`, the port's class."""
+
+    model: Any
+    entry: str
+    revision: str
+    layout: str
+    slots: tuple[int, ...]
+    stats: dict
+
+
+def _wanted_slots(entry: Entry, embodiments: str | int | None) -> tuple[int, ...]:
+    held = sorted({s for a in entry.manifest.arrays.values() if a.bank for s in a.chunks})
+    if embodiments is None or str(embodiments).strip() == "all":
+        return tuple(held)
+    wanted = load_config(VERSION).slot_ids(str(embodiments))
+    missing = [s for s in wanted if s not in held]
+    if missing:
+        raise CacheError(f"{entry.describe()}: embodiment slot(s) {missing} were not converted into this entry (it "
+                         f"holds {held}); convert with --embodiments {','.join(map(str, wanted))} or all")
+    return tuple(wanted)
+
+
+def _construct(code: PortCode, config, source_shapes: Mapping[str, list[int]], device, answers: _Answers):
+    """Run the port's own constructor on traced weights, `from_torch` answered by `answers`."""
+    loader, traced = _traced_loader(code, source_shapes, set(load_config(VERSION).embodiment_keys))
+    model_class = code.attr(str(load_config(VERSION).port["model"]))
+    with _intercepted(answers, traced):
+        try:
+            model = model_class(config, loader, device)
+        except PortError:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError) as e:  # it computed on weight values: meta has none
+            raise PortError(f"{code.root} (port revision {code.revision}): its constructor computes on weight "
+                            f"values ({type(e).__name__}: {str(e).splitlines()[0][:160]}), which a hand-off from "
+                            "converted tensors cannot serve; this port revision is not supported") from None
+    return model, traced
+
+
+def _finish(node, traced, host: Mapping[tuple[str, ...], Any], code: PortCode, seen: set) -> Any:
+    """Walk the built model: traced host tables become the entry's float32 tensors, slots not loaded leave their
+    dicts (which then refuse them by name)."""
+    if id(node) in seen or isinstance(node, (str, bytes, int, float, bool, type(None))):
+        return node
+    seen.add(id(node))
+    if isinstance(node, traced):
+        wanted = host.get(node.sources)
+        extra = [op for op in node.ops if op not in HOST_OPS]
+        if wanted is None or extra or tuple(node.shape) != tuple(wanted.shape) or str(node.dtype) != str(wanted.dtype):
+            raise PortError(f"{code.root} (port revision {code.revision}) keeps a {list(node.shape)} {node.dtype} "
+                            f"host tensor made from {', '.join(node.sources)} by {', '.join(extra) or 'a cast'}, "
+                            "which the entry has no host target for; this port revision is not supported")
+        return wanted
+    if isinstance(node, dict):
+        for k in list(node):
+            node[k] = _finish(node[k], traced, host, code, seen)
+        if any(_holds_unloaded(v) for v in node.values()):
+            kept = SlotsLoaded({k: v for k, v in node.items() if not _holds_unloaded(v)})
+            return kept
+        return node
+    if isinstance(node, list):
+        node[:] = [_finish(x, traced, host, code, seen) for x in node]
+        return node
+    if isinstance(node, tuple):
+        return tuple(_finish(x, traced, host, code, seen) for x in node)
+    if hasattr(node, "__dict__") and type(node).__module__.startswith(code.package):
+        for k, v in vars(node).items():
+            setattr(node, k, _finish(v, traced, host, code, seen))
+    return node
+
+
+def _holds_unloaded(value) -> bool:
+    return isinstance(value, _Unloaded) or (isinstance(value, tuple) and any(isinstance(x, _Unloaded) for x in value))
+
+
+def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None, embodiments: str | int | None = None,
+                entry: str | None = None, profile: str | None = None, config=None, check: bool = True,
+                threads: int = 4) -> PortModel:
+    """The port's `Gr00tN16ModelTTNN` from a cache entry, on `device` (None: ttnn host tensors). Reads no
+    safetensors and calls `from_torch` on no weight: every device tensor is ttnn's `load_tensor` of the entry's
+    `.tensorbin`. `embodiments`: every slot the entry holds (default, as the port builds them), or a list of
+    tags/ids. `config`: the port's Gr00tN16Config (default: derived from the entry, see `port_config`).
+    `check`: hold this port revision to the port's own constructor once first (`check_port`)."""
+    t0 = time.perf_counter()
+    code = PortCode.find(tt_metal)
+    store = cache.cache_store(cache_dir)
+    layout = serving_layout(code)
+    asked = None if embodiments is None or str(embodiments).strip() == "all" else \
+        load_config(VERSION).slot_ids(str(embodiments))
+    opened = cache.choose_entry(store, VERSION, layout, profile or "port", entry, slot=asked[0] if asked else None)
+    if opened.manifest.layout != layout:
+        raise CacheError(f"{opened.describe()}: is a {opened.manifest.layout} entry, but port revision {code.revision} "
+                         f"at {code.root} takes {layout}; convert with --layout {layout}")
+    if not opened.manifest.source_shapes:
+        raise CacheError(f"{opened.describe()}: made before entries recorded their checkpoint's shapes (cache format "
+                         f"{opened.manifest.cache_format}); convert again to hand it to the port")
+    if check:
+        verdict = check_port(code, layout, store_root=cache.build_root(store))
+        if not verdict["ok"]:
+            raise PortError(f"{code.root} (port revision {code.revision}) failed its self-check against the port's "
+                            f"own constructor: {verdict['differences'][0]}")
+    slots = _wanted_slots(opened, embodiments)
+    config = config or port_config(code, opened.manifest.source_shapes)
+    listing = _Answers()
+    _construct(code, config, opened.manifest.source_shapes, None, listing)
+    targets = _match(listing.requests, opened, code)
+    t_listed = time.perf_counter()
+    needed = sorted({(targets[r.sources], r.slot) for r in listing.requests if r.slot is None or r.slot in slots},
+                    key=str)
+    host_arrays = [n for n, a in opened.manifest.arrays.items() if a.host_only]
+    loaded, host, nbytes = _load(opened, needed, host_arrays, device, threads)
+    answers = _Answers(loaded=loaded, targets=targets)
+    model, traced = _construct(code, config, opened.manifest.source_shapes, device, answers)
+    by_sources = {tuple(opened.manifest.arrays[n].attributes["sources"]): t for n, t in host.items()}
+    model = _finish(model, traced, by_sources, code, set())
+    stats = {"seconds": time.perf_counter() - t0, "listing_seconds": t_listed - t0, "device_files": len(needed),
+             "host_tensors": len(host), "bytes_read": nbytes}
+    return PortModel(model, opened.name, code.revision, opened.manifest.layout, slots, stats)
+
+
+def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):
+    """The device files asked for (each checked against its record first, all before any upload) and the host
+    tables as float32 torch tensors."""
+    import torch
+
+    missing = [(n, s) for n, s in needed if entry.manifest.arrays[n].chunks[s].tensorbin is None]
+    if missing:
+        raise CacheError(f"{entry.describe()}: {missing[0][0]} has no device file (profile "
+                         f"{entry.manifest.profile} keeps none); convert with --profile port or bfp8")
+    with ThreadPoolExecutor(threads) as pool:
+        files = list(pool.map(lambda k: entry.device_file(*k), needed))
+        chunks = list(pool.map(lambda n: entry.read_chunk(n, None), host_arrays))
+        host = dict(zip(host_arrays, pool.map(
+            lambda c: torch.from_numpy(c.copy()).view(torch.bfloat16).float(), chunks)))
+        if device is None:
+            tensors = list(pool.map(tt.load_packed, files))
+        else:
+            tensors = [tt.load_packed(f, device) for f in files]  # one upload at a time into one device
+    nbytes = sum(entry.manifest.arrays[n].chunks[s].tensorbin.nbytes for n, s in needed) + \
+        sum(c.nbytes for c in chunks)
+    return dict(zip(needed, tensors)), host, nbytes
+
+
+# -- comparing two builds -----------------------------------------------------------------------------------------
+def _tensor_bytes(tensor, scratch: Path) -> bytes:
+    import ttnn
+
+    host = ttnn.from_device(tensor) if tensor.storage_type() == ttnn.StorageType.DEVICE else tensor
+    path = scratch / "t.tensorbin"
+    ttnn.dump_tensor(str(path), host)
+    return path.read_bytes()
+
+
+def differences(ours, theirs, limit: int = 20, counts: dict | None = None) -> list[str]:
+    """Where two built models differ, walking every attribute recursively: ttnn tensors by dtype, layout, shape,
+    padded shape, storage, memory config and ttnn's own serialized bytes; torch tensors by dtype, shape and bytes;
+    every other value by type and equality (devices and callables by identity). `counts` gets how many of each
+    were compared (ttnn, on_device, torch, values)."""
+    import torch
+    import ttnn
+
+    found: list[str] = []
+    tally = counts if counts is not None else {}
+    for kind in ("ttnn", "on_device", "torch", "values"):
+        tally.setdefault(kind, 0)
+    seen: set[tuple[int, int]] = set()
+    scratch = Path(tempfile.mkdtemp(prefix="port-compare-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+
+    def walk(a, b, path: str) -> None:
+        if len(found) >= limit or (id(a), id(b)) in seen:
+            return
+        seen.add((id(a), id(b)))
+        if type(a) is not type(b) and not (isinstance(a, dict) and isinstance(b, dict)):
+            found.append(f"{path}: {type(a).__name__} against {type(b).__name__}")
+        elif isinstance(a, ttnn.Tensor):
+            tally["ttnn"] += 1
+            tally["on_device"] += a.storage_type() == ttnn.StorageType.DEVICE
+            facts = lambda t: (t.dtype, t.layout, tuple(t.shape), tuple(t.padded_shape), t.storage_type(),  # noqa: E731
+                               str(t.memory_config()) if t.storage_type() == ttnn.StorageType.DEVICE else None)
+            if facts(a) != facts(b):
+                found.append(f"{path}: {facts(a)} against {facts(b)}")
+            elif _tensor_bytes(a, scratch) != _tensor_bytes(b, scratch):
+                found.append(f"{path}: the bytes differ")
+        elif isinstance(a, torch.Tensor):
+            tally["torch"] += 1
+            if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
+                found.append(f"{path}: {a.dtype} {list(a.shape)} against {b.dtype} {list(b.shape)}")
+            elif a.is_meta or b.is_meta or not torch.equal(a.contiguous().view(torch.uint8) if a.dim() else a,
+                                                           b.contiguous().view(torch.uint8) if b.dim() else b):
+                found.append(f"{path}: the values differ")
+        elif isinstance(a, dict):
+            if list(a) != list(b):
+                found.append(f"{path}: keys {list(a)[:8]} against {list(b)[:8]}")
+            for k in a:
+                if k in b:
+                    walk(a[k], b[k], f"{path}[{k!r}]")
+        elif isinstance(a, (list, tuple)):
+            if len(a) != len(b):
+                found.append(f"{path}: {len(a)} items against {len(b)}")
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{path}[{i}]")
+        elif isinstance(a, (str, bytes, int, float, bool, type(None))):
+            tally["values"] += 1
+            if a != b:
+                found.append(f"{path}: {a!r} against {b!r}")
+        elif inspect.isroutine(a) or inspect.isclass(a) or type(a).__module__.startswith("ttnn") or \
+                not hasattr(a, "__dict__"):
+            if a is not b and a != b:  # devices, functions, enums
+                found.append(f"{path}: {a!r} against {b!r}")
+        else:  # the port's objects, its config dataclasses, diffusers' Timesteps module
+            keys_a, keys_b = sorted(vars(a)), sorted(vars(b))
+            if keys_a != keys_b:
+                found.append(f"{path}: attributes {sorted(set(keys_a) ^ set(keys_b))} on one side only")
+            for k in keys_a:
+                if k in vars(b):
+                    walk(vars(a)[k], vars(b)[k], f"{path}.{k}")
+
+    try:
+        walk(ours, theirs, "model")
+    finally:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+    return found
+
+
+def build_with_port(code: PortCode, snapshot: Path, config, device=None):
+    """The port's own way, for comparison: its weight loader reads the snapshot and its constructors preprocess."""
+    loader_class = code.attr(str(load_config(VERSION).port["loader"]))
+    model_class = code.attr(str(load_config(VERSION).port["model"]))
+    return model_class(config, loader_class(model_path=str(snapshot)), device)
+
+
+# -- the self-check -----------------------------------------------------------------------------------------------
+CHECK_SCALE = "attn"  # real attention shapes: the port's cross-attention test sees non-square to_k there
+
+
+def _verdict_path(root: Path, code: PortCode, layout: str) -> Path:
+    from pipeline.cache import CACHE_FORMAT, CONVERTER_VERSION
+
+    key = hashlib.sha256(f"{code.revision}\0{layout}\0{RECIPES_PATH.read_bytes().hex()}\0{CACHE_FORMAT}\0"
+                         f"{CONVERTER_VERSION}".encode()).hexdigest()[:20]
+    return root / "port-checks" / f"{code.revision}-{layout}-{key}.json"
+
+
+def check_port(code: PortCode, layout: str | None = None, store_root: Path | None = None, device=None,
+               force: bool = False, log=None) -> dict:
+    """Build a small synthetic N1.6 both ways, with the port's own constructor and from an entry of `layout`
+    (default: the first layout revision that serves this port), compare everything, and keep the verdict."""
+    from pipeline.convert import ConvertOptions, convert
+    from pipeline.synth import synthesize
+
+    root = store_root or cache.cache_root(None)
+    layout = layout or serving_layout(code)
+    record = _verdict_path(root, code, layout)
+    if record.is_file() and not force and device is None:
+        return json.loads(record.read_text())
+    if log:
+        log(f"port-check: port revision {code.revision} at {code.root} against a synthetic "
+            f"N1.6 at {CHECK_SCALE} scale in {layout} (once per port revision)")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="port-check-") as tmp:
+        hf = Path(tmp) / "hf"
+        snapshot = synthesize(VERSION, hf, CHECK_SCALE)
+        convert(ConvertOptions(VERSION, "port", "all", hf_cache=hf, synthetic=CHECK_SCALE, cache_root=Path(tmp) / "cache",
+                               layout=layout, progress=False, reuse=False))
+        ours = build_model(Path(tmp) / "cache", code.root, device, check=False)
+        theirs = build_with_port(code, snapshot, port_config(code, _shapes_of(snapshot)), device)
+        found = differences(ours.model, theirs)
+    verdict = {"ok": not found, "revision": code.revision, "root": str(code.root), "layout": layout,
+               "scale": CHECK_SCALE, "differences": found, "device_files": ours.stats["device_files"],
+               "seconds": round(time.perf_counter() - t0, 2), "on_device": device is not None}
+    if device is None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(verdict, indent=1))
+    return verdict
+
+
+def _shapes_of(snapshot: Path) -> dict[str, list[int]]:
+    from tasks.checkpoint import Checkpoint
+
+    with Checkpoint(snapshot) as ck:
+        return {k: list(ck.shape(k)) for k in ck.keys()}
+
+
+def serving_layout(code: PortCode) -> str:
+    """The layout revision whose targets this port's constructors ask for, found by listing what they build for
+    the published N1.6 shapes (no bytes: a fraction of a second)."""
+    from pipeline.layout import layout as key_specs
+
+    shapes = {s.key: list(s.shape) for s in key_specs(VERSION, "full")}
+    listing = _Answers()
+    _construct(code, port_config(code, shapes), shapes, None, listing)
+    fits = _layouts_serving(listing.requests, shapes, "port")
+    if not fits:
+        plan = {t.sources: t for t in build_plan(VERSION, {k: tuple(v) for k, v in shapes.items()}, "port",
+                                                  load_config(VERSION).port["layouts"][0]).targets}
+        first = next(r for r in listing.requests if not _serves(plan.get(r.sources), r))
+        raise PortError(f"{code.root} (port revision {code.revision}) builds {first.describe()}, which no supported "
+                        f"layout revision has ({', '.join(load_config(VERSION).port['layouts'])}); this port "
+                        "revision is not supported")
+    return fits[0]

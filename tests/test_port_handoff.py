@@ -1,0 +1,199 @@
+"""The port runs from the cache: tt-metal's own `Gr00tN16ModelTTNN`, built two ways from one synthetic snapshot —
+by the port's own weight loader and constructors (the reference), and from a cache entry (pipeline/port_n16.py) —
+must be the same object graph: every ttnn tensor (dtype, layout, shape, padded shape, ttnn's serialized bytes) and
+every other attribute. The port's code is the pinned copy in ../shared/consumers, run unedited.
+
+The `attn` scale is used: the real attention shapes, so the port's cross-attention test (to_k not square) sees
+what it sees on the release; 2 embodiment slots, 1-2 layers per stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline import port_n16
+from pipeline.convert import ConvertOptions, convert
+from pipeline.synth import synthesize
+from tasks.entry import checksum, manifest_key
+from tasks.errors import CacheError, PipelineError
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "consumers"
+PORT = SHARED / "tt-metal"
+FUSED = SHARED / "variants" / "ttnn_dit_optimized.fused.py"
+PORT_DIT = "models/experimental/gr00t_n1_6/tt/ttnn_dit_optimized.py"
+
+pytestmark = pytest.mark.skipif(not (PORT / "models").is_dir(),
+                                reason=f"the port's pinned code ({PORT}) is not here")
+
+
+def independent_config():
+    """The port's config for the attn-scale snapshot, written here from configs/n16.toml [dims.attn] (not by
+    port_n16.port_config): the published N1.6 but for one vision layer, one Qwen3 layer with a 512-wide MLP,
+    two DiT blocks and two embodiment slots."""
+    from models.experimental.gr00t_n1_6.common.configs import Gr00tN16Config
+
+    config = Gr00tN16Config.default()
+    config.backbone.vision.num_hidden_layers = 1
+    config.backbone.language.select_layer = 1
+    config.backbone.language.intermediate_size = 512
+    config.dit.num_layers = 2
+    config.embodiment.max_num_embodiments = 2
+    return config
+
+
+@pytest.fixture(scope="module")
+def attn(tmp_path_factory):
+    """An attn-scale N1.6 snapshot and a cache holding it in both layout revisions, every slot."""
+    root = tmp_path_factory.mktemp("port")
+    snapshot = synthesize("n16", root / "hf", "attn")
+    for layout in ("tt-n16", "tt-n16-fused"):
+        convert(ConvertOptions("n16", embodiments="all", hf_cache=root / "hf", synthetic="attn",
+                               cache_root=root / "cache", layout=layout, progress=False))
+    port_n16.PortCode.find(PORT).attr("common.configs:Gr00tN16Config")  # the port's package on sys.path
+    return snapshot, root / "cache"
+
+
+@pytest.fixture(scope="module")
+def fused_port(tmp_path_factory):
+    """A tt-metal tree at the fused-DiT revision: the pinned port with the stored variant of its DiT attention."""
+    tree = tmp_path_factory.mktemp("fused") / "tt-metal"
+    shutil.copytree(PORT, tree)
+    shutil.copyfile(FUSED, tree / PORT_DIT)
+    return tree
+
+
+def both_ways(code_root: Path, snapshot: Path, cache_dir: Path, device=None, **kwargs):
+    code = port_n16.PortCode.find(code_root)
+    ours = port_n16.build_model(cache_dir, code_root, device, check=False, **kwargs)
+    theirs = port_n16.build_with_port(code, snapshot, independent_config(), device)
+    return ours, theirs
+
+
+def test_the_whole_model_two_ways_on_the_host(attn):
+    import ttnn
+
+    snapshot, cache_dir = attn
+    ours, theirs = both_ways(PORT, snapshot, cache_dir)
+    model_class = port_n16.PortCode.find(PORT).attr("tt.ttnn_groot_n16_model:Gr00tN16ModelTTNN")
+    assert type(ours.model) is model_class and ours.layout == "tt-n16" and ours.slots == (0, 1)
+    counts: dict = {}
+    assert port_n16.differences(ours.model, theirs, counts=counts) == []
+    assert ours.stats["device_files"] == 100  # every weight the port uploads...
+    assert counts["ttnn"] == 100 + 1  # ...compared by ttnn's bytes, and the causal mask the port computes
+    assert counts["torch"] == 1 + 2 + 2  # embed_tokens, one layer's q_norm and k_norm; the RoPE cos and sin
+    # what the port computes, not loads, is there and equal: the cross-attention test, the padded dims, the mask
+    blocks = ours.model.dit.blocks
+    assert [b.attn.is_cross_attention for b in blocks] == [True, False]
+    assert isinstance(ours.model.qwen3._causal_mask_tt, ttnn.Tensor)
+    assert type(ours.model.action_encoder.timestep_encoder.time_proj).__name__ == "Timesteps"
+
+
+def test_the_whole_model_two_ways_on_the_simulated_device(attn, simulated_device):
+    snapshot, cache_dir = attn
+    ours, theirs = both_ways(PORT, snapshot, cache_dir, simulated_device)
+    counts: dict = {}
+    assert port_n16.differences(ours.model, theirs, counts=counts) == []
+    assert counts["ttnn"] == counts["on_device"] == 101  # weights and the mask, read back from the device
+
+
+def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):
+    """A wrong but self-consistent entry (the byte changed, its record updated): the entry verifies, the
+    comparison with the port's own build must not."""
+    snapshot, cache_dir = attn
+    copy = tmp_path / "cache"
+    shutil.copytree(cache_dir, copy)
+    name = json.loads((copy / "refs" / "n16-tt-n16-port.json").read_text())["entry"]
+    manifest_path = copy / manifest_key(name)
+    manifest = json.loads(manifest_path.read_text())
+    target = "dit.transformer_blocks.0.attn1.to_k_padded.weight"
+    packed = copy / "entries" / name / "tensorbin" / f"{target}.tensorbin"
+    data = bytearray(packed.read_bytes())
+    data[-7] ^= 0x01
+    packed.write_bytes(bytes(data))
+    manifest["arrays"][target]["chunks"]["all"]["tensorbin"]["xxh3"] = checksum(bytes(data))
+    manifest_path.write_text(json.dumps(manifest))
+    ours, theirs = both_ways(PORT, snapshot, copy)
+    found = port_n16.differences(ours.model, theirs)
+    assert found == ["model.dit.blocks[0].attn.to_k_weight: the bytes differ"]
+
+
+def test_the_fused_revision_is_detected_and_built_the_same(attn, fused_port):
+    snapshot, cache_dir = attn
+    ours, theirs = both_ways(fused_port, snapshot, cache_dir)
+    assert ours.layout == "tt-n16-fused"
+    assert port_n16.differences(ours.model, theirs) == []
+    attn0, attn1 = ours.model.dit.blocks[0].attn, ours.model.dit.blocks[1].attn
+    assert list(attn0.to_kv_weight.shape) == [2048, 4096] and list(attn1.to_qkv_weight.shape) == [1536, 6144]
+
+
+def test_a_port_revision_the_entry_does_not_serve_is_one_sentence(attn, fused_port, tmp_path):
+    snapshot, cache_dir = attn
+    only_unfused = tmp_path / "cache"
+    shutil.copytree(cache_dir, only_unfused)
+    (only_unfused / "refs" / "n16-tt-n16-fused-port.json").unlink()
+    for entry in (only_unfused / "entries").iterdir():
+        if "-tt-n16-fused-" in entry.name:
+            shutil.rmtree(entry)
+    with pytest.raises(CacheError, match="no converted n16 .tt-n16-fused, port."):
+        port_n16.build_model(only_unfused, fused_port, check=False)
+    # a revision no layout serves: its DiT heads padded to 96, not 64
+    unknown = tmp_path / "unknown" / "tt-metal"
+    shutil.copytree(PORT, unknown)
+    dit = unknown / PORT_DIT
+    dit.write_text(dit.read_text().replace("PADDED_HEAD_DIM = 64", "PADDED_HEAD_DIM = 96"))
+    code = port_n16.PortCode.find(unknown)
+    with pytest.raises(PipelineError) as err:
+        port_n16.build_model(cache_dir, unknown, check=False)
+    message = str(err.value)
+    assert f"(port revision {code.revision}) builds a [1536, 3072] bfloat16 TILE tensor from " \
+           "action_head.model.transformer_blocks.0.attn1.to_q.weight," in message
+    assert "which no supported layout revision has (tt-n16, tt-n16-fused)" in message and "\n" not in message
+
+
+def test_only_the_slots_asked_for_and_a_clear_error_for_the_others(attn):
+    snapshot, cache_dir = attn
+    ours, theirs = both_ways(PORT, snapshot, cache_dir, embodiments="1")
+    assert ours.slots == (1,)
+    encoder = ours.model.action_encoder
+    assert sorted(encoder.w1) == [1] and sorted(ours.model.state_encoder.layer1_weights) == [1]
+    with pytest.raises(KeyError, match="embodiment slot 0 was not loaded into this model"):
+        encoder.w1[0]
+    found = port_n16.differences(ours.model, theirs)
+    assert found and all("keys [1] against [0, 1]" in d for d in found)  # the dicts of slots, and only they
+    mine, port = encoder.w2[1][0], theirs.action_encoder.w2[1][0]
+    assert port_n16.differences(mine, port) == []
+
+
+def test_the_config_at_the_published_dims_is_the_ports_default():
+    from pipeline.layout import layout
+
+    code = port_n16.PortCode.find(PORT)
+    shapes = {s.key: list(s.shape) for s in layout("n16", "full")}
+    default = code.attr("common.configs:Gr00tN16Config").default()
+    assert port_n16.differences(port_n16.port_config(code, shapes), default) == []
+    assert vars(port_n16.port_config(code, shapes).backbone.language) == vars(default.backbone.language)
+
+
+def test_port_check_keeps_its_verdict(tmp_path):
+    code = port_n16.PortCode.find(PORT)
+    verdict = port_n16.check_port(code, store_root=tmp_path)
+    assert verdict["ok"] and verdict["revision"] == code.revision and verdict["device_files"] == 100
+    kept = list((tmp_path / "port-checks").glob(f"{code.revision}-tt-n16-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == verdict
+    kept[0].write_text(json.dumps({**verdict, "seconds": -1}))  # the kept verdict is what a second call returns
+    assert port_n16.check_port(code, store_root=tmp_path)["seconds"] == -1
+
+
+def test_no_port_tree_is_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.delenv("TT_METAL_HOME", raising=False)
+    with pytest.raises(PipelineError, match="no tt-metal tree given: pass tt_metal="):
+        port_n16.PortCode.find(None)
+    with pytest.raises(PipelineError, match=f"{tmp_path}: no GR00T N1.6 port there"):
+        port_n16.PortCode.find(tmp_path)
+    monkeypatch.setenv("TT_METAL_HOME", str(PORT))
+    assert port_n16.PortCode.find(None).root == PORT.resolve()
+    assert os.environ["TT_METAL_HOME"] == str(PORT)
