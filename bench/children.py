@@ -332,7 +332,57 @@ def _child_zarr_io(a: dict) -> dict:
     return {"seconds": write + read, "write_seconds": write, "read_seconds": read, "bytes": total}
 
 
-CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_convert, _child_raw_copy, _child_load, _child_raw_read, _child_cat,
+PORT_TREE = Path(__file__).resolve().parents[2] / "shared" / "consumers" / "tt-metal"
+
+
+def _child_port_startup(a: dict) -> dict:
+    """The port's own start-up, as its demo runs it on the host (device None): its weight loader reads every shard
+    (safetensors `load_file`) and its constructors preprocess every weight, all 32 slots, through from_torch."""
+    from tasks.device import configure_ttnn_env, device_present
+
+    configure_ttnn_env(os.environ, device_present())
+    from pipeline.port_n16 import PortCode, _shapes_of, build_with_port, port_config
+
+    code = PortCode.find(a.get("tt_metal", PORT_TREE))
+    config = port_config(code, _shapes_of(Path(a["snapshot"])))  # at the published dims: Gr00tN16Config.default()
+    code.attr("tt.ttnn_groot_n16_model:Gr00tN16ModelTTNN")  # imported before the clock starts, like ours
+    import diffusers.models.embeddings  # noqa: F401  (its constructor imports it: not timed, for either)
+
+    t0 = time.perf_counter()
+    build_with_port(code, Path(a["snapshot"]), config)
+    return {"seconds": time.perf_counter() - t0}
+
+
+def _child_handoff(a: dict) -> dict:
+    """Ours: the port's model from the cache entry (pipeline/port_n16.build_model), on the host or the simulated
+    device. Every tensor is read into memory (ttnn's load_tensor), as the port's are."""
+    if a.get("simulated"):
+        from tests import simulator
+
+        assert simulator.use(os.environ), simulator.unavailable_reason()
+    from tasks.device import configure_ttnn_env, device_present
+
+    configure_ttnn_env(os.environ, device_present())
+    from pipeline.port_n16 import PortCode, build_model
+
+    code = PortCode.find(a.get("tt_metal", PORT_TREE))
+    code.attr("tt.ttnn_groot_n16_model:Gr00tN16ModelTTNN")
+    import diffusers.models.embeddings  # noqa: F401  (imported by the port's constructor: not timed, for either)
+
+    dev = None
+    if a.get("simulated"):
+        from tasks import device
+
+        dev = device.open_device(0)
+    t0 = time.perf_counter()
+    built = build_model(Path(a["cache"]), code.root, dev, check=False)
+    seconds = time.perf_counter() - t0
+    if dev is not None:
+        device.close_device(dev)
+    return {"seconds": seconds, **{k: v for k, v in built.stats.items() if k != "seconds"}}
+
+
+CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_port_startup, _child_handoff, _child_convert, _child_raw_copy, _child_load, _child_raw_read, _child_cat,
                                                      _child_naive, _child_as_tensor, _child_plain_loop,
                                                      _child_port_path, _child_as_tensor_port, _child_zarr_io)}
 

@@ -79,7 +79,8 @@ def run_child(name: str, args: dict, cold: bool = False, fresh: Path | None = No
     if status != 0:
         tail = (BENCH / "last-child-stderr.log").read_text()[-3000:]
         raise RuntimeError(f"bench child {name} failed (status {status}):\n{tail}")
-    result = json.loads(out.strip().splitlines()[-1])
+    # the child's one JSON line (tt-metal's simulator prints a line of its own at exit)
+    result = json.loads(next(line for line in reversed(out.strip().splitlines()) if line.startswith("{")))
     return {**result, "process_seconds": time.perf_counter() - started, "peak_rss_bytes": usage.ru_maxrss * 1024,
             "cpu_seconds": usage.ru_utime + usage.ru_stime, "user_seconds": usage.ru_utime,
             "sys_seconds": usage.ru_stime, "minor_faults": usage.ru_minflt, "major_faults": usage.ru_majflt}

@@ -291,3 +291,72 @@ def _chart(rows: list[dict], raw: dict, out: Path) -> None:
     right.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
     fig.savefig(out / "results.png", dpi=90)
+
+
+def run_handoff(scale: str, runs: int, cold: bool) -> int:
+    """The port's model from our cache against the port's own start-up (weight loader + constructors, host),
+    full-size synthetic N1.6, every slot, fresh processes, each contender's inputs read right before it; then ours
+    on the simulated device (figures only). Writes bench/handoff-results.{json,md}."""
+    from pipeline.convert import ConvertOptions, convert
+    from pipeline.port_n16 import PortCode, check_port
+
+    hf = DATA / f"hf-{scale}"
+    cfg = load_config(VERSION)
+    try:
+        resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
+    except Exception:
+        from pipeline.synth import synthesize
+
+        synthesize(VERSION, hf, scale)
+    snapshot = resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
+    cache = DATA / f"cache-{scale}-handoff"
+    convert(ConvertOptions(VERSION, "port", "all", hf_cache=hf, synthetic=scale, cache_root=cache, progress=False))
+    from bench.children import PORT_TREE
+
+    check_port(PortCode.find(PORT_TREE), store_root=cache)  # the one-time self-check, outside the timing
+    shards = [p.resolve() for p in snapshot.iterdir()]
+    raw: dict[str, list] = {"port_startup": [], "handoff": [], "handoff_simulated": []}
+    t_start = time.time()
+    print(f"bench handoff: {VERSION} {scale}, {runs} runs", flush=True)
+    for _ in range(runs):
+        _warm(*shards)
+        raw["port_startup"].append(run_child("port_startup", {"snapshot": str(snapshot)}, cold))
+        _warm(cache)
+        raw["handoff"].append(run_child("handoff", {"cache": str(cache)}, cold))
+        print(f"  run done: port {raw['port_startup'][-1]['seconds']:.1f} s, ours {raw['handoff'][-1]['seconds']:.2f} s",
+              flush=True)
+    _warm(cache)
+    raw["handoff_simulated"].append(run_child("handoff", {"cache": str(cache), "simulated": True}, cold))
+    rows: list[dict] = []
+    for measure, label in (("seconds", "wall in child"), ("process_seconds", "wall of process"),
+                           ("cpu_seconds", "CPU user+sys")):
+        o, b = median(raw["handoff"], measure), median(raw["port_startup"], measure)
+        _metric(rows, f"handoff / port start-up ({label})", o, b, "<= 0.1", o <= 0.1 * b)
+    tensor_bytes = median(raw["handoff"], "tensor_bytes")
+    peak = median(raw["handoff"], "peak_rss_bytes")
+    _metric(rows, "handoff peak RSS above its tensors' bytes (GB)", (peak - tensor_bytes) / 1e9, None, "<= 1.5 GB",
+            peak - tensor_bytes <= 1.5e9, "GB", f"peak {peak / 1e9:.2f} GB, tensors {tensor_bytes / 1e9:.2f} GB")
+    context = {"version": VERSION, "scale": scale, "runs": runs, "slots": "all 32",
+               "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
+               "cores": os.cpu_count(), "port": str(PORT_TREE),
+               "imports": "'wall in child' starts after imports (ttnn, torch, the port's modules, diffusers); "
+                          "'wall of process' and CPU include them"}
+    out = _out(scale)
+    (out / "handoff-results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
+    lines = [f"Measured {context['date']} on {context['cores']} cores, {VERSION} {scale} synthetic checkpoint, all 32 "
+             f"slots, median of {runs}; page cache {context['page_cache']}; {context['imports']}.", "",
+             "| contender | wall in child | wall of process | CPU user | CPU sys | peak RSS |", "|---|---|---|---|---|---|"]
+    for name, label in (("port_startup", "port's own start-up (loader + constructors, host)"),
+                        ("handoff", "ours: entry -> port model (host)"),
+                        ("handoff_simulated", "ours: entry -> port model (simulated N150, figures only)")):
+        r = raw[name]
+        lines.append(f"| {label} | {median(r):.2f} s | {median(r, 'process_seconds'):.2f} s | "
+                     f"{median(r, 'user_seconds'):.2f} s | {median(r, 'sys_seconds'):.2f} s | "
+                     f"{median(r, 'peak_rss_bytes') / 1e9:.2f} GB |")
+    lines += ["", "| metric | ratio | goal | holds |", "|---|---|---|---|"]
+    lines += [f"| {m['metric']} | {m['ratio']:.3f} | {m['goal']} | {'yes' if m['holds'] else 'no'} {m['note']} |"
+              for m in rows]
+    (out / "handoff-results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0

@@ -412,7 +412,8 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
     by_sources = {tuple(opened.manifest.arrays[n].attributes["sources"]): t for n, t in host.items()}
     model = _finish(model, traced, by_sources, code, set())
     stats = {"seconds": time.perf_counter() - t0, "listing_seconds": t_listed - t0, "device_files": len(needed),
-             "host_tensors": len(host), "bytes_read": nbytes}
+             "host_tensors": len(host), "bytes_read": nbytes,
+             "tensor_bytes": nbytes - sum(t.numel() * 2 for t in host.values()) + sum(t.numel() * 4 for t in host.values())}
     return PortModel(model, opened.name, code.revision, opened.manifest.layout, slots, stats)
 
 

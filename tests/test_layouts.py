@@ -30,7 +30,7 @@ def test_n16_defaults_to_the_port_layout_and_n15_n17_to_generic():
 def test_unknown_layout_and_a_profile_the_layout_lacks_are_one_sentence_errors():
     with pytest.raises(ConfigError) as err:
         resolve("n16", "tt-n99")
-    assert str(err.value) == ("unknown layout 'tt-n99' for n16: expected one of tt-n16, generic "
+    assert str(err.value) == ("unknown layout 'tt-n99' for n16: expected one of tt-n16, tt-n16-fused, generic "
                               "(configs/n16.toml [layouts])")
     with pytest.raises(ConfigError) as err:
         resolve("n16", "generic", "port")
@@ -88,7 +88,7 @@ def test_reload_groups_tensors_as_the_port_weight_loader_does(hf_cache, tmp_path
 
 def test_readme_python_examples_run_as_written(hf_cache, tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert len(blocks) >= 2
+    assert len(blocks) >= 1  # (the port hand-off's block, fenced `python port`, runs in tests/test_port_handoff.py)
     env = {"GR00T_CACHE": str(tmp_path)}
     for version in ("n16", "n17"):
         convert(ConvertOptions(version, hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))

@@ -197,3 +197,35 @@ def test_no_port_tree_is_one_sentence(tmp_path, monkeypatch):
     monkeypatch.setenv("TT_METAL_HOME", str(PORT))
     assert port_n16.PortCode.find(None).root == PORT.resolve()
     assert os.environ["TT_METAL_HOME"] == str(PORT)
+
+
+def test_the_readme_port_lines_run_as_written(attn, tmp_path):
+    """The README's "Run the N1.6 port from the cache" lines, run as written in a process of their own (on the
+    simulated device where there is one, else with `device = None`), then held to the port's own build."""
+    import re
+    import subprocess
+    import sys
+
+    from tests import simulator
+
+    root = Path(__file__).resolve().parent.parent
+    block = re.search(r"```python port\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
+    snapshot, cache_dir = attn
+    if simulator.unavailable_reason() is not None:
+        block = block.replace("ttnn.open_device(device_id=0)", "None")
+    check = f'''
+import json
+from pipeline.port_n16 import PortCode, build_with_port, differences
+from tests.test_port_handoff import independent_config
+theirs = build_with_port(PortCode.find({str(PORT)!r}), __import__("pathlib").Path({str(snapshot)!r}),
+                         independent_config(), device)
+print(json.dumps({{"class": type(model).__name__, "differences": differences(model, theirs),
+                  "slots": list(built.slots), "layers": config.dit.num_layers}}))
+'''
+    env = {**os.environ, "GR00T_CACHE": str(cache_dir), "TT_METAL_HOME": str(PORT),
+           "PYTHONPATH": f"{root}{os.pathsep}{PORT}"}
+    proc = subprocess.run([sys.executable, "-c", block + check], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
+    assert result == {"class": "Gr00tN16ModelTTNN", "differences": [], "slots": [0, 1], "layers": 2}
