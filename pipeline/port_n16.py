@@ -137,14 +137,13 @@ def _traced_class():
 
 
 def _leaves(obj) -> Iterator[Any]:
-    if isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _leaves(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _leaves(x)
-    else:
-        yield obj
+    """The values inside a torch call's (args, kwargs): the port nests at most a list in the arguments."""
+    args, kwargs = obj
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, (list, tuple)):
+            yield from x
+        else:
+            yield x
 
 
 HOST_OPS = frozenset({"to", "float", "contiguous", "clone", "detach"})  # what the port may do to a host table
@@ -242,7 +241,7 @@ def _match(requests: list[Request], entry: Entry, code: PortCode) -> dict[tuple[
                 "no target of it has those sources")
         fits = _layouts_serving(requests, entry.manifest.source_shapes, entry.manifest.profile)
         remedy = (f"convert with --layout {fits[0]} for this port revision" if fits else
-                  f"no supported layout revision serves it ({', '.join(load_config(VERSION).port['layouts'])}): "
+                  f"no supported layout revision ({', '.join(load_config(VERSION).port['layouts'])}) has it; "
                   "this port revision is not supported")
         raise PortError(f"{code.root} (port revision {code.revision}) builds {r.describe()}, but entry "
                         f"{entry.name} ({entry.manifest.layout}) cannot hand it over: {have}; {remedy}")
@@ -382,25 +381,15 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
     t0 = time.perf_counter()
     code = PortCode.find(tt_metal)
     store = cache.cache_store(cache_dir)
-    layout = serving_layout(code)
     asked = None if embodiments is None or str(embodiments).strip() == "all" else \
         load_config(VERSION).slot_ids(str(embodiments))
-    opened = cache.choose_entry(store, VERSION, layout, profile or "port", entry, slot=asked[0] if asked else None)
-    if opened.manifest.layout != layout:
-        raise CacheError(f"{opened.describe()}: is a {opened.manifest.layout} entry, but port revision {code.revision} "
-                         f"at {code.root} takes {layout}; convert with --layout {layout}")
-    if not opened.manifest.source_shapes:
-        raise CacheError(f"{opened.describe()}: made before entries recorded their checkpoint's shapes (cache format "
-                         f"{opened.manifest.cache_format}); convert again to hand it to the port")
+    opened, listing, config = _serving_entry(code, store, entry, profile or "port", asked, config)
     if check:
-        verdict = check_port(code, layout, store_root=cache.build_root(store))
+        verdict = check_port(code, opened.manifest.layout, store_root=cache.build_root(store))
         if not verdict["ok"]:
             raise PortError(f"{code.root} (port revision {code.revision}) failed its self-check against the port's "
                             f"own constructor: {verdict['differences'][0]}")
     slots = _wanted_slots(opened, embodiments)
-    config = config or port_config(code, opened.manifest.source_shapes)
-    listing = _Answers()
-    _construct(code, config, opened.manifest.source_shapes, None, listing)
     targets = _match(listing.requests, opened, code)
     t_listed = time.perf_counter()
     needed = sorted({(targets[r.sources], r.slot) for r in listing.requests if r.slot is None or r.slot in slots},
@@ -417,26 +406,87 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
     return PortModel(model, opened.name, code.revision, opened.manifest.layout, slots, stats)
 
 
+def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked: tuple[int, ...] | None, config):
+    """The entry to hand over, what the port's constructors ask of it (a listing pass: no bytes) and the config:
+    `entry` when named, else the last conversion in the layout revision that serves this port (tt-n16 first)."""
+    slot = asked[0] if asked else None
+    layouts = list(load_config(VERSION).port["layouts"])
+    opened = None
+    for layout in layouts if entry is None else ["tt-n16"]:
+        try:
+            opened = cache.choose_entry(store, VERSION, layout, profile, entry, slot=slot)
+            break
+        except CacheError:
+            if entry is not None or layout == layouts[-1]:
+                raise
+    assert opened is not None
+    for _ in range(2):  # at most once more: the listing may name the other layout revision
+        shapes = opened.manifest.source_shapes
+        if not shapes:
+            raise CacheError(f"{opened.describe()}: made before entries recorded their checkpoint's shapes (cache "
+                             f"format {opened.manifest.cache_format}); convert again to hand it to the port")
+        wanted_config = config or port_config(code, shapes)
+        listing = _Answers()
+        _construct(code, wanted_config, shapes, None, listing)
+        fits = _layouts_serving(listing.requests, shapes, opened.manifest.profile)
+        if opened.manifest.layout in fits or not fits or entry is not None:
+            return opened, listing, wanted_config  # (a layout that does not fit is explained by _match)
+        try:
+            opened = cache.choose_entry(store, VERSION, fits[0], profile, slot=slot)
+        except CacheError as e:
+            raise CacheError(f"port revision {code.revision} at {code.root} takes layout {fits[0]}: {e}") from None
+    return opened, listing, wanted_config
+
+
 def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):
-    """The device files asked for (each checked against its record first, all before any upload) and the host
-    tables as float32 torch tensors."""
+    """The device files asked for and the host tables (float32 torch tensors), every byte read and checked
+    against its record. On a device every file is checked before the first upload; on the host each is checked
+    where ttnn maps it (it maps a `.tensorbin` lazily: hashing the mapping reads each byte once, into memory, and
+    checks the very bytes the tensor holds)."""
+    import numpy as np
     import torch
 
-    missing = [(n, s) for n, s in needed if entry.manifest.arrays[n].chunks[s].tensorbin is None]
+    arrays = entry.manifest.arrays
+    missing = [(n, s) for n, s in needed if arrays[n].chunks[s].tensorbin is None]
     if missing:
         raise CacheError(f"{entry.describe()}: {missing[0][0]} has no device file (profile "
                          f"{entry.manifest.profile} keeps none); convert with --profile port or bfp8")
+
+    def widen(name: str):  # bf16 -> float32 (exact), block by block as the chunk is read and checked
+        out = torch.empty(arrays[name].logical_shape, dtype=torch.float32)
+        flat, at = out.view(-1), 0
+        for block in entry.chunk_blocks(name, None):
+            n = len(block) // 2
+            flat[at:at + n].copy_(torch.frombuffer(block, dtype=torch.bfloat16))
+            at += n
+        return out
+
     with ThreadPoolExecutor(threads) as pool:
-        files = list(pool.map(lambda k: entry.device_file(*k), needed))
-        chunks = list(pool.map(lambda n: entry.read_chunk(n, None), host_arrays))
-        host = dict(zip(host_arrays, pool.map(
-            lambda c: torch.from_numpy(c.copy()).view(torch.bfloat16).float(), chunks)))
-        if device is None:
-            tensors = list(pool.map(tt.load_packed, files))
-        else:
+        host_tables = {n: pool.submit(widen, n) for n in host_arrays}
+        if device is not None:
+            files = list(pool.map(lambda k: entry.device_file(*k), needed))
             tensors = [tt.load_packed(f, device) for f in files]  # one upload at a time into one device
-    nbytes = sum(entry.manifest.arrays[n].chunks[s].tensorbin.nbytes for n, s in needed) + \
-        sum(c.nbytes for c in chunks)
+        else:
+            files = [entry.store.local_file(entry.device_object(*k)) for k in needed]
+            tensors = [tt.load_packed(f) for f in files if f is not None] if all(files) else []
+            folder = os.path.realpath(files[0].parent) if tensors else ""  # one folder holds them all
+            real = [os.path.join(folder, f.name) for f in files] if tensors else []
+            mapped = tt.mapped_files(real) if tensors else {}
+
+            def check(i: int) -> bool:
+                record = arrays[needed[i][0]].chunks[needed[i][1]].tensorbin
+                view = mapped.get(real[i]) if tensors else None
+                if view is not None and len(view) >= record.nbytes:
+                    return record.matches(view[:record.nbytes])
+                entry.device_file(*needed[i])  # not mapped by ttnn: read and checked (or refused) here
+                return True
+
+            bad = [needed[i] for i, ok in enumerate(pool.map(check, range(len(needed)))) if not ok]
+            if bad or not tensors:
+                entry.device_file(*(bad[0] if bad else next(k for k, f in zip(needed, files) if f is None)))
+        host = {n: f.result() for n, f in host_tables.items()}
+    nbytes = sum(arrays[n].chunks[s].tensorbin.nbytes for n, s in needed) + \
+        sum(int(np.prod(arrays[n].logical_shape)) * 2 for n in host_arrays)
     return dict(zip(needed, tensors)), host, nbytes
 
 
@@ -595,7 +645,7 @@ def serving_layout(code: PortCode) -> str:
         plan = {t.sources: t for t in build_plan(VERSION, {k: tuple(v) for k, v in shapes.items()}, "port",
                                                   load_config(VERSION).port["layouts"][0]).targets}
         first = next(r for r in listing.requests if not _serves(plan.get(r.sources), r))
-        raise PortError(f"{code.root} (port revision {code.revision}) builds {first.describe()}, which no supported "
-                        f"layout revision has ({', '.join(load_config(VERSION).port['layouts'])}); this port "
+        raise PortError(f"{code.root} (port revision {code.revision}) builds {first.describe()}: no supported "
+                        f"layout revision ({', '.join(load_config(VERSION).port['layouts'])}) has it; this port "
                         "revision is not supported")
     return fits[0]

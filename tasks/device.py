@@ -104,6 +104,26 @@ def load_packed(path: Path, device=None):
     return _ttnn().load_tensor(str(path), device=device)
 
 
+def mapped_files(paths) -> dict[str, memoryview]:
+    """Where this process maps each of these files whole, from offset 0 (ttnn's `load_tensor` maps a `.tensorbin`
+    read-only and reads it lazily): path -> the mapped bytes, read in place. A file mapped otherwise, or not at all,
+    is left out (the caller reads it instead)."""
+    import ctypes
+
+    wanted = set(map(str, paths))  # as the kernel names them: real paths
+    found: dict[str, list[memoryview]] = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or fields[5].strip() not in wanted:
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if int(fields[2], 16) == 0 and "r" in fields[1]:
+                found.setdefault(fields[5].strip(), []).append(
+                    memoryview((ctypes.c_char * (hi - lo)).from_address(lo)).cast("B"))
+    return {path: views[0] for path, views in found.items() if len(views) == 1}
+
+
 def padded_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
     """The shape ttnn stores: TILE pads the last two dims up to multiples of 32 (1-D becomes [32, n])."""
     if layout != "TILE":

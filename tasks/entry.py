@@ -263,6 +263,25 @@ class Entry:
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
         return out
 
+    def chunk_blocks(self, array: str, slot: int | None, block: int = READ_BLOCK) -> Iterator[memoryview]:
+        """One chunk as consecutive blocks of raw bytes (one reused buffer), for a caller that converts as it
+        reads: a 622 MB table then needs 8 MB besides its result, not a second copy. The checksum is held to the
+        record after the last block; a mismatch raises there, so the caller must use nothing before the end."""
+        record, key = self.manifest.arrays[array].chunks[slot], self.chunk_object(array, slot)
+        path = self.store.local_file(key)
+        if path is None:
+            raise CacheError(f"{self.store.describe(key)}: chunk is missing from the cache entry; run `python -m "
+                             "pipeline cache verify` and convert again with --force")
+        buffer, digest, total = memoryview(bytearray(block)), xxhash.xxh3_64(), 0
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buffer):
+                digest.update(buffer[:n])
+                total += n
+                yield buffer[:n]
+        if total != record.nbytes or digest.hexdigest() != record.xxh3:
+            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
+                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
+
     def device_file(self, array: str, slot: int | None) -> Path:
         """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
         rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
