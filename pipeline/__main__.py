@@ -1,6 +1,15 @@
 import sys
 
-from pipeline.cli import main
+
+def run() -> int:
+    """The command line, with Ctrl-C during the first imports (torch, dask: a second or more) said in one line too."""
+    try:
+        from pipeline.cli import main
+    except KeyboardInterrupt:
+        print("interrupted while starting: nothing was changed", file=sys.stderr)
+        return 130
+    return main()
+
 
 if __name__ == "__main__":  # the guard matters: distributed's spawned workers re-import this module
-    sys.exit(main())
+    sys.exit(run())

@@ -8,6 +8,7 @@ later process can load without touching the source checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,7 +30,18 @@ from tasks.zarr_v3 import array_metadata, create_array, write_json_atomic
 
 CACHE_FORMAT = 4               # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
-DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "cache"
+
+
+def _default_root() -> Path:
+    """The source checkout's `cache/` when running from one (its cache/README.md is there), else, installed from a
+    wheel, the user's cache folder ($XDG_CACHE_HOME/gr00t-tt, ~/.cache/gr00t-tt): never site-packages."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "cache" / "README.md").is_file() and (checkout / "pyproject.toml").is_file():
+        return checkout / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gr00t-tt"
+
+
+DEFAULT_ROOT = _default_root()
 
 
 def cache_root(root: Path | str | None = None) -> Path:
@@ -178,28 +190,37 @@ def find_entry(store: Store, name: str) -> Entry | None:
     return open_entry(store, name)
 
 
+class SyntheticWeightsWarning(UserWarning):
+    """`load` handed out weights converted from the project's synthetic stand-in, not from a GR00T release."""
+
+
 def resolve_ref(store: Store, version: str, layout: str, profile: str) -> Entry:
-    name = read_ref(store, version, layout, profile)
-    ref = store.describe(ref_key(version, layout, profile))
-    if name is None:
-        raise CacheError(f"{ref}: no converted {version} ({layout}, {profile}) in cache {store.describe('')}; run "
-                         f"`make convert VERSION={version} LAYOUT={layout} PROFILE={profile}` first")
-    if name not in store.children(ENTRIES):
-        raise CacheError(f"{ref}: names entry {name}, which is not in {store.describe(ENTRIES)}; convert again")
-    return open_entry(store, name)
+    """The entry the last conversion of a release produced, else (none) the last synthetic conversion's."""
+    for synthetic in (False, True):
+        name = read_ref(store, version, layout, profile, synthetic)
+        if name is None:
+            continue
+        if name not in store.children(ENTRIES):
+            raise CacheError(f"{store.describe(ref_key(version, layout, profile, synthetic))}: names entry {name}, "
+                             f"which is not in {store.describe(ENTRIES)}; convert again")
+        return open_entry(store, name)
+    raise CacheError(f"{store.describe(ref_key(version, layout, profile))}: no converted {version} ({layout}, "
+                     f"{profile}) in cache {store.describe('')}; run `make convert VERSION={version} LAYOUT={layout} "
+                     f"PROFILE={profile}` first")
 
 
 def choose_entry(store: Store, version: str, layout: str, profile: str, entry: str | None = None,
                  revision: str | None = None, slot: int | None = None, source: str | Path | None = None) -> Entry:
     """The entry `load` opens: `entry` (a name or a fingerprint prefix) when given; else the one the ref names, if
     it matches `revision` and holds `slot`; else the newest published entry of this version, layout and profile
-    that does. An error lists what there is."""
+    that does. An entry converted from a release always wins over a synthetic one (whose refs are their own). An
+    error lists what there is."""
     if entry is None:
         try:
             current = resolve_ref(store, version, layout, profile)
         except CacheError:
             current = None
-        if current is not None and _fits(current, revision, slot, source):
+        if current is not None and not current.manifest.is_synthetic and _fits(current, revision, slot, source):
             return current  # the common case: one manifest read, no listing
     published = [e for _, e, state in list_entries(store) if state == "published"]
     if entry is not None:
@@ -208,10 +229,14 @@ def choose_entry(store: Store, version: str, layout: str, profile: str, entry: s
             names = ", ".join(e.name for e in (found or published)) or "none"
             raise CacheError(f"{store.describe(ENTRIES)}: {'no' if not found else 'more than one'} entry matches "
                              f"{entry!r} ({'candidates' if found else 'entries'}: {names})")
+        if found[0].manifest.version != version:
+            raise CacheError(f"{found[0].describe()}: is a {found[0].manifest.version} entry, not {version}; pass "
+                             f"--version {found[0].manifest.version}, or an entry of {version}")
         return found[0]
     same = [e for e in published if (e.manifest.version, e.manifest.layout, e.manifest.profile) == (version, layout, profile)]
-    match = sorted((e for e in same if _fits(e, revision, slot, source)), key=lambda e: e.manifest.published_unix,
-                   reverse=True)
+    match = sorted((e for e in same if _fits(e, revision, slot, source)),
+                   key=lambda e: (not e.manifest.is_synthetic, current is not None and e.name == current.name,
+                                  e.manifest.published_unix), reverse=True)
     if match:
         return match[0]
     if current is None and not same:
@@ -225,10 +250,61 @@ def choose_entry(store: Store, version: str, layout: str, profile: str, entry: s
                      f"{f' --revision {revision}' if revision else ''}")
 
 
+def warn_if_synthetic(opened: Entry, acknowledged: bool) -> None:
+    """A synthetic entry handed out by the Python API says so, unless the caller said it knows."""
+    if opened.manifest.is_synthetic and not acknowledged:
+        import warnings
+
+        warnings.warn(SyntheticWeightsWarning(
+            f"{opened.name} holds SYNTHETIC weights ({opened.manifest.source.get('synthetic') or opened.manifest.synthetic}),"
+            " not a GR00T release; pass synthetic=True to load them without this warning"), stacklevel=3)
+
+
 def _fits(e: Entry, revision: str | None, slot: int | None, source: str | Path | None) -> bool:
     snapshot = e.manifest.source.get("snapshot")
     return e.manifest.holds_slot(slot) and (revision is None or e.manifest.revision == revision) and \
         (source is None or (snapshot is not None and Path(str(snapshot)).resolve() == Path(source).resolve()))
+
+
+LEASES = "leases"  # `leases/<entry>@<pid>-<random>`: a local reader of that entry, alive while its process is
+
+
+@contextlib.contextmanager
+def reading(store: Store, name: str):
+    """Hold a lease on entry `name` while reading it: `gc` and `rm` leave an entry alone while a live process
+    holds one (a lease of a dead process counts for nothing). Local caches only: a pid means nothing to another
+    machine, so an object-store entry has no lease."""
+    if not isinstance(store, LocalStore):
+        yield
+        return
+    lease = store.root / LEASES / f"{name}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        lease.parent.mkdir(parents=True, exist_ok=True)
+        lease.touch()
+    except OSError:  # a read-only cache: nothing can remove the entry either
+        yield
+        return
+    try:
+        yield
+    finally:
+        lease.unlink(missing_ok=True)
+
+
+def readers(store: Store, name: str) -> list[int]:
+    """The live processes holding a lease on entry `name`."""
+    if not isinstance(store, LocalStore) or not (store.root / LEASES).is_dir():
+        return []
+    pids = []
+    for lease in (store.root / LEASES).glob(f"{name}@*"):
+        try:
+            pid = int(lease.name.rsplit("@", 1)[1].split("-", 1)[0])
+        except ValueError:
+            continue
+        if _pid_alive(pid):
+            pids.append(pid)
+        else:
+            lease.unlink(missing_ok=True)
+    return pids
 
 
 def parse_size(text: str) -> int:
@@ -248,7 +324,7 @@ def parse_size(text: str) -> int:
 def entry_rows(store: Store, only: str | None = None, verify: bool = False) -> list[dict]:
     """`cache ls` / `cache verify`: one row per entry (state, identity, bytes on disk, refs), the same for every
     store. Bytes shared with another entry by hard links (reuse) are counted once in `unique_bytes`."""
-    in_use, seen, now, rows = refs(store), set(), time.time(), []
+    in_use, seen, now, rows = refs(store), {}, time.time(), []
     for name, entry, state in list_entries(store):
         if only and name != only:
             continue
@@ -257,7 +333,8 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False) -> l
             state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
         elif state == "incomplete" and TMP_MARK not in name:
             state = "incomplete (no manifest: a push in progress or abandoned)"
-        size, unique = store.usage(entry_key(name), seen)
+        size, unique, files = store.usage(entry_key(name))
+        seen.update(files)
         m = entry.manifest if entry else None
         rows.append({"entry": name, "state": state, "version": m and m.version, "layout": m and m.layout,
                      "profile": m and m.profile, "slots": m and m.slots, "revision": m and m.revision,
@@ -272,6 +349,14 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False) -> l
     return rows
 
 
+def disk_bytes(store: Store) -> int:
+    """The bytes every entry holds, each stored file counted once (hard links shared between entries, once)."""
+    files: dict = {}
+    for name in store.children(ENTRIES):
+        files.update(store.usage(entry_key(name))[2])
+    return sum(files.values())
+
+
 def collect_garbage(store: Store, older_than_days: float | None = None, max_bytes: int | None = None,
                     include_current: bool = False, dry_run: bool = False) -> list[dict]:
     """Remove temporaries of dead processes, broken and corrupt entries (a chunk that fails its checksum); then,
@@ -280,17 +365,25 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     one is removed with its refs (it cannot be loaded anyway). An object-store entry without a manifest may be
     a push in progress: it is listed, never removed. `dry_run` lists without removing."""
     removed: list[dict] = []
+    kept: list[dict] = []
     in_use = refs(store)
 
     def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> None:
+        busy = readers(store, name)
+        if busy:  # a live reader's entry stays (cache/README.md, "Leases")
+            kept.append({"entry": name, "reason": f"{reason}, but being read by process {busy[0]}", "bytes": size})
+            return
         if not dry_run:
             store.delete(entry_key(name))
             for ref in in_use.get(name, []) if drop_refs else []:
                 store.delete(f"{REFS}/{ref}.json")
-        removed.append({"entry": name, "reason": reason, "bytes": size, "refs": in_use.get(name, [])})
+        removed.append({"entry": name, "reason": reason, "bytes": size, "freed_bytes": own.get(name, size),
+                        "refs": in_use.get(name, [])})
 
     published = []
-    for row in entry_rows(store, verify=True):
+    rows = entry_rows(store, verify=True)
+    own = {r["entry"]: r["unique_bytes"] for r in rows}
+    for row in rows:
         name, state = row["entry"], row["state"]
         if TMP_MARK in name:
             owner = _tmp_owner(name)
@@ -310,28 +403,33 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
             candidates.remove(row)
             published.remove(row)
     if max_bytes is not None:
-        total = sum(r["unique_bytes"] for r in published)
+        total = disk_bytes(store)
         for row in list(candidates):
             if total <= max_bytes:
                 break
             remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True)
             total -= row["unique_bytes"]
-    return removed
+    return removed + [{**k, "kept": True, "freed_bytes": 0, "refs": []} for k in kept]
 
 
-def remove_entry(store: Store, name: str, include_current: bool = False) -> dict:
+def remove_entry(store: Store, name: str, include_current: bool = False, dry_run: bool = False) -> dict:
     """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
-    and then its refs go too."""
+    and then its refs go too. `dry_run` says what would go and removes nothing."""
     if TMP_MARK in name or name not in store.children(ENTRIES):
         known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
         raise CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} "
                          f"(entries: {known})")
+    busy = readers(store, name)
+    if busy:
+        raise CacheError(f"{store.describe(entry_key(name))}: being read by process {busy[0]} (a live lease in "
+                         f"{store.describe(LEASES)}); remove it when that process is done")
     in_use = refs(store).get(name, [])
     if in_use and not include_current:
         raise CacheError(f"{store.describe(entry_key(name))}: refs/{', refs/'.join(in_use)} point to this entry (it "
                          "is what `load` opens); pass --include-current to remove it and those refs")
-    size = sum(store.sizes(entry_key(name)).values())
-    store.delete(entry_key(name))
-    for ref in in_use:
-        store.delete(f"{REFS}/{ref}.json")
-    return {"entry": name, "reason": "removed on request", "bytes": size, "refs": in_use}
+    size, freed, _ = store.usage(entry_key(name))
+    if not dry_run:
+        store.delete(entry_key(name))
+        for ref in in_use:
+            store.delete(f"{REFS}/{ref}.json")
+    return {"entry": name, "reason": "removed on request", "bytes": size, "freed_bytes": freed, "refs": in_use}

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.metadata
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.convert import ConvertOptions, convert
+from pipeline.convert import ConvertOptions, convert, writable_folder
 from pipeline.layout import straddling_unit
 from pipeline.load import load
 from pipeline.render import write_graph
@@ -46,7 +48,16 @@ def _mb(n: int) -> str:
 def cmd_synth(a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     hf = Path(a.hf_cache) if a.hf_cache else synthetic_hf_cache(a.cache)
-    snap = synthesize(a.version, hf, a.scale, a.seed)
+    writable_folder(hf, "HF cache")
+    before = set(hf.iterdir())
+    try:
+        snap = synthesize(a.version, hf, a.scale, a.seed)
+    except OSError as e:
+        for made in set(hf.iterdir()) - before:  # nothing half-written: the repo folders this run began go
+            shutil.rmtree(made, ignore_errors=True)
+        reason = "no space left on the device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror
+        raise PipelineError(f"{e.filename or hf}: {reason} while synthesizing {a.version} ({a.scale}); nothing was "
+                            "kept — free space or pass --hf-cache DIR on a larger disk") from None
     if not a.json:
         print(f"wrote a SYNTHETIC {a.version} ({a.scale} scale, seed {a.seed}) to {snap}\n"
               f"  convert it with: python -m pipeline convert --version {a.version} --synthetic {a.scale}"
@@ -182,7 +193,7 @@ def cmd_graph(a: argparse.Namespace) -> dict:
 def cmd_load(a: argparse.Namespace) -> dict:
     with opened_device(a.device) as dev:
         loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout, entry=a.entry,
-                      revision=a.revision, source=a.source)
+                      revision=a.revision, source=a.source, synthetic=True)  # (it prints SYNTHETIC itself)
     result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source, **loaded.stats}
     if not a.json:
         if loaded.source.get("synthetic"):
@@ -219,19 +230,18 @@ def cmd_cache(a: argparse.Namespace) -> dict:
     root = store.describe("")
     if a.action in ("gc", "rm"):
         if a.action == "rm":
-            if not a.entry:
-                raise PipelineError("cache rm needs an entry name (see `python -m pipeline cache ls`)")
-            removed = [cache.remove_entry(store, a.entry, a.include_current)]
+            removed = [cache.remove_entry(store, a.entry, a.include_current, a.dry_run)]
         else:
             removed = cache.collect_garbage(store, a.older_than_days, cache.parse_size(a.max_bytes) if a.max_bytes
                                             else None, a.include_current, a.dry_run)
         if not a.json:
             verb = "would remove" if a.dry_run else "removed"
-            print("\n".join(f"{verb} {r['entry']} ({r['reason']}, {_size(r['bytes'])})"
+            print("\n".join(f"{verb} {r['entry']} ({r['reason']}, {_size(r['bytes'])}; "
+                            f"{'would free' if a.dry_run else 'freed'} {_size(r['freed_bytes'])})"
                             + (f"; refs {', '.join(r['refs'])} dropped" if r["refs"] and not a.dry_run else "")
                             for r in removed) or "nothing to remove")
         return {"root": root, "removed": removed, "dry_run": bool(a.dry_run)}
-    rows = cache.entry_rows(store, a.entry, verify=a.action == "verify")
+    rows = cache.entry_rows(store, getattr(a, "entry", None), verify=a.action == "verify")
     if not a.json:
         if rows:
             head = f"{'entry':46} {'version':7} {'layout':8} {'profile':7} {'slots':8} {'revision':10} {'source':10} " \
@@ -244,7 +254,8 @@ def cmd_cache(a: argparse.Namespace) -> dict:
                 print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
                       f"{_slots(r['slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
                       f"{_size(r['unique_bytes']):>10} {age:>7}  {tail}")
-            print(f"{len(rows)} entries, {_size(sum(r['unique_bytes'] for r in rows))} on disk (shared bytes counted once)")
+            print(f"{len(rows)} entries, {_size(cache.disk_bytes(store))} on disk (shared bytes counted once); "
+                  "'own' is what removing the entry frees")
         else:
             print(f"no entries in {store.describe('entries')}")
     if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
@@ -265,7 +276,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
     print_convert(convert(replace(opts, progress=False)))
-    loaded = load("n17", a.cache, embodiment="new_embodiment")
+    loaded = load("n17", a.cache, embodiment="new_embodiment", synthetic=True)
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
           f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read")
     print("\n5. a tiny N1.6 in the tt-n16 layout (n16's default): the tensors tt-metal's GR00T N1.6 port builds")
@@ -273,7 +284,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     port = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=demo_hf, synthetic="tiny",
                                   cache_root=a.cache, progress=False))
     print_convert(port)
-    host = load("n16", a.cache, "gr1", ttnn_host=True)
+    host = load("n16", a.cache, "gr1", ttnn_host=True, synthetic=True)
     vision, language = host.components()["vision"], host.components()["language"]
     for group, key in ((vision, "encoder.layers.0.self_attn.qkv_padded.weight"),
                        (language, "model.layers.0.self_attn.q_proj.weight")):
@@ -306,39 +317,58 @@ def cmd_port_check(a: argparse.Namespace) -> dict:
     return verdict
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} days is negative: pass 0 or more")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line too (the usage itself is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    p = _Parser(prog="python -m pipeline", description=__doc__)
     p.add_argument("-V", "--version", action="version", version=f"gr00t-tt-weights {_package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn, help_: str, version: bool = True) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_)
+        sp = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".")
         sp.set_defaults(fn=fn)
         if version:
             sp.add_argument("--version", required=True, help=f"one of {', '.join(VERSIONS)}")
         sp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-        sp.add_argument("--cache", help="cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE or ./cache)")
+        sp.add_argument("--cache", help=f"cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE, "
+                                        f"else {cache.DEFAULT_ROOT})")
         return sp
 
-    def source_args(sp: argparse.ArgumentParser) -> None:
+    def source_args(sp: argparse.ArgumentParser, verb: str) -> None:
         sp.add_argument("--snapshot", type=Path, help="a snapshot folder (overrides the HF cache lookup)")
         sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
                                                       "with --synthetic, hf/ under the cache root)")
         sp.add_argument("--revision", help="the release's revision (default: the one pinned in configs/<version>.toml)")
-        sp.add_argument("--synthetic", choices=SCALES, help="convert the project's synthetic stand-in of this scale "
+        sp.add_argument("--synthetic", choices=SCALES, help=f"{verb} the project's synthetic stand-in of this scale "
                                                             "(made by `synth`), never the real release")
 
     sp = add("synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
     sp.add_argument("--scale", choices=SCALES, default="tiny",
                     help="tiny: every key, small dims; attn: real attention shapes, 1-2 layers per stack; full")
     sp.add_argument("--hf-cache", type=Path, help="default: hf/ under the cache root (never your own HF cache)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=int, default=0, help="seed of the synthetic values (default 0); another seed is "
+                                                         "another revision")
     sp = add("inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
-    source_args(sp)
+    source_args(sp, "inspect")
     for name, fn, help_ in (("convert", cmd_convert, "convert a snapshot into a cache entry"),
                             ("graph", cmd_graph, "render the conversion graph (SVG/PNG/DOT) or write it as JSON")):
         sp = add(name, fn, help_)
-        source_args(sp)
+        source_args(sp, name)
         sp.add_argument("--layout", help=LAYOUT_HELP)
         sp.add_argument("--profile", help=PROFILE_HELP)
         sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas")
@@ -353,19 +383,37 @@ def parser() -> argparse.ArgumentParser:
     sp = add("load", cmd_load, "reload converted tensors from the cache and time it")
     sp.add_argument("--layout", help=LAYOUT_HELP)
     sp.add_argument("--profile", help=PROFILE_HELP)
-    sp.add_argument("--embodiment", help="a tag or slot id (default: all slots)")
+    sp.add_argument("--embodiment", "--embodiments", dest="embodiment",
+                    help="one tag or slot id (default: all slots)")
     sp.add_argument("--entry", help="an entry name or fingerprint prefix (default: the last conversion that holds the slot)")
     sp.add_argument("--revision", help="only entries converted from this revision")
     sp.add_argument("--source", type=Path, help="only entries converted from this snapshot folder")
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id")
-    sp = add("cache", cmd_cache, "list, verify or clean the cache", version=False)
-    sp.add_argument("action", choices=("ls", "verify", "gc", "rm"))
-    sp.add_argument("entry", nargs="?", help="ls/verify: only this entry; rm: the entry to remove")
-    sp.add_argument("--older-than-days", type=float, help="gc: also remove published entries older than this")
-    sp.add_argument("--max-bytes", help="gc: then remove the oldest entries until the cache fits (e.g. 10G)")
-    sp.add_argument("--include-current", action="store_true",
-                    help="gc/rm: entries a ref points to (what load opens) may go too")
-    sp.add_argument("--dry-run", action="store_true", help="gc: list what would be removed, remove nothing")
+    sp = sub.add_parser("cache", help="list, verify or clean the cache", description="List, verify or clean the cache.")
+    sp.set_defaults(fn=cmd_cache)
+    actions = sp.add_subparsers(dest="action", required=True, metavar="{ls,verify,gc,rm}")
+    for name, help_ in (("ls", "a table of every entry: version, layout, profile, slots, source, size, what removing "
+                               "it frees, age, state and refs"),
+                        ("verify", "re-check every checksum of every entry (or of one)"),
+                        ("gc", "remove temporaries of dead processes and broken or corrupt entries; then, if asked, "
+                               "old ones or the oldest beyond a size (never one a ref points to, unless "
+                               "--include-current, nor one a live process is reading)"),
+                        ("rm", "remove one entry (one a ref points to, and its refs, only with --include-current)")):
+        ap = actions.add_parser(name, help=help_, description=help_)
+        ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+        ap.add_argument("--cache", help=f"cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE, "
+                                        f"else {cache.DEFAULT_ROOT})")
+        if name in ("ls", "verify"):
+            ap.add_argument("entry", nargs="?", help="only this entry")
+        if name == "rm":
+            ap.add_argument("entry", help="the entry to remove (see `cache ls`)")
+        if name == "gc":
+            ap.add_argument("--older-than-days", type=_non_negative, help="also remove published entries older than this")
+            ap.add_argument("--max-bytes", help="then remove the oldest entries until the cache fits (e.g. 10G)")
+        if name in ("gc", "rm"):
+            ap.add_argument("--include-current", action="store_true",
+                            help="entries a ref points to (what load opens) may go too, and their refs")
+            ap.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
     sp = add("port-check", cmd_port_check, "build a small synthetic N1.6 with tt-metal's GR00T N1.6 port both ways "
              "(its own constructor, and from a cache entry) and compare them; the verdict is kept per port revision",
              version=False)
@@ -376,6 +424,14 @@ def parser() -> argparse.ArgumentParser:
     add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload; then tiny n16 in the "
                           "tt-n16 port layout", version=False)
     return p
+
+
+INTERRUPTED = {  # what Ctrl-C leaves behind, per command
+    "convert": "interrupted: nothing was published; the next run of the same command resumes the work kept in the "
+               "cache's entries/*.tmp-* folder",
+    "synth": "interrupted: the synthetic snapshot may be incomplete; run synth again (it rewrites it)",
+    "cache": "interrupted: an entry being removed may be half gone; run `cache gc` to finish the job",
+}
 
 
 def _json_channel():
@@ -400,8 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: nothing was published; the next run of the same command resumes the work kept in the "
-              "cache's entries/*.tmp-* folder", file=sys.stderr)
+        print(INTERRUPTED.get(args.command, "interrupted: nothing was changed"), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `… --json | head`: the reader left; say nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -51,6 +51,41 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def writable_folder(root: Path, what: str) -> None:
+    """Refuse, before anything is read, a cache (or HF cache) folder that is a file or cannot be written."""
+    if root.exists() and not root.is_dir():
+        raise CacheError(f"{root}: the {what} is a file, not a folder; pass a folder (it is made if missing)")
+    probe = root / f".write-probe-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise CacheError(f"{root}: cannot write to this {what} folder ({e.strerror}); pass one you can write "
+                         f"({'--cache DIR or $GR00T_CACHE' if what == 'cache' else '--hf-cache DIR'})") from None
+
+
+def recognise(version: str, keys: list[str], where: Path) -> None:
+    """Refuse, in one sentence, a snapshot that is not this GR00T version: most of its keys are none of the
+    version's (a fine-tune's odd extra key is left to the recipe, which names it)."""
+    from collections import Counter
+
+    from pipeline.layout import layout
+    from pipeline.versions import VERSIONS
+
+    known = {v: {s.key for s in layout(v, "full")} for v in VERSIONS}
+    share = {v: sum(k in known[v] for k in keys) / max(1, len(keys)) for v in VERSIONS}
+    if share[version] >= 0.9:
+        return
+    prefixes = Counter(".".join(k.split(".")[:2]) for k in keys).most_common(3)
+    looks = [v for v in VERSIONS if share[v] >= 0.9]
+    like = f"; it is a GR00T {looks[0]} checkpoint: pass --version {looks[0]}" if looks else \
+        "; it matches no GR00T version this project converts"
+    raise ConfigError(f"{where}: not a GR00T {version} checkpoint: {len(keys)} tensors, "
+                      f"{share[version]:.0%} of them {version} keys, mostly under "
+                      f"{', '.join(f'{p}. ({n})' for p, n in prefixes)}{like}")
+
+
 def prepare(opts: ConvertOptions, root: Path | None = None) -> tuple[Checkpoint, Plan, tuple[int, ...], dict, Path]:
     """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry. `root` is
     the local cache the entry is built in (default: the one `opts.cache_root` builds in)."""
@@ -59,6 +94,7 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> tuple[Checkpoint,
     hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic))
     shapes = {k: ck.shape(k) for k in ck.keys()}
+    recognise(opts.version, list(shapes), ck.dir)
     plan = build_plan(opts.version, shapes, opts.profile, opts.layout)
     slots = cfg.slot_ids(opts.embodiments, shapes[cfg.embodiment_keys[0]][0] if cfg.embodiment_keys[0] in shapes else None)
     source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic}
@@ -73,6 +109,7 @@ def convert(opts: ConvertOptions) -> dict:
     check_scheduler(opts.scheduler)
     t0 = time.perf_counter()
     store = cache.cache_store(opts.cache_root)
+    writable_folder(cache.build_root(store), "cache")
     ck, plan, slots, ident, root = prepare(opts, cache.build_root(store))
     name = cache.entry_name(ident)
     summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
@@ -88,19 +125,19 @@ def convert(opts: ConvertOptions) -> dict:
         return {**summary, **checked, "seconds": time.perf_counter() - t0}
     if existing is not None:
         ck.close()
-        write_ref(store, opts.version, plan.layout, plan.profile, name)
+        write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident["synthetic"]))
         hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
         if opts.device is not None:  # nothing to convert: upload straight from the cache
             slot = slots[0] if len(slots) == 1 else None
             hit["device_tensors"] = load(opts.version, store, slot, plan.profile, device=opts.device,
-                                        layout=plan.layout, entry=name).tensors
+                                        layout=plan.layout, entry=name, synthetic=True).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     final = cache.entries_dir(root) / name
     result, timings, graph, done, reused = _build(opts, ck, plan, slots, ident, root, name, final)
     pushed = {}
     if not store.can_rename:
         pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
-    write_ref(store, opts.version, plan.layout, plan.profile, name)
+    write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident["synthetic"]))
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
             "hashed_shards_before_graph": sorted(set(reused.verified) - reused.identified), "tasks": len(graph),

@@ -37,6 +37,11 @@ class Loaded:
     banks: tuple[str, ...] = ()    # targets holding every slot of a bank, as [slots, ...]
     source: dict = field(default_factory=dict)  # what the entry was converted from (snapshot, revision, synthetic)
 
+    @property
+    def synthetic(self) -> str | None:
+        """What the synthetic stand-in these weights came from says it is (None: a real checkpoint)."""
+        return self.source.get("synthetic") or None
+
     def components(self) -> dict[str, dict[str, object]]:
         """The tensors grouped the way the port's weight loader groups them: component -> {name inside it: tensor}
         (tt-n16: vision, language, connector, dit, state_encoder, action_encoder, action_decoder, vlln,
@@ -68,7 +73,7 @@ def _plan_reads(manifest: Manifest, slot: int | None) -> list[tuple[str, int | N
 def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: str | int | None = None,
          profile: str | None = None, device=None, ttnn_host: bool = False, threads: int = 4,
          layout: str | None = None, entry: str | None = None, revision: str | None = None,
-         source: str | Path | None = None) -> Loaded:
+         source: str | Path | None = None, synthetic: bool = False) -> Loaded:
     """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
     its default profile), by target name; `.components()` groups them as the consumer does.
 
@@ -83,10 +88,13 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     Which entry: `entry` (a name or fingerprint prefix), else the last conversion (the ref) when it holds the
     slot asked for and matches `revision` and `source` (the snapshot folder converted), else the newest published
     entry that does (a base model and its
-    fine-tune, or entries of different slots, can all be loaded)."""
+    fine-tune, or entries of different slots, can all be loaded). A conversion of a release always wins over a
+    synthetic one; a synthetic entry, when it is all there is, comes with a `SyntheticWeightsWarning` unless
+    `synthetic=True` says the caller knows (`Loaded.synthetic` says it either way)."""
     import torch  # lazy: 1-2 s to import, and `cache`/`convert` never need it
 
     t0 = time.perf_counter()
+    asked_layout, asked_profile = layout, profile
     layout, profile = resolve(version, layout, profile)
     slot = None
     if embodiment is not None and str(embodiment).strip() != "all":
@@ -95,12 +103,26 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
             raise ConfigError(f"load takes one embodiment (a tag or slot id) or all, not {embodiment!r}: slots {list(ids)}")
         slot = ids[0]
     opened = cache.choose_entry(cache.cache_store(cache_dir), version, layout, profile, entry, revision, slot, source)
+    cache.warn_if_synthetic(opened, synthetic)
+    for what, asked, held in (("layout", asked_layout, opened.manifest.layout),
+                              ("profile", asked_profile, opened.manifest.profile)):
+        if asked is not None and asked != held:  # a named entry of another kind than asked for
+            raise CacheError(f"{opened.describe()}: is a {held} entry, not {what} {asked}; leave out --{what} or "
+                             f"name an entry in {asked}")
     arrays = opened.manifest.arrays
     as_ttnn = ttnn_host or device is not None
     if as_ttnn and slot is None and any(a.bank for a in arrays.values()):
         raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
                          "slot id")
-    reads = _plan_reads(opened.manifest, slot)
+    with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
+        return _read(opened, slot, reads=_plan_reads(opened.manifest, slot), device=device, ttnn_host=ttnn_host,
+                     threads=threads, t0=t0)
+
+
+def _read(opened, slot: int | None, reads, device, ttnn_host: bool, threads: int, t0: float) -> Loaded:
+    import torch
+
+    arrays = opened.manifest.arrays
     # Packed targets come straight from their `.tensorbin`, to the host or the device (ttnn's own upload of its
     # own file). A mesh takes everything from the bf16 chunks through upload_array, the one place that decides
     # which targets are split across its devices.

@@ -166,14 +166,25 @@ class Request:
 
 
 @dataclass
-class _Answers:
-    """How the from_torch interceptor answers a traced weight: None in the listing pass, the loaded tensors in
-    the build pass."""
+class _Listing:
+    """What the port's constructors asked for, in order: each request, and the placeholder handed back for it
+    (filled with the loaded tensor once the files are read)."""
 
-    loaded: Mapping[tuple[str, int | None], Any] | None = None
-    targets: Mapping[tuple[str, ...], str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
-    used: set = field(default_factory=set)
+
+
+class _Pending:
+    """Handed to the port in place of a device tensor, until the entry's files are read and it is filled in.
+    The port's constructors only store what from_torch returns; one that used it would find out here."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __getattr__(self, name):
+        raise PortError(f"the port's constructor uses the tensor ttnn.from_torch returned ({name}) while it is being "
+                        "built; a hand-off from converted tensors cannot serve this port revision")
 
 
 class _Unloaded:
@@ -194,9 +205,9 @@ def _enum_name(value) -> str:
 
 
 @contextlib.contextmanager
-def _intercepted(answers: _Answers, traced_type) -> Iterator[None]:
-    """`ttnn.from_torch` answers traced weights from the entry for as long as the port's constructors run; any
-    other tensor (the causal mask, activations) goes to ttnn as before."""
+def _intercepted(listing: _Listing, traced_type) -> Iterator[None]:
+    """While the port's constructors run, `ttnn.from_torch` of a traced weight is listed and answered with a
+    placeholder; any other tensor (the causal mask) goes to ttnn as before."""
     import ttnn
 
     real = ttnn.from_torch
@@ -211,12 +222,8 @@ def _intercepted(answers: _Answers, traced_type) -> Iterator[None]:
         if memory is not None and memory != ttnn.DRAM_MEMORY_CONFIG:
             raise PortError(f"the port asks for {request.describe()} in {memory}; the hand-off loads weights "
                             "into DRAM only")
-        answers.requests.append(request)
-        if answers.loaded is None:
-            return None
-        key = (answers.targets[request.sources], request.slot)
-        answers.used.add(key)
-        return answers.loaded.get(key, _Unloaded())
+        listing.requests.append(request)
+        return _Pending(len(listing.requests) - 1)
 
     ttnn.from_torch = from_torch
     try:
@@ -318,11 +325,12 @@ def _wanted_slots(entry: Entry, embodiments: str | int | None) -> tuple[int, ...
     return tuple(wanted)
 
 
-def _construct(code: PortCode, config, source_shapes: Mapping[str, list[int]], device, answers: _Answers):
-    """Run the port's own constructor on traced weights, `from_torch` answered by `answers`."""
+def _construct(code: PortCode, config, source_shapes: Mapping[str, list[int]], device, listing: _Listing):
+    """Run the port's own constructor on traced weights, each `from_torch` of one listed and answered with a
+    placeholder."""
     loader, traced = _traced_loader(code, source_shapes, set(load_config(VERSION).embodiment_keys))
     model_class = code.attr(str(load_config(VERSION).port["model"]))
-    with _intercepted(answers, traced):
+    with _intercepted(listing, traced):
         try:
             model = model_class(config, loader, device)
         except PortError:
@@ -334,9 +342,11 @@ def _construct(code: PortCode, config, source_shapes: Mapping[str, list[int]], d
     return model, traced
 
 
-def _finish(node, traced, host: Mapping[tuple[str, ...], Any], code: PortCode, seen: set) -> Any:
-    """Walk the built model: traced host tables become the entry's float32 tensors, slots not loaded leave their
-    dicts (which then refuse them by name)."""
+def _finish(node, traced, filled: list, host: Mapping[tuple[str, ...], Any], code: PortCode, seen: set) -> Any:
+    """Walk the built model: placeholders become the loaded device tensors (`filled`, by request), traced host
+    tables the entry's float32 tensors, and slots not loaded leave their dicts (which then refuse them by name)."""
+    if type(node) is _Pending:
+        return filled[node.index]
     if id(node) in seen or isinstance(node, (str, bytes, int, float, bool, type(None))):
         return node
     seen.add(id(node))
@@ -350,19 +360,19 @@ def _finish(node, traced, host: Mapping[tuple[str, ...], Any], code: PortCode, s
         return wanted
     if isinstance(node, dict):
         for k in list(node):
-            node[k] = _finish(node[k], traced, host, code, seen)
+            node[k] = _finish(node[k], traced, filled, host, code, seen)
         if any(_holds_unloaded(v) for v in node.values()):
             kept = SlotsLoaded({k: v for k, v in node.items() if not _holds_unloaded(v)})
             return kept
         return node
     if isinstance(node, list):
-        node[:] = [_finish(x, traced, host, code, seen) for x in node]
+        node[:] = [_finish(x, traced, filled, host, code, seen) for x in node]
         return node
     if isinstance(node, tuple):
-        return tuple(_finish(x, traced, host, code, seen) for x in node)
+        return tuple(_finish(x, traced, filled, host, code, seen) for x in node)
     if hasattr(node, "__dict__") and type(node).__module__.startswith(code.package):
         for k, v in vars(node).items():
-            setattr(node, k, _finish(v, traced, host, code, seen))
+            setattr(node, k, _finish(v, traced, filled, host, code, seen))
     return node
 
 
@@ -372,18 +382,20 @@ def _holds_unloaded(value) -> bool:
 
 def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None, embodiments: str | int | None = None,
                 entry: str | None = None, profile: str | None = None, config=None, check: bool = True,
-                threads: int = 4) -> PortModel:
+                threads: int = 4, synthetic: bool = False) -> PortModel:
     """The port's `Gr00tN16ModelTTNN` from a cache entry, on `device` (None: ttnn host tensors). Reads no
     safetensors and calls `from_torch` on no weight: every device tensor is ttnn's `load_tensor` of the entry's
     `.tensorbin`. `embodiments`: every slot the entry holds (default, as the port builds them), or a list of
     tags/ids. `config`: the port's Gr00tN16Config (default: derived from the entry, see `port_config`).
-    `check`: hold this port revision to the port's own constructor once first (`check_port`)."""
+    `check`: hold this port revision to the port's own constructor once first (`check_port`). A synthetic entry
+    warns (SyntheticWeightsWarning) unless `synthetic=True`."""
     t0 = time.perf_counter()
     code = PortCode.find(tt_metal)
     store = cache.cache_store(cache_dir)
     asked = None if embodiments is None or str(embodiments).strip() == "all" else \
         load_config(VERSION).slot_ids(str(embodiments))
-    opened, listing, config = _serving_entry(code, store, entry, profile or "port", asked, config)
+    opened, listing, model, traced = _serving_entry(code, store, entry, profile or "port", asked, config, device)
+    cache.warn_if_synthetic(opened, synthetic)
     if check:
         verdict = check_port(code, opened.manifest.layout, store_root=cache.build_root(store))
         if not verdict["ok"]:
@@ -395,20 +407,22 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
     needed = sorted({(targets[r.sources], r.slot) for r in listing.requests if r.slot is None or r.slot in slots},
                     key=str)
     host_arrays = [n for n, a in opened.manifest.arrays.items() if a.host_only]
-    loaded, host, nbytes = _load(opened, needed, host_arrays, device, threads)
-    answers = _Answers(loaded=loaded, targets=targets)
-    model, traced = _construct(code, config, opened.manifest.source_shapes, device, answers)
+    with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
+        loaded, host, nbytes = _load(opened, needed, host_arrays, device, threads)
+    filled = [loaded.get((targets[r.sources], r.slot), _Unloaded()) for r in listing.requests]
     by_sources = {tuple(opened.manifest.arrays[n].attributes["sources"]): t for n, t in host.items()}
-    model = _finish(model, traced, by_sources, code, set())
+    model = _finish(model, traced, filled, by_sources, code, set())
     stats = {"seconds": time.perf_counter() - t0, "listing_seconds": t_listed - t0, "device_files": len(needed),
              "host_tensors": len(host), "bytes_read": nbytes,
              "tensor_bytes": nbytes - sum(t.numel() * 2 for t in host.values()) + sum(t.numel() * 4 for t in host.values())}
     return PortModel(model, opened.name, code.revision, opened.manifest.layout, slots, stats)
 
 
-def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked: tuple[int, ...] | None, config):
-    """The entry to hand over, what the port's constructors ask of it (a listing pass: no bytes) and the config:
-    `entry` when named, else the last conversion in the layout revision that serves this port (tt-n16 first)."""
+def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked: tuple[int, ...] | None, config,
+                   device):
+    """The entry to hand over, and the port's model built on it with placeholders for its device tensors (what
+    they ask for is listed; no bytes are read): `entry` when named, else the last conversion in the layout
+    revision that serves this port (tt-n16 first)."""
     slot = asked[0] if asked else None
     layouts = list(load_config(VERSION).port["layouts"])
     opened = None
@@ -425,17 +439,16 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
         if not shapes:
             raise CacheError(f"{opened.describe()}: made before entries recorded their checkpoint's shapes (cache "
                              f"format {opened.manifest.cache_format}); convert again to hand it to the port")
-        wanted_config = config or port_config(code, shapes)
-        listing = _Answers()
-        _construct(code, wanted_config, shapes, None, listing)
+        listing = _Listing()
+        model, traced = _construct(code, config or port_config(code, shapes), shapes, device, listing)
         fits = _layouts_serving(listing.requests, shapes, opened.manifest.profile)
         if opened.manifest.layout in fits or not fits or entry is not None:
-            return opened, listing, wanted_config  # (a layout that does not fit is explained by _match)
+            return opened, listing, model, traced  # (a layout that does not fit is explained by _match)
         try:
             opened = cache.choose_entry(store, VERSION, fits[0], profile, slot=slot)
         except CacheError as e:
             raise CacheError(f"port revision {code.revision} at {code.root} takes layout {fits[0]}: {e}") from None
-    return opened, listing, wanted_config
+    return opened, listing, model, traced
 
 
 def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):
@@ -613,7 +626,7 @@ def check_port(code: PortCode, layout: str | None = None, store_root: Path | Non
         snapshot = synthesize(VERSION, hf, CHECK_SCALE)
         convert(ConvertOptions(VERSION, "port", "all", hf_cache=hf, synthetic=CHECK_SCALE, cache_root=Path(tmp) / "cache",
                                layout=layout, progress=False, reuse=False))
-        ours = build_model(Path(tmp) / "cache", code.root, device, check=False)
+        ours = build_model(Path(tmp) / "cache", code.root, device, check=False, synthetic=True)
         theirs = build_with_port(code, snapshot, port_config(code, _shapes_of(snapshot)), device)
         found = differences(ours.model, theirs)
     verdict = {"ok": not found, "revision": code.revision, "root": str(code.root), "layout": layout,
@@ -638,7 +651,7 @@ def serving_layout(code: PortCode) -> str:
     from pipeline.layout import layout as key_specs
 
     shapes = {s.key: list(s.shape) for s in key_specs(VERSION, "full")}
-    listing = _Answers()
+    listing = _Listing()
     _construct(code, port_config(code, shapes), shapes, None, listing)
     fits = _layouts_serving(listing.requests, shapes, "port")
     if not fits:

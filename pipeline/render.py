@@ -8,6 +8,7 @@ straddling unit is the one with two incoming shard edges, drawn in red.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -47,7 +48,12 @@ def unit_summary(graph: dict) -> dict[str, dict]:
         if key[0] == "unit":
             up = ancestors(graph, key)
             out[key[1]] = {"tasks": len(up) + 1, "shards": sorted(k[1] for k in up if k[0] == "verify")}
-    return out
+    return dict(sorted(out.items(), key=lambda item: _natural(item[0])))
+
+
+def _natural(name: str) -> list:
+    """Numbers as numbers: blocks.2 before blocks.10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 OUT_SUFFIXES = (".svg", ".png", ".pdf", ".dot", ".json")

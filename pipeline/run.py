@@ -144,3 +144,13 @@ def check_scheduler(scheduler: str) -> None:
     """Refuse an unknown scheduler before anything is read, built or replaced."""
     if scheduler not in ("threads", "sync", "processes") and not scheduler.startswith("tcp://"):
         raise ConfigError(f"unknown scheduler {scheduler!r}: expected threads, sync, processes or a tcp://host:port address")
+    if scheduler.startswith("tcp://"):  # say now, not after distributed's 30 s connect timeout
+        import socket
+
+        host, _, port = scheduler[len("tcp://"):].rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=3).close()
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+            raise ConfigError(f"--scheduler {scheduler}: no Dask scheduler answers there ({reason}); start one "
+                              "(`dask scheduler`) or use --scheduler threads") from None

@@ -14,7 +14,7 @@ from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 from pipeline.cache import cache_root
 from pipeline.versions import VersionConfig
 from tasks.checkpoint import INDEX_NAME
-from tasks.errors import CheckpointError
+from tasks.errors import CheckpointError, ConfigError
 
 def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
     """Where `synth` writes by default and `make demo` synthesizes, read only for --synthetic: `hf/` under the
@@ -57,6 +57,12 @@ def _present(repo_id: str, cache_dir: Path) -> str:
 def resolve_snapshot(cfg: VersionConfig, snapshot: Path | None = None, hf_cache: Path | None = None,
                      revision: str | None = None, synthetic: str | None = None) -> Path:
     """The snapshot folder holding `model.safetensors.index.json`."""
+    if synthetic is not None and snapshot is not None:
+        raise ConfigError(f"--snapshot {snapshot} and --synthetic {synthetic} name two sources: pass one (a synthetic "
+                          "stand-in is found by its scale alone)")
+    if synthetic is not None and revision is not None:
+        raise ConfigError(f"--revision {revision} does not apply to --synthetic {synthetic}: a synthetic stand-in has "
+                          "the revision of what was synthesized; leave out --revision (or convert the release)")
     if snapshot is not None:
         if not (Path(snapshot) / INDEX_NAME).is_file():
             raise CheckpointError(Path(snapshot) / INDEX_NAME, "--snapshot folder has no index file: pass the folder "

@@ -40,9 +40,13 @@ def manifest_key(name: str) -> str:
     return f"{ENTRIES}/{name}/{MANIFEST}"
 
 
-def ref_key(version: str, layout: str, profile: str) -> str:
-    """The ref naming the entry last converted for this version, layout and profile."""
-    return f"{REFS}/{version}-{layout}-{profile}.json"
+SYNTHETIC_REF = ".synthetic"  # synthetic conversions have refs of their own: fake weights never take a real ref
+
+
+def ref_key(version: str, layout: str, profile: str, synthetic: bool = False) -> str:
+    """The ref naming the entry last converted for this version, layout and profile (from a synthetic stand-in:
+    `<...>.synthetic.json`, so that converting one never changes what a real load opens)."""
+    return f"{REFS}/{version}-{layout}-{profile}{SYNTHETIC_REF if synthetic else ''}.json"
 
 
 def chunk_key(slot: int | None) -> str:
@@ -214,6 +218,11 @@ class Manifest:
                    doc.get("source_shapes", {}), doc.get("published_unix", 0.0), {n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
                    doc.get("bytes", 0), doc.get("chunks", 0))
 
+    @property
+    def is_synthetic(self) -> bool:
+        """Converted from the project's synthetic stand-in, not a GR00T release."""
+        return bool(self.synthetic or self.source.get("synthetic"))
+
     def holds_slot(self, slot: int | None) -> bool:
         """Whether every bank has this slot (None: every slot of every bank)."""
         for arr in self.arrays.values():
@@ -349,13 +358,13 @@ def list_entries(store: Store) -> Iterator[tuple[str, Entry | None, str]]:
             yield name, None, "broken" if store.can_rename or store.get(manifest_key(name)) is not None else "incomplete"
 
 
-def read_ref(store: Store, version: str, layout: str, profile: str) -> str | None:
-    ref = store.get_json(ref_key(version, layout, profile))
+def read_ref(store: Store, version: str, layout: str, profile: str, synthetic: bool = False) -> str | None:
+    ref = store.get_json(ref_key(version, layout, profile, synthetic))
     return None if ref is None else ref.get("entry")
 
 
-def write_ref(store: Store, version: str, layout: str, profile: str, name: str) -> None:
-    store.put_json(ref_key(version, layout, profile), {"entry": name, "updated_unix": time.time()})
+def write_ref(store: Store, version: str, layout: str, profile: str, name: str, synthetic: bool = False) -> None:
+    store.put_json(ref_key(version, layout, profile, synthetic), {"entry": name, "updated_unix": time.time()})
 
 
 def refs(store: Store) -> dict[str, list[str]]:

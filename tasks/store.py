@@ -41,12 +41,12 @@ class Store(ABC):
     def list(self, prefix: str) -> list[str]:
         return list(self.sizes(prefix))
 
-    def usage(self, prefix: str, seen: set) -> tuple[int, int]:
-        """Bytes under `prefix`, and how many of them are not already in `seen` (which this updates): a local
-        cache shares bytes between entries by hard links; an object store shares none."""
+    def usage(self, prefix: str) -> tuple[int, int, dict]:
+        """Bytes under `prefix`; how many of them are its own (removing `prefix` frees exactly those: a local
+        cache shares bytes between entries by hard links, an object store shares none); and each stored file's
+        identity -> size, for totals that count shared bytes once."""
         sizes = self.sizes(prefix)
-        seen.update(sizes)
-        return sum(sizes.values()), sum(sizes.values())
+        return sum(sizes.values()), sum(sizes.values()), dict(sizes)
 
     @abstractmethod
     def children(self, prefix: str) -> list[str]:
@@ -131,16 +131,19 @@ class LocalStore(Store):
         files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
         return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in files}
 
-    def usage(self, prefix: str, seen: set) -> tuple[int, int]:
-        size = unique = 0
+    def usage(self, prefix: str) -> tuple[int, int, dict]:
+        size, links, stats = 0, {}, {}
         for p in self.path(prefix).rglob("*"):
             if p.is_file():
                 st = p.stat()
                 size += st.st_size
-                if (st.st_dev, st.st_ino) not in seen:  # a hard link to bytes already counted
-                    seen.add((st.st_dev, st.st_ino))
-                    unique += st.st_size
-        return size, unique
+                ident = (st.st_dev, st.st_ino)
+                links[ident] = links.get(ident, 0) + 1
+                stats[ident] = st
+        # own: every name of the file is under `prefix`, so removing it frees the bytes (whatever order a
+        # listing visits entries in)
+        own = sum(st.st_size for ident, st in stats.items() if links[ident] >= st.st_nlink)
+        return size, own, {ident: st.st_size for ident, st in stats.items()}
 
     def children(self, prefix: str) -> list[str]:
         base = self.path(prefix)
@@ -148,10 +151,15 @@ class LocalStore(Store):
 
     def delete(self, prefix: str) -> None:
         path = self.path(prefix)
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass  # gone already (another process removed it)
+        except OSError as e:  # never report a removal that did not happen
+            raise CacheError(f"{path}: could not be removed ({e.strerror}); check the cache folder's permissions") from None
 
     def describe(self, key: str) -> str:
         return str(self.path(key)) if key else str(self.root)

@@ -61,14 +61,14 @@ def test_gc_removes_corrupt_entries_and_their_refs(two_entries):
     chunk = entries_dir(root) / current / name / "c.0.0.0"
     chunk.write_bytes(b"\xff" * chunk.stat().st_size)
     proc = _cli("cache", "gc", "--cache", str(root))
-    assert proc.returncode == 0 and f"removed {current} (corrupt: " in proc.stdout and "refs n17-generic-bf16 dropped" in proc.stdout
+    assert proc.returncode == 0 and f"removed {current} (corrupt: " in proc.stdout and "refs n17-generic-bf16.synthetic dropped" in proc.stdout
     assert sorted(p.name for p in entries_dir(root).iterdir()) == [old]
 
 
 def test_rm_refuses_the_current_entry_and_verify_refuses_an_unknown_name(two_entries):
     root, old, current = two_entries
     proc = _cli("cache", "rm", current, "--cache", str(root))
-    assert proc.returncode == 2 and "refs/n17-generic-bf16 point to this entry" in proc.stderr
+    assert proc.returncode == 2 and "refs/n17-generic-bf16.synthetic point to this entry" in proc.stderr
     assert _cli("cache", "rm", old, "--cache", str(root)).returncode == 0
     proc = _cli("cache", "verify", "n17-generic-bf16-nothere", "--cache", str(root))
     assert proc.returncode == 2 and "n17-generic-bf16-nothere: no such entry" in proc.stderr
@@ -82,10 +82,10 @@ def test_cache_ls_is_a_table_with_layout_slots_source_and_refs(two_entries):
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:8] == ["entry", "version", "layout", "profile", "slots", "revision", "source", "size"]
     row = next(line for line in lines if line.startswith(current))
-    assert " generic " in row and " synthetic " in row and row.endswith("<- n17-generic-bf16")
+    assert " generic " in row and " synthetic " in row and row.endswith("<- n17-generic-bf16.synthetic")
     assert lines[-1].startswith("2 entries, ")
     rows = json.loads(_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]
-    assert {r["entry"]: r["refs"] for r in rows} == {old: [], current: ["n17-generic-bf16"]}
+    assert {r["entry"]: r["refs"] for r in rows} == {old: [], current: ["n17-generic-bf16.synthetic"]}
 
 
 def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries, hf_cache):
@@ -162,7 +162,7 @@ def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
         names = z.namelist()
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "gr00t_tt_configs/n16.toml" in names and "gr00t_tt_configs/tt/wormhole_N150.yaml" in names
-    assert "gr00t-tt = pipeline.cli:main" in entry_points
+    assert "gr00t-tt = pipeline.__main__:run" in entry_points
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
@@ -171,6 +171,18 @@ def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)})
     assert probe.stdout.startswith("('n15', 'n16', 'n17')") and str(site) in probe.stdout, probe.stderr[-1500:]
     assert probe.stdout.strip().endswith("True")
+    # its default cache is the user's cache folder, never site-packages, and --help says which
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("GR00T_CACHE", "XDG_CACHE_HOME")}
+    env.update(PYTHONPATH=str(site), HOME=str(home))
+    synth = subprocess.run([sys.executable, "-m", "pipeline", "synth", "--version", "n16", "--json"], cwd=tmp_path,
+                           capture_output=True, text=True, env=env)
+    assert synth.returncode == 0, synth.stderr[-1500:]
+    assert json.loads(synth.stdout)["snapshot"].startswith(str(home / ".cache" / "gr00t-tt" / "hf"))
+    assert not (site / "cache").exists()
+    helped = subprocess.run([sys.executable, "-m", "pipeline", "synth", "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, env={**env, "COLUMNS": "300"})  # (argparse breaks a long path across lines)
+    assert f"else {home / '.cache' / 'gr00t-tt'}" in " ".join(helped.stdout.split())
 
 
 def test_load_finds_the_entry_holding_the_slot_and_takes_an_entry_or_revision(two_entries):

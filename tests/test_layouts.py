@@ -86,19 +86,8 @@ def test_reload_groups_tensors_as_the_port_weight_loader_does(hf_cache, tmp_path
     assert sorted(every) == list(range(32)) and torch.equal(every[20], groups["action_encoder"]["W2.W"])
 
 
-def test_readme_python_examples_run_as_written(hf_cache, tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert len(blocks) >= 1  # (the port hand-off's block, fenced `python port`, runs in tests/test_port_handoff.py)
-    env = {"GR00T_CACHE": str(tmp_path)}
-    for version in ("n16", "n17"):
-        convert(ConvertOptions(version, hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))
-    for block in blocks:
-        proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True,
-                              env={**__import__("os").environ, **env})
-        assert proc.returncode == 0, proc.stderr[-2000:]
-
-
-def test_readme_shell_lines_run_as_written(tmp_path):
+def test_readme_examples_run_in_order_as_written(tmp_path):
+    """The "Try it" lines, then every Python block, on one fresh cache, as a new user runs them."""
     block = re.search(r"## Try it\n.*?```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     lines = [line for line in block.splitlines() if line.strip()]
     assert len(lines) >= 8
@@ -110,3 +99,8 @@ def test_readme_shell_lines_run_as_written(tmp_path):
         assert proc.returncode == 0, (line, proc.stderr[-1500:])
     assert (tmp_path / "cache" / "hf").is_dir()  # synth wrote under the cache root, not the user's HF cache
     assert json.loads((tmp_path / "build" / "graph-n16.json").read_text())["tasks"]
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) >= 1  # (the port hand-off's block, fenced `python port`, runs in tests/test_port_handoff.py)
+    for block in blocks:
+        proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]

@@ -106,7 +106,7 @@ def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):
     snapshot, cache_dir = attn
     copy = tmp_path / "cache"
     shutil.copytree(cache_dir, copy)
-    name = json.loads((copy / "refs" / "n16-tt-n16-port.json").read_text())["entry"]
+    name = json.loads((copy / "refs" / "n16-tt-n16-port.synthetic.json").read_text())["entry"]
     manifest_path = copy / manifest_key(name)
     manifest = json.loads(manifest_path.read_text())
     target = "dit.transformer_blocks.0.attn1.to_k_padded.weight"
@@ -134,7 +134,7 @@ def test_a_port_revision_the_entry_does_not_serve_is_one_sentence(attn, fused_po
     snapshot, cache_dir = attn
     only_unfused = tmp_path / "cache"
     shutil.copytree(cache_dir, only_unfused)
-    (only_unfused / "refs" / "n16-tt-n16-fused-port.json").unlink()
+    (only_unfused / "refs" / "n16-tt-n16-fused-port.synthetic.json").unlink()
     for entry in (only_unfused / "entries").iterdir():
         if "-tt-n16-fused-" in entry.name:
             shutil.rmtree(entry)

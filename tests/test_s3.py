@@ -73,7 +73,7 @@ def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url,
                            progress=False))
     store = open_store(s3_url)
-    name = store.get_json("refs/n17-generic-bf16.json")["entry"]
+    name = store.get_json("refs/n17-generic-bf16.synthetic.json")["entry"]
     assert main(["cache", "verify", name, "--cache", s3_url]) == 0  # (other tests tamper with their own entries)
     assert main(["cache", "gc", "--older-than-days", "0", "--cache", s3_url]) == 0  # in use: kept
     assert store.get_json(f"entries/{name}/MANIFEST.json") is not None
@@ -81,5 +81,5 @@ def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     store.put(key, b"\x00" * len(store.get(key)))
     assert main(["cache", "verify", name, "--cache", s3_url]) == 2
     assert main(["cache", "gc", "--cache", s3_url]) == 0  # corrupt: removed with its ref
-    assert store.list(f"entries/{name}") == [] and store.get_json("refs/n17-generic-bf16.json") is None
+    assert store.list(f"entries/{name}") == [] and store.get_json("refs/n17-generic-bf16.synthetic.json") is None
     assert main(["cache", "verify", "nothere", "--cache", s3_url]) == 2

@@ -44,8 +44,8 @@ def test_listing_is_recursive_sorted_and_sized_and_children_are_one_level(store)
     assert store.list("e/a") == ["e/a/b", "e/a/c/d"]  # not e/ab: a prefix is a folder, not a string prefix
     assert store.sizes("e") == {"e/a/b": 3, "e/a/c/d": 2, "e/ab/z": 1}
     assert store.children("e") == ["a", "ab"] and store.children("nothing") == [] and store.list("nothing") == []
-    seen: set = set()
-    assert store.usage("e", seen) == (6, 6)
+    size, own, files = store.usage("e")
+    assert (size, own, sum(files.values()), len(files)) == (6, 6, 6, 3)
     store.delete("e/a")
     assert store.list("e") == ["e/ab/z"] and store.get("f/x") == b"4444"
 

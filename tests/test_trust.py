@@ -1,0 +1,257 @@
+"""Trust: no command deletes what it should not (a dry run least of all), fake weights never take the place of real
+ones, an entry is what was asked for, sizes are true, and every failure is one sentence with a non-zero exit and
+nothing half-written (the table at the end: command, sentence, exit code)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from pipeline import cache
+from pipeline.convert import ConvertOptions, convert
+from pipeline.load import load
+from tasks.errors import CacheError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=timeout)
+
+
+def _file_bytes(path: Path) -> int:
+    """Bytes of the files under `path`, each inode once (GNU find, an independent count)."""
+    out = subprocess.run(["find", str(path), "-type", "f", "-printf", "%i %s\n"], capture_output=True, text=True,
+                         check=True).stdout
+    return sum(int(size) for size in dict(line.split() for line in out.splitlines()).values())
+
+
+@pytest.fixture
+def two_n16(hf_cache, tmp_path):
+    """Two tiny n16 entries in one cache that share most bytes by hard link (reuse), and which one the ref names."""
+    root = tmp_path / "cache"
+    a = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+                               progress=False))
+    b = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+                               cache_root=root, progress=False))
+    assert b["reused_chunks"] > 0
+    return root, Path(a["cache_path"]).name, Path(b["cache_path"]).name
+
+
+def test_a_dry_run_removes_nothing(two_n16):
+    root, older, current = two_n16
+    before = sorted(p.name for p in (root / "entries").iterdir()), sorted(p.name for p in (root / "refs").iterdir())
+    for args in (["rm", older, "--dry-run"], ["rm", "--include-current", current, "--dry-run"],
+                 ["gc", "--older-than-days", "0", "--include-current", "--dry-run"]):
+        proc = _cli("cache", *args, "--cache", str(root))
+        assert proc.returncode == 0 and "would remove" in proc.stdout and "would free" in proc.stdout, (args, proc)
+    assert (sorted(p.name for p in (root / "entries").iterdir()), sorted(p.name for p in (root / "refs").iterdir())) == before
+    proc = _cli("cache", "rm", "--include-current", "--cache", str(root), current)  # options before the name
+    assert proc.returncode == 0 and f"removed {current}" in proc.stdout
+    assert sorted(p.name for p in (root / "entries").iterdir()) == [older]
+
+
+def test_own_bytes_are_what_removing_frees_whatever_the_order(two_n16):
+    root, older, current = two_n16
+    store = cache.cache_store(root)
+    rows = {r["entry"]: r for r in cache.entry_rows(store)}
+    assert cache.disk_bytes(store) == _file_bytes(root / "entries")
+    assert 0 < rows[current]["unique_bytes"] < rows[current]["bytes"]  # it shares most of its bytes with `older`
+    # the entry listed second, whose 'own' a first-come count inflated: removing it frees exactly its own bytes
+    before = _file_bytes(root / "entries")
+    removed = cache.remove_entry(store, current, include_current=True)
+    assert before - _file_bytes(root / "entries") == rows[current]["unique_bytes"] == removed["freed_bytes"]
+    assert cache.entry_rows(store)[0]["unique_bytes"] == rows[older]["bytes"]  # alone now: all of it its own
+
+
+def _real_format_copy(snapshot: Path, dst: Path) -> Path:
+    """The synthetic snapshot rewritten without its synthetic marks: what a real release looks like to us."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True)
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())
+    index["metadata"].pop("gr00t_tt_synthetic")
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    for shard in sorted(set(index["weight_map"].values())):
+        save_file(load_file(str(snapshot / shard)), str(dst / shard), metadata={"format": "pt"})
+    return dst
+
+
+def test_synthetic_weights_never_take_the_real_ones_place(snapshots, hf_cache, tmp_path):
+    root = tmp_path / "cache"
+    real = _real_format_copy(snapshots["n16"], tmp_path / "release")
+    first = convert(ConvertOptions("n16", embodiments="gr1", snapshot=real, cache_root=root, progress=False))
+    assert not first["source"]["synthetic"]
+    fake = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+                                  progress=False))
+    assert "synthetic n16 (tiny scale" in fake["source"]["synthetic"] and fake["fingerprint"] != first["fingerprint"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the real entry comes without a word
+        loaded = load("n16", root, embodiment="gr1")
+    assert loaded.entry == Path(first["cache_path"]).name and loaded.synthetic is None
+    # with only the synthetic entry left, the default load says what it hands out
+    cache.remove_entry(cache.cache_store(root), loaded.entry, include_current=True)
+    with pytest.warns(cache.SyntheticWeightsWarning, match="SYNTHETIC weights"):
+        fake_loaded = load("n16", root, embodiment="gr1")
+    assert "not NVIDIA weights" in fake_loaded.synthetic
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load("n16", root, embodiment="gr1", synthetic=True)  # the caller said it knows
+
+
+def test_an_entry_of_another_version_layout_or_profile_is_refused(hf_cache, tmp_path):
+    root = tmp_path / "cache"
+    n16 = Path(convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+                                      progress=False))["cache_path"]).name
+    with pytest.raises(CacheError, match=f"{n16}: is a n16 entry, not n17; pass --version n16"):
+        load("n17", root, embodiment=10, entry=n16)
+    with pytest.raises(CacheError, match="is a tt-n16 entry, not layout generic"):
+        load("n16", root, embodiment="gr1", entry=n16, layout="generic")
+    with pytest.raises(CacheError, match="is a port entry, not profile bfp8"):
+        load("n16", root, embodiment="gr1", entry=n16, profile="bfp8")
+    proc = _cli("load", "--version", "n17", "--entry", n16, "--embodiments", "10", "--cache", str(root))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is a n16 entry, not n17" in proc.stderr
+
+
+def test_a_live_reader_keeps_its_entry_from_gc_and_rm(two_n16):
+    root, older, current = two_n16
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from pipeline import cache
+with cache.reading(cache.cache_store({str(root)!r}), {older!r}):
+    print("holding", flush=True)
+    time.sleep(60)
+"""], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        proc = _cli("cache", "gc", "--older-than-days", "0", "--include-current", "--cache", str(root), "--json")
+        removed = {r["entry"]: r for r in json.loads(proc.stdout)["removed"]}
+        assert removed[older].get("kept") and f"being read by process {holder.pid}" in removed[older]["reason"]
+        assert (root / "entries" / older).is_dir() and not (root / "entries" / current).exists()
+        proc = _cli("cache", "rm", older, "--include-current", "--cache", str(root))
+        assert proc.returncode == 2 and f"being read by process {holder.pid}" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _cli("cache", "rm", older, "--include-current", "--cache", str(root)).returncode == 0  # lease gone with it
+
+
+def test_all_means_every_slot_the_checkpoint_has(tmp_path):
+    from pipeline.synth import synthesize
+
+    synthesize("n16", tmp_path / "hf", "attn")
+    summary = convert(ConvertOptions("n16", hf_cache=tmp_path / "hf", synthetic="attn", cache_root=tmp_path / "c",
+                                     progress=False))
+    assert summary["slots"] == [0, 1]
+
+
+def test_graph_units_in_numeric_order(hf_cache, tmp_path):
+    from pipeline.render import unit_summary
+    from pipeline.render import graph_for
+
+    graph, _ = graph_for(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))
+    blocks = [u for u in unit_summary(graph) if ".transformer_blocks." in u and "model." in u]
+    numbers = [int(u.rsplit(".", 1)[1]) for u in blocks]
+    assert numbers == sorted(numbers) and numbers[:3] == [0, 1, 2]
+
+
+def test_help_texts_say_what_each_command_does():
+    cache_help = {a: _cli("cache", a, "--help").stdout for a in ("ls", "gc", "rm")}
+    assert len(set(cache_help.values())) == 3
+    assert "remove nothing" in cache_help["rm"] and "--dry-run" in cache_help["rm"]
+    assert "Convert a snapshot into a cache entry." in _cli("convert", "--help").stdout
+    assert "inspect the project's synthetic" in " ".join(_cli("inspect", "--help").stdout.split())
+    assert "seed of the synthetic values" in " ".join(_cli("synth", "--help").stdout.split())
+
+
+TABLE: list[tuple[str, str, int]] = []
+
+
+def _one_sentence(proc: subprocess.CompletedProcess, expected: str, code: int = 2) -> str:
+    err = proc.stderr.strip()
+    assert proc.returncode == code, (proc.returncode, err[-1500:])
+    assert "Traceback" not in proc.stderr and expected in err and len(err.splitlines()) == 1, err[-1500:]
+    return err
+
+
+def test_failures_are_one_sentence_and_leave_nothing_half_written(hf_cache, snapshots, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    src = ["--hf-cache", str(hf_cache), "--synthetic", "tiny"]
+    cases = [
+        ("convert --cache <a file>", ["convert", "--version", "n16", *src, "--cache", str(a_file)],
+         "the cache is a file, not a folder"),
+        ("convert --cache <unwritable folder>", ["convert", "--version", "n16", *src, "--cache", "/proc/gr00t-cache"],
+         "/proc/gr00t-cache: cannot write to this cache folder"),
+        ("convert --scheduler tcp://127.0.0.1:1", ["convert", "--version", "n16", *src, "--cache", str(tmp_path / "c"),
+                                                   "--scheduler", "tcp://127.0.0.1:1"],
+         "--scheduler tcp://127.0.0.1:1: no Dask scheduler answers there (Connection refused)"),
+        ("convert --version n15 --snapshot <an n16>", ["convert", "--version", "n15", "--snapshot", str(snapshots["n16"]),
+                                                       "--cache", str(tmp_path / "c")],
+         "not a GR00T n15 checkpoint: 1106 tensors"),
+        ("convert --synthetic tiny --revision abc123", ["convert", "--version", "n16", *src, "--revision", "abc123",
+                                                        "--cache", str(tmp_path / "c")],
+         "--revision abc123 does not apply to --synthetic tiny"),
+        ("convert --snapshot D --synthetic tiny", ["convert", "--version", "n16", "--snapshot", str(snapshots["n16"]),
+                                                   "--synthetic", "tiny", "--cache", str(tmp_path / "c")],
+         "name two sources: pass one"),
+        ("cache gc --older-than-days -1", ["cache", "gc", "--older-than-days", "-1", "--cache", str(tmp_path / "c")],
+         "-1 days is negative"),
+    ]
+    for case, args, expected in cases:
+        t0 = time.perf_counter()
+        proc = _cli(*args)
+        err = _one_sentence(proc, expected)
+        assert time.perf_counter() - t0 < 25, case  # (the tcp:// case: not after a 30 s connect timeout)
+        TABLE.append((case, err, proc.returncode))
+    assert not list((tmp_path / "c").glob("entries/*.tmp-*"))
+    assert a_file.read_text() == "not a folder"
+
+
+def test_synth_on_a_full_disk_keeps_nothing(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root): a full disk is not exercised")
+    try:
+        proc = _cli("synth", "--version", "n16", "--hf-cache", str(mount))
+        err = _one_sentence(proc, "no space left on the device while synthesizing n16 (tiny); nothing was kept")
+        assert list(mount.iterdir()) == []  # no empty repo folders left behind
+        TABLE.append(("synth --hf-cache <full disk>", err.replace(str(mount), "<tmpfs>"), proc.returncode))
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def _interrupt(args: list[str], after: float) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(after)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+def test_ctrl_c_is_one_line_at_start_up_and_during_load(two_n16):
+    root, older, _ = two_n16
+    early = _interrupt(["cache", "ls", "--cache", str(root)], 0.3)  # while torch/dask still import
+    err = _one_sentence(early, "interrupted", 130)
+    TABLE.append(("Ctrl-C in the first second", err, 130))
+    for attempt in range(5):
+        during = _interrupt(["load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root)], 2.0 + attempt)
+        if during.returncode == 130:
+            err = _one_sentence(during, "interrupted: nothing was changed", 130)
+            assert "resume" not in err
+            TABLE.append(("Ctrl-C during load", err, 130))
+            return
+    pytest.skip("load finished before Ctrl-C landed five times")
