@@ -21,14 +21,13 @@ from typing import Mapping
 from pipeline.recipe import RECIPES_PATH
 from tasks import source
 from tasks.checkpoint import Checkpoint
-from tasks.entry import (ENTRIES, REFS, TMP_MARK, Entry, entry_key, list_entries, manifest_key, open_entry, read_ref,
+from tasks.entry import (CACHE_FORMAT, ENTRIES, REFS, TMP_MARK, Entry, OldFormatError, entry_key, list_entries, manifest_key, open_entry, read_ref,
                          ref_key, refs)
 from tasks.errors import CacheError
 from tasks.plan import Plan, Target
 from tasks.store import LocalStore, Store, open_store
 from tasks.zarr_v3 import array_metadata, create_array, write_json_atomic
 
-CACHE_FORMAT = 4               # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
 
 
@@ -215,9 +214,12 @@ def choose_entry(store: Store, version: str, layout: str, profile: str, entry: s
     it matches `revision` and holds `slot`; else the newest published entry of this version, layout and profile
     that does. An entry converted from a release always wins over a synthetic one (whose refs are their own). An
     error lists what there is."""
+    unreadable = None
     if entry is None:
         try:
             current = resolve_ref(store, version, layout, profile)
+        except OldFormatError as e:
+            current, unreadable = None, e
         except CacheError:
             current = None
         if current is not None and not current.manifest.is_synthetic and _fits(current, revision, slot, source):
@@ -239,6 +241,8 @@ def choose_entry(store: Store, version: str, layout: str, profile: str, entry: s
                                   e.manifest.published_unix), reverse=True)
     if match:
         return match[0]
+    if unreadable is not None:
+        raise unreadable  # what the ref names is of an older format: say so, not "convert first"
     if current is None and not same:
         return resolve_ref(store, version, layout, profile)  # the "convert first" error
     want = " and ".join(x for x in (f"slot {slot}" if slot is not None else "every slot",
@@ -391,6 +395,8 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
                 remove(name, "temporary of a dead process", row["bytes"])
         elif state == "broken":
             remove(name, "no valid manifest", row["bytes"])
+        elif state.startswith("cache format"):
+            remove(name, state.split(" (", 1)[0] + ", which this converter does not read", row["bytes"], drop_refs=True)
         elif state.startswith("CORRUPT"):
             remove(name, f"corrupt: {state.split(': ', 1)[1]}", row["bytes"], drop_refs=True)
         elif state == "verified":

@@ -598,7 +598,8 @@ CHECK_SCALE = "attn"  # real attention shapes: the port's cross-attention test s
 
 
 def _verdict_path(root: Path, code: PortCode, layout: str) -> Path:
-    from pipeline.cache import CACHE_FORMAT, CONVERTER_VERSION
+    from pipeline.cache import CONVERTER_VERSION
+    from tasks.entry import CACHE_FORMAT
 
     key = hashlib.sha256(f"{code.revision}\0{layout}\0{RECIPES_PATH.read_bytes().hex()}\0{CACHE_FORMAT}\0"
                          f"{CONVERTER_VERSION}".encode()).hexdigest()[:20]

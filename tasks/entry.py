@@ -23,6 +23,8 @@ from tasks.errors import CacheError
 from tasks.store import LocalStore, Store
 from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path
 
+CACHE_FORMAT = 4            # bump when the on-disk layout changes (cache/README.md, "Versioning")
+READABLE_FORMATS = (3, 4)   # 3: chunk keys c.0.0; 4: + source_shapes. Format 2 kept c/0/0 and is not read.
 MANIFEST = "MANIFEST.json"  # written last: present means complete
 ENTRIES, REFS = "entries", "refs"
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
@@ -323,6 +325,14 @@ class Entry:
         return problems
 
 
+class OldFormatError(CacheError):
+    """A complete entry in a cache format this code does not read."""
+
+    def __init__(self, message: str, cache_format: int):
+        super().__init__(message)
+        self.cache_format = cache_format
+
+
 def open_entry(store: Store, name: str) -> Entry:
     """A published entry: its manifest must exist, parse, and carry the fingerprint its name promises."""
     key = manifest_key(name)
@@ -338,6 +348,11 @@ def open_entry(store: Store, name: str) -> Entry:
     except (KeyError, TypeError, AttributeError) as e:
         raise CacheError(f"{store.describe(key)}: manifest lacks {e} or has the wrong type; convert again with "
                          "--force") from None
+    if manifest.cache_format not in READABLE_FORMATS:
+        raise OldFormatError(f"{store.describe(entry_key(name))}: written in cache format {manifest.cache_format}, "
+                             f"which this converter does not read (it reads {', '.join(map(str, READABLE_FORMATS))}); "
+                             f"convert again (the new entry gets a new name) and remove this one with `python -m "
+                             f"pipeline cache rm {name} --include-current`", manifest.cache_format)
     if not manifest.fingerprint or not name.endswith(manifest.fingerprint[:20]):
         raise CacheError(f"{store.describe(key)}: fingerprint {manifest.fingerprint[:20] or 'missing'} does not match "
                          f"the entry name {name}: the entry was copied or tampered with; convert again with --force")
@@ -354,6 +369,8 @@ def list_entries(store: Store) -> Iterator[tuple[str, Entry | None, str]]:
             continue
         try:
             yield name, open_entry(store, name), "published"
+        except OldFormatError as e:
+            yield name, None, f"cache format {e.cache_format} (unreadable here: gc removes it)"
         except CacheError:
             yield name, None, "broken" if store.can_rename or store.get(manifest_key(name)) is not None else "incomplete"
 

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
-from tasks.entry import MANIFEST, PROGRESS_DIR, ArrayRecord, ChunkRecord, FileRecord, Manifest
+from tasks.entry import CACHE_FORMAT, MANIFEST, PROGRESS_DIR, ArrayRecord, ChunkRecord, FileRecord, Manifest
 from tasks.stage import Staged
 from tasks.zarr_v3 import group_metadata, write_json_atomic
 
@@ -75,10 +75,11 @@ def _libc() -> object:
 
 
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
-    """What one array's bytes are a function of: its sources' bytes, its transform and device format, and the
-    converter version. Equal ids mean equal bytes, whichever entry they sit in. Does not perform I/O."""
+    """What one array's bytes are a function of: its sources' bytes, its transform and device format, the
+    converter version and the cache format. Equal ids mean equal bytes, whichever entry they sit in. Does not perform I/O."""
     doc = [list(source_xxh3), attributes["transform"], attributes.get("transform_params", []),
-           attributes["device_dtype"], attributes["device_layout"], attributes["logical_shape"], converter]
+           attributes["device_dtype"], attributes["device_layout"], attributes["logical_shape"], converter,
+           CACHE_FORMAT]  # the same bytes stored another way are another content
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 

@@ -255,3 +255,44 @@ def test_ctrl_c_is_one_line_at_start_up_and_during_load(two_n16):
             TABLE.append(("Ctrl-C during load", err, 130))
             return
     pytest.skip("load finished before Ctrl-C landed five times")
+
+
+def _as_format_2(entry: Path) -> Path:
+    """Rewrite a published entry as cache format 2 wrote one: chunk keys `c/0/0` (format 3 made them `c.0.0`), the
+    manifest saying format 2 and a fingerprint that matches its (new) name, as that converter would have."""
+    import hashlib
+
+    manifest = json.loads((entry / "MANIFEST.json").read_text())
+    for chunk in list(entry.rglob("c.*")):
+        parts = chunk.name.split(".")[1:]
+        target = chunk.parent.joinpath("c", *parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        chunk.rename(target)
+    manifest.pop("source_shapes", None)
+    manifest["cache_format"] = 2
+    manifest["fingerprint"] = hashlib.sha256(b"format 2 " + manifest["fingerprint"].encode()).hexdigest()
+    (entry / "MANIFEST.json").write_text(json.dumps(manifest))
+    old = entry.parent / (entry.name[:-20] + manifest["fingerprint"][:20])
+    entry.rename(old)
+    return old
+
+
+def test_an_entry_of_an_older_format_is_one_sentence_and_never_reused(hf_cache, tmp_path):
+    root = tmp_path / "cache"
+    first = convert(ConvertOptions("n16", embodiments="all", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+                                   progress=False))
+    old = _as_format_2(Path(first["cache_path"]))
+    ref = root / "refs" / "n16-tt-n16-port.synthetic.json"
+    ref.write_text(json.dumps({"entry": old.name}))
+    with pytest.raises(CacheError, match=f"{old.name}: written in cache format 2, which this converter does not read"):
+        load("n16", root, embodiment="gr1")
+    listed = _cli("cache", "ls", "--cache", str(root))
+    assert "cache format 2 (unreadable here" in listed.stdout
+    proc = _cli("convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(root),
+                "--json")  # all slots, as the old entry: nothing of it may be linked
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["reused_chunks"] == 0 and not summary["cache_hit"] and Path(summary["cache_path"]).name != old.name
+    assert load("n16", root, embodiment="gr1").entry == Path(summary["cache_path"]).name
+    gc = _cli("cache", "gc", "--cache", str(root))
+    assert gc.returncode == 0 and f"removed {old.name} (cache format 2, which this converter does not read" in gc.stdout
