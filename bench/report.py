@@ -150,10 +150,8 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
 PLANS = {"port": 0.6, "bf16": 1.0, "bfp8": 0.6}  # dtype plan -> the goal for convert / the port's own path
 
 
-def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(PLANS)) -> int:
-    """The tt-n16 layout in each dtype plan (the port's mixed one, all-bfloat16, all-bfloat8_b) against the port's
-    own path and `ttnn.as_tensor` in the same plan, all in fresh processes, inputs warmed right before each run,
-    contenders alternating run by run. Writes bench/port-results.{json,md}."""
+def _synthetic_snapshot(scale: str) -> tuple[Path, Path]:
+    """The bench's synthetic N1.6 of `scale` (made once under bench/data/): its HF cache and snapshot folder."""
     hf = DATA / f"hf-{scale}"
     cfg = load_config(VERSION)
     try:
@@ -162,7 +160,14 @@ def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(P
         from pipeline.synth import synthesize
 
         synthesize(VERSION, hf, scale)
-    snapshot = resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
+    return hf, resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
+
+
+def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(PLANS)) -> int:
+    """The tt-n16 layout in each dtype plan (the port's mixed one, all-bfloat16, all-bfloat8_b) against the port's
+    own path and `ttnn.as_tensor` in the same plan, all in fresh processes, inputs warmed right before each run,
+    contenders alternating run by run. Writes bench/port-results.{json,md}."""
+    hf, snapshot = _synthetic_snapshot(scale)
     shards = [p.resolve() for p in snapshot.iterdir()]
     contenders = ("convert", "port_path", "as_tensor_first", "reload", "as_tensor_warm")
     raw: dict[str, list] = {f"{plan}:{c}": [] for plan in plans for c in contenders}
@@ -300,15 +305,7 @@ def run_handoff(scale: str, runs: int, cold: bool) -> int:
     from pipeline.convert import ConvertOptions, convert
     from pipeline.port_n16 import PortCode, check_port
 
-    hf = DATA / f"hf-{scale}"
-    cfg = load_config(VERSION)
-    try:
-        resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
-    except Exception:
-        from pipeline.synth import synthesize
-
-        synthesize(VERSION, hf, scale)
-    snapshot = resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
+    hf, snapshot = _synthetic_snapshot(scale)
     cache = DATA / f"cache-{scale}-handoff"
     convert(ConvertOptions(VERSION, "port", "all", hf_cache=hf, synthetic=scale, cache_root=cache, progress=False))
     from bench.children import PORT_TREE

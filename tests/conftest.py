@@ -108,10 +108,16 @@ def cache_root(tmp_path) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The reliability suite's table: each bad input or fault, and the one error the user sees for it."""
+    """The reliability suite's table (each bad input or fault, and the one error the user sees for it) and the
+    trust suite's (command, sentence, exit code)."""
     from tests.test_reliability import TABLE
+    from tests.test_trust import TABLE as TRUST
 
     if TABLE:
         terminalreporter.section("reliability: case -> error")
         for case, error in TABLE:
             terminalreporter.write_line(f"{case:40} {error[:150]}")
+    if TRUST:
+        terminalreporter.section("trust: command -> sentence (exit code)")
+        for case, error, code in TRUST:
+            terminalreporter.write_line(f"{case:42} {error[:140]} ({code})")
