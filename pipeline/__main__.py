@@ -1,3 +1,4 @@
+import os
 import sys
 
 
@@ -6,8 +7,8 @@ def run() -> int:
     try:
         from pipeline.cli import main
     except KeyboardInterrupt:
-        print("interrupted while starting: nothing was changed", file=sys.stderr)
-        return 130
+        print("interrupted while starting: nothing was changed", file=sys.stderr, flush=True)
+        os._exit(130)  # now: a half-imported library's shutdown may re-raise the signal (exit -2 seen once)
     return main()
 
 

@@ -325,7 +325,7 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
-def entry_rows(store: Store, only: str | None = None, verify: bool = False) -> list[dict]:
+def entry_rows(store: Store, only: str | None = None, verify: bool = False, totals: dict | None = None) -> list[dict]:
     """`cache ls` / `cache verify`: one row per entry (state, identity, bytes on disk, refs), the same for every
     store. Bytes shared with another entry by hard links (reuse) are counted once in `unique_bytes`."""
     in_use, seen, now, rows = refs(store), {}, time.time(), []
@@ -346,6 +346,8 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False) -> l
                      "bytes": size, "unique_bytes": unique, "shared_bytes": size - unique,
                      "published_unix": m and m.published_unix,
                      "age_s": round(now - m.published_unix) if m else None, "refs": in_use.get(name, [])})
+    if totals is not None:  # every stored file once: what the whole cache holds
+        totals["disk_bytes"] = sum(seen.values())
     if only and not rows:
         known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
         raise CacheError(f"{store.describe(entry_key(only))}: no such entry in cache {store.describe('')} "
@@ -385,7 +387,8 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
                         "refs": in_use.get(name, [])})
 
     published = []
-    rows = entry_rows(store, verify=True)
+    totals: dict = {}
+    rows = entry_rows(store, verify=True, totals=totals)
     own = {r["entry"]: r["unique_bytes"] for r in rows}
     for row in rows:
         name, state = row["entry"], row["state"]
@@ -409,7 +412,7 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
             candidates.remove(row)
             published.remove(row)
     if max_bytes is not None:
-        total = disk_bytes(store)
+        total = totals["disk_bytes"]
         for row in list(candidates):
             if total <= max_bytes:
                 break

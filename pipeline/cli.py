@@ -241,7 +241,8 @@ def cmd_cache(a: argparse.Namespace) -> dict:
                             + (f"; refs {', '.join(r['refs'])} dropped" if r["refs"] and not a.dry_run else "")
                             for r in removed) or "nothing to remove")
         return {"root": root, "removed": removed, "dry_run": bool(a.dry_run)}
-    rows = cache.entry_rows(store, getattr(a, "entry", None), verify=a.action == "verify")
+    totals: dict = {}
+    rows = cache.entry_rows(store, getattr(a, "entry", None), verify=a.action == "verify", totals=totals)
     if not a.json:
         if rows:
             head = f"{'entry':46} {'version':7} {'layout':8} {'profile':7} {'slots':8} {'revision':10} {'source':10} " \
@@ -254,7 +255,7 @@ def cmd_cache(a: argparse.Namespace) -> dict:
                 print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
                       f"{_slots(r['slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
                       f"{_size(r['unique_bytes']):>10} {age:>7}  {tail}")
-            print(f"{len(rows)} entries, {_size(cache.disk_bytes(store))} on disk (shared bytes counted once); "
+            print(f"{len(rows)} entries, {_size(totals['disk_bytes'])} on disk (shared bytes counted once); "
                   "'own' is what removing the entry frees")
         else:
             print(f"no entries in {store.describe('entries')}")

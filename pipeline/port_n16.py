@@ -42,7 +42,7 @@ from pipeline.recipe import RECIPES_PATH, build_plan
 from pipeline.versions import load_config
 from tasks import device as tt
 from tasks.entry import Entry
-from tasks.errors import CacheError, ConfigError, PipelineError
+from tasks.errors import CacheError, PipelineError
 
 VERSION = "n16"
 TT_METAL_ENV = "TT_METAL_HOME"

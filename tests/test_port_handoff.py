@@ -179,14 +179,16 @@ def test_the_config_at_the_published_dims_is_the_ports_default():
     assert vars(port_n16.port_config(code, shapes).backbone.language) == vars(default.backbone.language)
 
 
-def test_port_check_keeps_its_verdict(tmp_path):
+def test_port_check_keeps_its_verdict(attn):
+    """(Kept in the attn cache, so that the README's lines below find it there, as a user's second run would.)"""
+    _, cache_dir = attn
     code = port_n16.PortCode.find(PORT)
-    verdict = port_n16.check_port(code, store_root=tmp_path)
+    verdict = port_n16.check_port(code, store_root=cache_dir)
     assert verdict["ok"] and verdict["revision"] == code.revision and verdict["device_files"] == 100
-    kept = list((tmp_path / "port-checks").glob(f"{code.revision}-tt-n16-*.json"))
+    kept = list((cache_dir / "port-checks").glob(f"{code.revision}-tt-n16-*.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text()) == verdict
     kept[0].write_text(json.dumps({**verdict, "seconds": -1}))  # the kept verdict is what a second call returns
-    assert port_n16.check_port(code, store_root=tmp_path)["seconds"] == -1
+    assert port_n16.check_port(code, store_root=cache_dir)["seconds"] == -1
 
 
 def test_no_port_tree_is_one_sentence(tmp_path, monkeypatch):
