@@ -91,8 +91,6 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     fine-tune, or entries of different slots, can all be loaded). A conversion of a release always wins over a
     synthetic one; a synthetic entry, when it is all there is, comes with a `SyntheticWeightsWarning` unless
     `synthetic=True` says the caller knows (`Loaded.synthetic` says it either way)."""
-    import torch  # lazy: 1-2 s to import, and `cache`/`convert` never need it
-
     t0 = time.perf_counter()
     asked_layout, asked_profile = layout, profile
     layout, profile = resolve(version, layout, profile)
@@ -120,7 +118,7 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
 
 
 def _read(opened, slot: int | None, reads, device, ttnn_host: bool, threads: int, t0: float) -> Loaded:
-    import torch
+    import torch  # lazy: 1-2 s to import, and `cache`/`convert` never need it
 
     arrays = opened.manifest.arrays
     # Packed targets come straight from their `.tensorbin`, to the host or the device (ttnn's own upload of its

@@ -480,27 +480,34 @@ def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[
             files = list(pool.map(lambda k: entry.device_file(*k), needed))
             tensors = [tt.load_packed(f, device) for f in files]  # one upload at a time into one device
         else:
-            files = [entry.store.local_file(entry.device_object(*k)) for k in needed]
-            tensors = [tt.load_packed(f) for f in files if f is not None] if all(files) else []
-            folder = os.path.realpath(files[0].parent) if tensors else ""  # one folder holds them all
-            real = [os.path.join(folder, f.name) for f in files] if tensors else []
-            mapped = tt.mapped_files(real) if tensors else {}
-
-            def check(i: int) -> bool:
-                record = arrays[needed[i][0]].chunks[needed[i][1]].tensorbin
-                view = mapped.get(real[i]) if tensors else None
-                if view is not None and len(view) >= record.nbytes:
-                    return record.matches(view[:record.nbytes])
-                entry.device_file(*needed[i])  # not mapped by ttnn: read and checked (or refused) here
-                return True
-
-            bad = [needed[i] for i, ok in enumerate(pool.map(check, range(len(needed)))) if not ok]
-            if bad or not tensors:
-                entry.device_file(*(bad[0] if bad else next(k for k, f in zip(needed, files) if f is None)))
+            tensors = _host_device_files(entry, needed, pool)
         host = {n: f.result() for n, f in host_tables.items()}
     nbytes = sum(arrays[n].chunks[s].tensorbin.nbytes for n, s in needed) + \
         sum(int(np.prod(arrays[n].logical_shape)) * 2 for n in host_arrays)
     return dict(zip(needed, tensors)), host, nbytes
+
+
+def _host_device_files(entry: Entry, needed: list[tuple[str, int | None]], pool: ThreadPoolExecutor) -> list:
+    """Host tensors of the device files, each checked where ttnn maps it; a file it does not map (or one that
+    fails) is read and checked, or refused in one sentence, by the entry itself."""
+    arrays = entry.manifest.arrays
+    paths = []
+    for key in needed:
+        path = entry.store.local_file(entry.device_object(*key))
+        paths.append(path if path is not None else entry.device_file(*key))  # (which refuses a missing one)
+    tensors = [tt.load_packed(p) for p in paths]
+    folders = {p.parent for p in paths}
+    real_folder = {f: os.path.realpath(f) for f in folders}  # one realpath per folder, not per file
+    real = [os.path.join(real_folder[p.parent], p.name) for p in paths]
+    mapped = tt.mapped_files(real)
+
+    def check(i: int) -> None:
+        record, view = arrays[needed[i][0]].chunks[needed[i][1]].tensorbin, mapped.get(real[i])
+        if view is None or len(view) < record.nbytes or not record.matches(view[:record.nbytes]):
+            entry.device_file(*needed[i])  # read and checked here: a bad file is refused by name
+
+    list(pool.map(check, range(len(needed))))
+    return tensors
 
 
 # -- comparing two builds -----------------------------------------------------------------------------------------

@@ -121,6 +121,21 @@ def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):
     assert found == ["model.dit.blocks[0].attn.to_k_weight: the bytes differ"]
 
 
+def test_a_damaged_device_file_is_refused_by_name(attn, tmp_path):
+    """A byte changed behind the manifest's back (the record left as it was): the hand-off refuses the entry,
+    naming the file, rather than building a model from it."""
+    _, cache_dir = attn
+    copy = tmp_path / "cache"
+    shutil.copytree(cache_dir, copy)
+    name = json.loads((copy / "refs" / "n16-tt-n16-port.synthetic.json").read_text())["entry"]
+    packed = copy / "entries" / name / "tensorbin" / "vision.encoder.layers.0.mlp.fc1.weight.tensorbin"
+    data = bytearray(packed.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    packed.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=f"{packed}: packed tensor does not match its manifest checksum"):
+        port_n16.build_model(copy, PORT, check=False, synthetic=True)
+
+
 def test_the_fused_revision_is_detected_and_built_the_same(attn, fused_port):
     snapshot, cache_dir = attn
     ours, theirs = both_ways(fused_port, snapshot, cache_dir)
