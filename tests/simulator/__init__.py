@@ -156,7 +156,10 @@ def environment(config: str = "wh", log=print) -> dict[str, str] | None:
 
 
 def use(environ: dict | os._Environ, config: str = "wh") -> bool:
-    """Point this process's ttnn at the simulated device (before ttnn is imported). False when none can be had."""
+    """Point this process's ttnn at the simulated device (before ttnn is imported). False when none can be had,
+    or when GR00T_TEST_SIMULATOR=0 asks for the mock cluster only."""
+    if environ.get("GR00T_TEST_SIMULATOR") == "0":
+        return False
     env = environment(config)
     if env is None:
         return False
