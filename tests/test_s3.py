@@ -70,6 +70,7 @@ def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch
 def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     from pipeline.cli import main
 
+    s3_url = f"{s3_url}-gc"  # a prefix of its own: gc verifies every entry under it, not every test's
     convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url,
                            progress=False))
     store = open_store(s3_url)
