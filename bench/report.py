@@ -150,16 +150,16 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
 PLANS = {"port": 0.6, "bf16": 1.0, "bfp8": 0.6}  # dtype plan -> the goal for convert / the port's own path
 
 
-def _synthetic_snapshot(scale: str) -> tuple[Path, Path]:
-    """The bench's synthetic N1.6 of `scale` (made once under bench/data/): its HF cache and snapshot folder."""
+def _synthetic_snapshot(scale: str, version: str = VERSION) -> tuple[Path, Path]:
+    """The bench's synthetic checkpoint of `scale` (made once under bench/data/): its HF cache and snapshot folder."""
     hf = DATA / f"hf-{scale}"
-    cfg = load_config(VERSION)
+    cfg = load_config(version)
     try:
         resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
     except Exception:
         from pipeline.synth import synthesize
 
-        synthesize(VERSION, hf, scale)
+        synthesize(version, hf, scale)
     return hf, resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
 
 
@@ -355,5 +355,56 @@ def run_handoff(scale: str, runs: int, cold: bool) -> int:
     lines += [f"| {m['metric']} | {m['ratio']:.3f} | {m['goal']} | {'yes' if m['holds'] else 'no'} {m['note']} |"
               for m in rows]
     (out / "handoff-results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = ("n16", "n17")) -> int:
+    """Each version's default conversion (its Tenstorrent layout and the port profile, every slot) from a cold cache,
+    then one embodiment reloaded as ttnn host tensors, in fresh processes, each contender's inputs read right before
+    it. Figures beside each other, no contender. Each cache is removed once measured (~12 GB at full scale).
+    Writes bench/versions-results.{json,md}."""
+    from pipeline.recipe import resolve
+
+    raw: dict[str, list] = {}
+    t_start = time.time()
+    print(f"bench versions: {', '.join(versions)} {scale}, {runs} runs each", flush=True)
+    for version in versions:
+        hf, snapshot = _synthetic_snapshot(scale, version)
+        layout, profile = resolve(version)
+        cache, shards = DATA / f"cache-{scale}-{version}-default", [p.resolve() for p in snapshot.iterdir()]
+        tag = next(iter(load_config(version).embodiment_ids))
+        for _ in range(runs):
+            remove(cache)
+            settle()
+            _warm(*shards)
+            raw.setdefault(f"{version}:convert", []).append(run_child(
+                "convert", {"version": version, "profile": profile, "layout": layout, "hf": str(hf),
+                            "cache": str(cache), "synthetic": scale}, cold))
+            _warm(cache)
+            raw.setdefault(f"{version}:reload", []).append(run_child(
+                "load", {"version": version, "cache": str(cache), "profile": profile, "layout": layout,
+                         "embodiment": tag, "ttnn_host": True}, cold))
+            print(f"  {version} ({layout}, {profile}) run done: convert {raw[f'{version}:convert'][-1]['seconds']:.1f} s, "
+                  f"reload {raw[f'{version}:reload'][-1]['seconds']:.2f} s", flush=True)
+        raw[f"{version}:convert"][-1]["source_bytes"] = sum(p.stat().st_size for p in shards)
+        remove(cache)
+    context = {"versions": list(versions), "scale": scale, "runs": runs, "slots": "all 32 (convert), one (reload)",
+               "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
+               "cores": os.cpu_count(),
+               "imports": "'wall in child' starts after imports; 'wall of process' and CPU include them"}
+    out = _out(scale)
+    (out / "versions-results.json").write_text(json.dumps({"context": context, "runs": raw}, indent=1))
+    lines = [f"Measured {context['date']} on {context['cores']} cores, {scale} synthetic checkpoints, each version's "
+             f"default layout and profile, median of {runs}; page cache {context['page_cache']}; {context['imports']}.",
+             "", "| version | layout, profile | step | wall in child | wall of process | CPU user | CPU sys | peak RSS |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, runs_ in raw.items():
+        version, step = key.split(":")
+        lines.append(f"| {version} | {', '.join(resolve(version))} | {step} | {median(runs_):.2f} s | "
+                     f"{median(runs_, 'process_seconds'):.2f} s | {median(runs_, 'user_seconds'):.2f} s | "
+                     f"{median(runs_, 'sys_seconds'):.2f} s | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
+    (out / "versions-results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -29,9 +29,10 @@ from tasks import device as tt
 from tasks.checkpoint import Checkpoint
 from tasks.errors import PipelineError
 
-LAYOUT_HELP = ("tt-n16 (what tt-metal's GR00T N1.6 port builds; n16's default) or generic (the original unpadded "
-               "layout; n15/n17's default)")
-PROFILE_HELP = "port (the layout's per-family dtypes; tt-n16's default), bf16 (generic's default) or bfp8"
+LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
+               "that port's conventions, family by family), tt-n16-fused (n16, the port revision that fuses DiT q|k|v) "
+               "or generic (the original unpadded layout)")
+PROFILE_HELP = "port (the layout's per-family dtypes; tt-n16's and tt-port's default), bf16 (generic's default) or bfp8"
 
 
 def _package_version() -> str:
@@ -264,35 +265,44 @@ def cmd_cache(a: argparse.Namespace) -> dict:
     return {"root": root, "entries": rows}
 
 
+def _print_targets(tensors: dict, names: tuple[str, ...]) -> None:
+    for name in names:
+        t = tensors[name]
+        if hasattr(t, "padded_shape"):  # a ttnn tensor; host-only targets are torch float32
+            print(f"  {name:52} {str(t.dtype):22} {str(t.layout):14} shape {list(t.shape)} padded {list(t.padded_shape)}")
+        else:
+            print(f"  {name:52} host {t.dtype} {list(t.shape)} (never uploaded, as the port keeps it)")
+
+
 def cmd_demo(a: argparse.Namespace) -> dict:
     demo_hf = synthetic_hf_cache(a.cache)
     print(f"1. synthesizing a tiny GR00T N1.7 into {demo_hf} (real key names, order, counts and shards; small "
           "dims; marked synthetic, under a repo id of its own)")
     synthesize("n17", demo_hf, "tiny")
     print_inspect(inspect_report("n17", None, demo_hf, synthetic="tiny"))
-    print("\n2. converting it (Dask graph: index -> read/slot -> transform -> convert -> stage -> unit -> publish;"
-          " verify hashes each shard alongside and gates its units)")
+    print("\n2. converting it into tt-port, n17's default: the conventions of tt-metal's GR00T N1.6 port, family by "
+          "family (Dask graph: index -> read/slot -> transform -> convert -> stage -> unit -> publish; verify hashes "
+          "each shard alongside and gates its units)")
     opts = ConvertOptions("n17", hf_cache=demo_hf, synthetic="tiny", cache_root=a.cache)
     summary = convert(opts)
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
     print_convert(convert(replace(opts, progress=False)))
-    loaded = load("n17", a.cache, embodiment="new_embodiment", synthetic=True)
+    loaded = load("n17", a.cache, embodiment="new_embodiment", ttnn_host=True, synthetic=True)
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
-          f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read")
+          f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read, as the "
+          "ttnn host tensors a device takes:")
+    _print_targets(loaded.tensors, ("vision.blocks.0.attn.qkv.weight", "language.layers.0.self_attn.q_proj.weight",
+                                    "dit.transformer_blocks.0.attn1.to_q_padded.weight", "action_encoder.W2.W",
+                                    "language.embed_tokens.weight"))
     print("\n5. a tiny N1.6 in the tt-n16 layout (n16's default): the tensors tt-metal's GR00T N1.6 port builds")
     synthesize("n16", demo_hf, "tiny")
     port = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=demo_hf, synthetic="tiny",
                                   cache_root=a.cache, progress=False))
     print_convert(port)
     host = load("n16", a.cache, "gr1", ttnn_host=True, synthetic=True)
-    vision, language = host.components()["vision"], host.components()["language"]
-    for group, key in ((vision, "encoder.layers.0.self_attn.qkv_padded.weight"),
-                       (language, "model.layers.0.self_attn.q_proj.weight")):
-        t = group[key]
-        print(f"  {key:48} {str(t.dtype):22} {str(t.layout):14} shape {list(t.shape)} padded {list(t.padded_shape)}")
-    embed = language["model.embed_tokens.weight"]
-    print(f"  {'model.embed_tokens.weight':48} host {embed.dtype} {list(embed.shape)} (never uploaded, as the port keeps it)")
+    _print_targets(host.tensors, ("vision.encoder.layers.0.self_attn.qkv_padded.weight",
+                                  "language.model.layers.0.self_attn.q_proj.weight", "language.model.embed_tokens.weight"))
     return summary
 
 
@@ -422,8 +432,8 @@ def parser() -> argparse.ArgumentParser:
                                        "(default $TT_METAL_HOME)")
     sp.add_argument("--device", default="none", help="none (default: host) | auto | a device id")
     sp.add_argument("--force", action="store_true", help="check again even if a verdict is kept")
-    add("demo", cmd_demo, "synthesize tiny n17, convert it, convert again (cache hit), reload; then tiny n16 in the "
-                          "tt-n16 port layout", version=False)
+    add("demo", cmd_demo, "synthesize tiny n17, convert it Tenstorrent-ready (tt-port), convert again (cache hit), "
+                          "reload; then tiny n16 in the tt-n16 port layout", version=False)
     return p
 
 

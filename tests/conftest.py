@@ -107,17 +107,39 @@ def cache_root(tmp_path) -> Path:
     return tmp_path / "cache"
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The reliability suite's table (each bad input or fault, and the one error the user sees for it) and the
-    trust suite's (command, sentence, exit code)."""
+def _summary_tables() -> dict[str, list]:
     from tests.test_reliability import TABLE
     from tests.test_trust import TABLE as TRUST
 
-    if TABLE:
+    return {"reliability": TABLE, "trust": TRUST}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Rows a test added to a summary table travel on its report: under pytest-xdist the summary is printed by the
+    controller, which runs no test."""
+    if call.when == "call":
+        for name, table in _summary_tables().items():
+            item.user_properties.extend((name, tuple(row)) for row in table)
+            table.clear()
+    yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The reliability suite's table (each bad input or fault, and the one error the user sees for it) and the
+    trust suite's (command, sentence, exit code)."""
+    rows: dict[str, list] = {"reliability": [], "trust": []}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) == "call":
+                for name, row in getattr(report, "user_properties", ()):
+                    if name in rows:
+                        rows[name].append(row)
+    if rows["reliability"]:
         terminalreporter.section("reliability: case -> error")
-        for case, error in TABLE:
+        for case, error in rows["reliability"]:
             terminalreporter.write_line(f"{case:40} {error[:150]}")
-    if TRUST:
+    if rows["trust"]:
         terminalreporter.section("trust: command -> sentence (exit code)")
-        for case, error, code in TRUST:
+        for case, error, code in rows["trust"]:
             terminalreporter.write_line(f"{case:42} {error[:140]} ({code})")

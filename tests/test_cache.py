@@ -105,7 +105,7 @@ def n17_cache(hf_cache, tmp_path) -> tuple[Path, Path]:
 
 def test_tampered_chunk_is_refused_by_verify_and_load(n17_cache):
     root, entry = n17_cache
-    chunk = entry / "llm.layers.3.mlp.up_proj.weight" / "c.0.0"
+    chunk = entry / "language.layers.3.mlp.up_proj.weight" / "c.0.0"
     data = bytearray(chunk.read_bytes())
     data[10] ^= 0x40
     chunk.write_bytes(bytes(data))
@@ -113,12 +113,12 @@ def test_tampered_chunk_is_refused_by_verify_and_load(n17_cache):
     assert problems == [f"{chunk}: chunk bytes do not match the manifest checksum (tampered or corrupt)"]
     with pytest.raises(CacheError) as err:
         load("n17", root)
-    assert str(err.value).startswith(f"{entry / 'llm.layers.3.mlp.up_proj.weight'}: chunk all does not match its manifest checksum")
+    assert str(err.value).startswith(f"{entry / 'language.layers.3.mlp.up_proj.weight'}: chunk all does not match its manifest checksum")
 
 
 def test_missing_chunk_and_missing_or_corrupt_manifest_are_refused(n17_cache):
     root, entry = n17_cache
-    chunk = entry / "action_head.action_encoder.W2.W" / "c.10.0.0"
+    chunk = entry / "action_encoder.W2.W" / "c.10.0.0"
     chunk.unlink()
     with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
         load("n17", root, embodiment="new_embodiment")
@@ -154,10 +154,9 @@ def test_one_embodiment_reads_only_its_slot_chunks(n17_cache, snapshots):
     loaded = load("n17", root, embodiment="new_embodiment")
     assert loaded.slot == 10
     assert loaded.stats["bytes_read"] - other_bytes == bank_bytes // 32
-    key = "action_head.action_encoder.W2.W"
     with safe_open(str(snapshots["n17"] / "model-00002-of-00002.safetensors"), "pt") as f:
-        ref = f.get_tensor(key)[10]
-    assert torch.equal(loaded.tensors[key].view(torch.int16), ref.view(torch.int16))
+        ref = f.get_tensor("action_head.action_encoder.W2.W")[10]
+    assert torch.equal(loaded.tensors["action_encoder.W2.W"].view(torch.int16), ref.view(torch.int16))
 
 
 def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_cache, tmp_path):
@@ -169,7 +168,7 @@ def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_ca
                 "print(json.dumps({'n': len(w.tensors), 'st': 'safetensors' in sys.modules}))")
         out = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
-        assert result == {"n": 886, "st": False}
+        assert result == {"n": 1030, "st": False}
     finally:
         shutil.move(str(moved), hf_cache)
 
@@ -177,9 +176,9 @@ def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_ca
 def test_check_against_cache_catches_a_doctored_entry(n17_cache, hf_cache):
     root, entry = n17_cache
     ok = convert(_opts("n17", root, hf_cache=hf_cache, synthetic="tiny", check_against_cache=True))
-    assert ok["checked_against_fresh_conversion"] and ok["arrays_compared"] == 886
+    assert ok["checked_against_fresh_conversion"] and ok["arrays_compared"] == 1030
     manifest = json.loads((entry / "MANIFEST.json").read_text())
-    manifest["arrays"]["llm.norm.weight"]["chunks"]["all"]["xxh3"] = "0" * 16
+    manifest["arrays"]["language.norm.weight"]["chunks"]["all"]["xxh3"] = "0" * 16
     (entry / "MANIFEST.json").write_text(json.dumps(manifest))
     with pytest.raises(CacheError, match="differs from a fresh conversion in 1 array"):
         convert(_opts("n17", root, hf_cache=hf_cache, synthetic="tiny", check_against_cache=True))
@@ -241,17 +240,18 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
 
 
 def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):
-    convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10"))  # bf16: no device files
+    convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10", profile="bf16"))  # no device files
     bfp8 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10", profile="bfp8"))
     manifest = json.loads((Path(bfp8["cache_path"]) / "MANIFEST.json").read_text())
-    assert all("tensorbin" in c for a in manifest["arrays"].values() for c in a["chunks"].values())
+    device = [a for a in manifest["arrays"].values() if not a["attributes"]["host_only"]]
+    assert len(device) > 900 and all("tensorbin" in c for a in device for c in a["chunks"].values())
 
 
 def test_a_killed_runs_partial_files_never_reach_the_published_entry(hf_cache, tmp_path):
     name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"]).name
     orphan = entries_dir(tmp_path / "b") / f"{name}.tmp-999999999-deadbeef"  # a dead process's directory
     (orphan / ".staged").mkdir(parents=True)
-    partial = orphan / "llm.norm.weight" / "c.0.0.0123456789abcdef.partial"
+    partial = orphan / "language.model.norm.weight" / "c.0.0.0123456789abcdef.partial"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"half a chunk")
     done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
@@ -265,12 +265,12 @@ def test_a_torn_chunk_under_its_final_name_is_written_again_on_resume(hf_cache, 
     with no progress record. The resumed run must redo it, never publish it."""
     name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"]).name
     orphan = entries_dir(tmp_path / "b") / f"{name}.tmp-999999999-deadbeef"
-    torn = orphan / "llm.norm.weight" / "c.0.0"
+    torn = orphan / "language.model.norm.weight" / "c.0.0"
     torn.parent.mkdir(parents=True)
     torn.write_bytes(b"half a chunk")
     done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
-    published = Path(done["cache_path"]) / "llm.norm.weight" / "c.0.0"
-    assert published.read_bytes() == (entries_dir(tmp_path / "a") / name / "llm.norm.weight" / "c.0.0").read_bytes()
+    published = Path(done["cache_path"]) / "language.model.norm.weight" / "c.0.0"
+    assert published.read_bytes() == (entries_dir(tmp_path / "a") / name / "language.model.norm.weight" / "c.0.0").read_bytes()
     assert done["resumed_chunks"] == 0
 
 

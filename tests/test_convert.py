@@ -17,6 +17,7 @@ from pipeline.cache import entries_dir
 from pipeline.convert import ConvertOptions, convert
 from pipeline.layout import layout
 from pipeline.recipe import build_plan
+from pipeline.versions import load_config
 from tasks.errors import RecipeError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,10 @@ def _cached(entry: Path, name: str) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def n17_entry(hf_cache, tmp_path_factory):
-    summary = convert(ConvertOptions("n17", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path_factory.mktemp("c17"), progress=False))
+    """The generic layout (checked here by hand; the default layouts are checked against the port oracle in
+    tests/test_port_layout.py)."""
+    summary = convert(ConvertOptions("n17", layout="generic", hf_cache=hf_cache, synthetic="tiny",
+                                     cache_root=tmp_path_factory.mktemp("c17"), progress=False))
     return summary, Path(summary["cache_path"])
 
 
@@ -69,16 +73,26 @@ def test_cache_values_equal_hand_transformed_safetensors_reads(n17_entry, snapsh
         assert got.shape == ref.shape and torch.equal(got.view(torch.int16), ref.contiguous().view(torch.int16)), name
 
 
-def test_every_source_key_is_consumed_once_or_skipped_with_a_reason(n17_entry, snapshots):
-    summary, entry = n17_entry
-    plan = build_plan("n17", {s.key: s.shape for s in layout("n17")})
+LAYOUTS = [(v, layout) for v in ("n15", "n16", "n17") for layout in load_config(v).layouts]
+
+
+@pytest.mark.parametrize("version,layout_name", LAYOUTS, ids=[f"{v}-{n}" for v, n in LAYOUTS])
+def test_every_source_key_is_consumed_once_or_skipped_with_a_reason(version, layout_name):
+    keys = {s.key: s.shape for s in layout(version)}
+    plan = build_plan(version, keys, layout=layout_name)
     used = [k for t in plan.targets for k in t.sources]
     assert len(used) == len(set(used))
-    assert set(used) | set(plan.skipped) == {s.key for s in layout("n17")}
-    assert plan.skipped == {"backbone.model.lm_head.weight": "LM head: GR00T reads LLM hidden states and never applies "
-                                                              "it (it is tied to embed_tokens anyway)"}
-    assert summary["targets"] == len(plan.targets) == len(zarr.open_group(str(entry), mode="r").array_keys() and
-                                                          list(zarr.open_group(str(entry), mode="r").array_keys()))
+    assert set(used) | set(plan.skipped) == set(keys) and not set(used) & set(plan.skipped)
+    lm_head = load_config(version).containers["lm_head"] + "weight"
+    assert plan.skipped[lm_head] == "LM head: GR00T reads LLM hidden states and never applies it (it is tied to embed_tokens anyway)"
+    assert all(reason.strip() for reason in plan.skipped.values())
+    assert set(plan.skipped) == {lm_head} | {k for k in keys if ".head." in k}  # and the unused SigLIP head
+
+
+def test_the_entry_holds_one_array_per_target(n17_entry):
+    summary, entry = n17_entry
+    plan = build_plan("n17", {s.key: s.shape for s in layout("n17")}, layout="generic")
+    assert summary["targets"] == len(plan.targets) == len(list(zarr.open_group(str(entry), mode="r").array_keys()))
 
 
 def test_a_key_no_rule_consumes_fails_naming_it():

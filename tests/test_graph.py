@@ -87,7 +87,8 @@ def test_with_an_open_device_each_target_uploads_right_after_staging(hf_cache, c
     graph = build_graph(replace(inputs, device=object()))  # wiring only: nothing runs, no hardware needed
     uploads = [k for k in graph if k[0] == "upload"]
     stages = [k for k in graph if k[0] == "stage"]
-    assert len(uploads) == len(stages) == len(inputs.plan.targets)
+    assert len(stages) == len(inputs.plan.targets)
+    assert len(uploads) == sum(not t.host for t in inputs.plan.targets) > 900  # host-only targets stay on the host
     for key in uploads:
         assert set(graph[key].dependencies) == {("stage", *key[1:]), ("convert", *key[1:])}
     unit = ("unit", "action_head.model.transformer_blocks.19")

@@ -21,10 +21,12 @@ from tasks.errors import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_n16_defaults_to_the_port_layout_and_n15_n17_to_generic():
+def test_every_version_defaults_to_a_tenstorrent_layout_and_generic_stays_available():
     assert resolve("n16") == ("tt-n16", "port")
-    assert resolve("n15") == resolve("n17") == ("generic", "bf16")
-    assert resolve("n17", "tt-n16") == ("tt-n16", "port")
+    assert resolve("n15") == resolve("n17") == ("tt-port", "port")
+    assert resolve("n15", "generic") == resolve("n17", "generic") == ("generic", "bf16")
+    with pytest.raises(ConfigError, match="unknown layout 'tt-n16' for n17: expected one of tt-port, generic"):
+        resolve("n17", "tt-n16")  # what the N1.6 port builds is N1.6's alone
 
 
 def test_unknown_layout_and_a_profile_the_layout_lacks_are_one_sentence_errors():
@@ -38,8 +40,9 @@ def test_unknown_layout_and_a_profile_the_layout_lacks_are_one_sentence_errors()
 
 
 @pytest.mark.parametrize("version", ["n15", "n16", "n17"])
-def test_every_tt_n16_target_cites_the_port_file_it_mirrors(version):
-    plan = build_plan(version, {s.key: s.shape for s in layout(version)}, layout="tt-n16")
+def test_every_default_target_cites_the_port_file_it_mirrors(version):
+    plan = build_plan(version, {s.key: s.shape for s in layout(version)})
+    assert plan.layout == ("tt-n16" if version == "n16" else "tt-port")
     port_files = ("tt/ttnn_siglip2.py", "tt/ttnn_qwen3.py", "tt/ttnn_dit.py", "tt/ttnn_dit_optimized.py",
                   "tt/ttnn_embodiment.py", "tt/ttnn_groot_n16_model.py", "tt/ttnn_common.py")
     for t in plan.targets:
@@ -65,13 +68,17 @@ def test_generic_recipes_claim_no_tt_metal_convention():
     assert all("mirrors" not in r for rs in ("siglip", "qwen3", "dit") for r in recipes()["rules"][rs])
 
 
-def test_tt_n16_converts_n15_and_n17_too(hf_cache, tmp_path):
+def test_n15_and_n17_convert_tenstorrent_ready_by_default_and_generic_on_request(hf_cache, tmp_path):
     for version in ("n15", "n17"):
-        s = convert(ConvertOptions(version, layout="tt-n16", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+        s = convert(ConvertOptions(version, embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                    cache_root=tmp_path, progress=False))
-        assert (s["layout"], s["profile"]) == ("tt-n16", "port") and Path(s["cache_path"]).name.startswith(f"{version}-tt-n16-port-")
-        w = load(version, tmp_path, "new_embodiment", layout="tt-n16")
+        assert (s["layout"], s["profile"]) == ("tt-port", "port") and Path(s["cache_path"]).name.startswith(f"{version}-tt-port-port-")
+        w = load(version, tmp_path, "new_embodiment")
         assert "vl_self_attention" in w.components()
+        g = convert(ConvertOptions(version, layout="generic", embodiments="new_embodiment", hf_cache=hf_cache,
+                                   synthetic="tiny", cache_root=tmp_path, progress=False))
+        assert Path(g["cache_path"]).name.startswith(f"{version}-generic-bf16-")
+        assert load(version, tmp_path, "new_embodiment", layout="generic").layout == "generic"
 
 
 def test_reload_groups_tensors_as_the_port_weight_loader_does(hf_cache, tmp_path):

@@ -1,14 +1,17 @@
-"""The tt-n16 layout against an oracle of tt-metal's GR00T N1.6 port (tests/port_oracle.py), bit for bit.
+"""Each version's default Tenstorrent layout against an oracle of tt-metal's GR00T N1.6 port (tests/port_oracle.py),
+bit for bit: N1.6 takes the port's own tensors, N1.5 and N1.7 its conventions extended family by family.
 
 Every target must equal the oracle's tensor (bf16 values before packing, and the ttnn host tensor: dtype, layout,
-shapes, `to_torch`), and the oracle must have no tensor the converter lacks. Then, in float32 on the host, the
-padded weights must compute the same attention as the unpadded HF ones.
+shapes, `to_torch`), and the oracle must have no tensor the converter lacks. Then, in float32 on the host, the laid-out
+weights must compute the same function as the HF modules: attention with padded heads, fused q|k|v, and patch
+embeddings (Conv2d, Conv3d) used as linears.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,29 +20,67 @@ import torch
 import torch.nn.functional as F
 import ttnn
 import zarr
+from diffusers.models.attention import BasicTransformerBlock
 
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
+from pipeline.recipe import build_plan
 from pipeline.snapshot import resolve_snapshot
 from pipeline.synth import synthesize
 from pipeline.versions import load_config
-from tests.port_oracle import HOST, hf_state, port_oracle
+from tasks.errors import ConfigError
+from tests.port_oracle import HOST, PREFIXES, hf_state, port_oracle
+
+DEFAULT_LAYOUT = {"n15": "tt-port", "n16": "tt-n16", "n17": "tt-port"}
+
 
 def _cached_bf16(group, name: str) -> torch.Tensor:
     """Our stored values, read through zarr-python (an independent reader of the cache format)."""
     return torch.from_numpy(np.ascontiguousarray(group[name][...])).view(torch.bfloat16)
 
 
-def _conformance(version: str, snapshot: Path, cache_root: Path, scale: str, slots: list[int], slot: int) -> int:
-    summary = convert(ConvertOptions(version, embodiments=",".join(map(str, slots)), snapshot=snapshot,
-                                     cache_root=cache_root, progress=False))
-    assert (summary["layout"], summary["profile"]) == ("tt-n16", "port")  # n16's defaults
-    entry = Path(summary["cache_path"])
-    oracle = port_oracle(hf_state(snapshot), dict(load_config(version).dims_for(scale)), slots)
-    manifest = json.loads((entry / "MANIFEST.json").read_text())["arrays"]
+@dataclass(frozen=True)
+class Converted:
+    version: str
+    scale: str
+    snapshot: Path
+    root: Path
+    entry: Path
+    slots: list[int]   # the slots converted
+    slot: int          # the one the ttnn host tensors are loaded for
+
+
+@pytest.fixture(scope="module")
+def converted(snapshots, tmp_path_factory):
+    """(version, scale) -> that synthetic snapshot converted with the version's defaults, once per module. tiny:
+    every key and all 32 slots; attn: the real attention shapes, one or two layers per stack, two slots."""
+    made: dict[tuple[str, str], Converted] = {}
+
+    def get(version: str, scale: str) -> Converted:
+        if (version, scale) not in made:
+            if scale == "tiny":
+                snapshot, slots, slot = snapshots[version], list(range(32)), 20
+            else:
+                hf = tmp_path_factory.mktemp(f"hf-{scale}-{version}")
+                synthesize(version, hf, scale)
+                snapshot, slots, slot = resolve_snapshot(load_config(version), hf_cache=hf, synthetic=scale), [0, 1], 1
+            root = tmp_path_factory.mktemp(f"cache-{scale}-{version}")
+            summary = convert(ConvertOptions(version, embodiments=",".join(map(str, slots)), snapshot=snapshot,
+                                             cache_root=root, progress=False))
+            assert (summary["layout"], summary["profile"]) == (DEFAULT_LAYOUT[version], "port")  # the defaults
+            made[version, scale] = Converted(version, scale, snapshot, root, Path(summary["cache_path"]), slots, slot)
+        return made[version, scale]
+    return get
+
+
+def _conformance(c: Converted) -> int:
+    """Every target of the entry against the oracle, bit for bit; returns how many there are."""
+    slots, slot = c.slots, c.slot
+    oracle = port_oracle(hf_state(c.snapshot), dict(load_config(c.version).dims_for(c.scale)), slots, c.version)
+    manifest = json.loads((c.entry / "MANIFEST.json").read_text())["arrays"]
     assert sorted(manifest) == sorted(oracle)  # the same tensors, no more and no fewer
-    host = load(version, cache_root, embodiment=slot, ttnn_host=True)
-    group = zarr.open_group(str(entry), mode="r")
+    host = load(c.version, c.root, embodiment=slot, ttnn_host=True)
+    group = zarr.open_group(str(c.entry), mode="r")
     assert sorted(host.tensors) == sorted(oracle)
     for name, (expected, dtype) in oracle.items():
         attrs = manifest[name]["attributes"]
@@ -62,32 +103,25 @@ def _conformance(version: str, snapshot: Path, cache_root: Path, scale: str, slo
     return len(oracle)
 
 
-def test_tt_n16_equals_the_port_at_tiny_scale(snapshots, cache_root):
-    assert _conformance("n16", snapshots["n16"], cache_root, "tiny", list(range(32)), 20) == 986
+# Targets at tiny scale (it keeps every key), counted from ../shared/reference/gr00t-checkpoints.md: N1.6 986 as
+# the port builds it; N1.5 899 keys less the 11-tensor SigLIP head and lm_head, with q|k|v fused in each of 27
+# SigLIP layers (weights and biases: 4 fewer each); N1.7 1031 keys less lm_head (its qkv is stored fused).
+@pytest.mark.parametrize("version,targets", [("n15", 899 - 11 - 1 - 27 * 4), ("n16", 986), ("n17", 1031 - 1)])
+def test_the_default_layout_equals_the_port_oracle_at_tiny_scale(converted, version, targets):
+    assert _conformance(converted(version, "tiny")) == targets
 
 
-@pytest.fixture(scope="module")
-def attn_snapshot(tmp_path_factory) -> Path:
-    """n16 with the real attention shapes (SigLIP2 16 x 72, DiT 32 x 48), one or two layers per stack."""
-    hf = tmp_path_factory.mktemp("hf-attn")
-    synthesize("n16", hf, "attn")
-    return resolve_snapshot(load_config("n16"), hf_cache=hf, synthetic="attn")
+@pytest.mark.parametrize("version", ["n15", "n16", "n17"])
+def test_the_default_layout_equals_the_port_oracle_at_real_attention_shapes(converted, version):
+    assert _conformance(converted(version, "attn")) > 80
 
 
-@pytest.fixture(scope="module")
-def attn_entry(attn_snapshot, tmp_path_factory):
-    root = tmp_path_factory.mktemp("cache-attn")
-    count = _conformance("n16", attn_snapshot, root, "attn", [0, 1], 1)
-    return root, count
+def _weights(version: str, root: Path) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in load(version, root, embodiment=0).tensors.items()}
 
 
-def test_tt_n16_equals_the_port_at_real_attention_shapes(attn_entry):
-    root, count = attn_entry
-    assert count == 89
-
-
-def _weights(root: Path) -> dict[str, torch.Tensor]:
-    return {k: v.float() for k, v in load("n16", root, embodiment=0).tensors.items()}
+def _hf(snapshot: Path) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in hf_state(snapshot).items()}
 
 
 def _attention(q, k, v, heads, scale):
@@ -99,13 +133,15 @@ def _attention(q, k, v, heads, scale):
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> None:
     # float32 on both sides; zero padding adds exact zeros, so only summation order differs
+    assert a.shape == b.shape, (a.shape, b.shape)
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max())), float((a - b).abs().max())
 
 
-def test_padded_siglip2_attention_computes_the_same_function(attn_entry, attn_snapshot):
-    root, _ = attn_entry
-    ours, hf = _weights(root), {k: v.float() for k, v in hf_state(attn_snapshot).items()}
-    p = "backbone.model.vision_model.vision_model.encoder.layers.0.self_attn."
+@pytest.mark.parametrize("version", ["n15", "n16"])
+def test_padded_siglip_attention_computes_the_same_function(converted, version):
+    c = converted(version, "attn")
+    ours, hf = _weights(version, c.root), _hf(c.snapshot)
+    p = PREFIXES[version]["vision"] + "encoder.layers.0.self_attn."
     x = torch.randn(64, 1152, generator=torch.Generator().manual_seed(0))
     q, k, v = (x @ hf[f"{p}{n}_proj.weight"].T + hf[f"{p}{n}_proj.bias"] for n in "qkv")
     reference = _attention(q, k, v, 16, 1 / math.sqrt(72)) @ hf[p + "out_proj.weight"].T + hf[p + "out_proj.bias"]
@@ -117,10 +153,94 @@ def test_padded_siglip2_attention_computes_the_same_function(attn_entry, attn_sn
     _close(padded, reference)
 
 
+def test_siglip_conv2d_patch_embedding_is_the_laid_out_linear(converted):
+    """N1.5 stores a Conv2d [1152, 3, 14, 14]; the N1.6 port takes a linear over each patch's (c, h, w) pixels."""
+    c = converted("n15", "attn")
+    ours, hf = _weights("n15", c.root), _hf(c.snapshot)
+    p = PREFIXES["n15"]["vision"] + "embeddings.patch_embedding."
+    assert hf[p + "weight"].shape == (1152, 3, 14, 14)
+    image = torch.randn(1, 3, 56, 56, generator=torch.Generator().manual_seed(2))   # a 4 x 4 grid of patches
+    reference = F.conv2d(image, hf[p + "weight"], hf[p + "bias"], stride=14).flatten(2)[0].T   # [16, 1152]
+    patches = image.unfold(2, 14, 14).unfold(3, 14, 14).permute(0, 2, 3, 1, 4, 5).reshape(16, 3 * 14 * 14)
+    n = "vision.embeddings.patch_embedding."
+    _close(patches @ ours[n + "weight"] + ours[n + "bias"], reference)
+
+
+def test_qwen3_vl_conv3d_patch_embedding_is_the_laid_out_linear(converted):
+    """N1.7 stores a Conv3d [1024, 3, 2, 16, 16] that HF applies to patches given flat, [N, 3 * 2 * 16 * 16]."""
+    c = converted("n17", "attn")
+    ours, hf = _weights("n17", c.root), _hf(c.snapshot)
+    p = PREFIXES["n17"]["vision"] + "patch_embed.proj."
+    assert hf[p + "weight"].shape == (1024, 3, 2, 16, 16)
+    flat = torch.randn(24, 1536, generator=torch.Generator().manual_seed(3))
+    # Qwen3VLVisionPatchEmbed.forward: view as [N, c, t, h, w], Conv3d with stride = kernel, view as [N, 1024]
+    reference = F.conv3d(flat.view(-1, 3, 2, 16, 16), hf[p + "weight"], hf[p + "bias"], stride=(2, 16, 16)).view(-1, 1024)
+    _close(flat @ ours["vision.patch_embed.proj.weight"] + ours["vision.patch_embed.proj.bias"], reference)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on [seq, heads, d] (rotate-half, as Qwen3-VL's vision tower applies it to q and k)."""
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + turned * sin[:, None, :]
+
+
+def test_qwen3_vl_fused_qkv_attention_computes_the_same_function(converted):
+    """16 heads x 64 in q|k|v order: the port's fused-qkv convention with nothing to pad (64 is tile-aligned)."""
+    c = converted("n17", "attn")
+    ours, hf = _weights("n17", c.root), _hf(c.snapshot)
+    p = PREFIXES["n17"]["vision"] + "blocks.0.attn."
+    assert hf[p + "qkv.weight"].shape == (3072, 1024)
+    gen = torch.Generator().manual_seed(4)
+    x, angles = torch.randn(48, 1024, generator=gen), torch.rand(48, 32, generator=gen) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+
+    def attend(q, k, v):  # [seq, heads, 64] each -> [seq, 1024]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        ctx = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
+        return ctx.transpose(0, 1).reshape(48, 1024)
+    # Qwen3VLVisionAttention.forward: qkv(x).reshape(seq, 3, heads, -1).permute(1, 0, 2, 3).unbind(0)
+    q, k, v = (x @ hf[p + "qkv.weight"].T + hf[p + "qkv.bias"]).reshape(48, 3, 16, 64).permute(1, 0, 2, 3).unbind(0)
+    reference = attend(q, k, v) @ hf[p + "proj.weight"].T + hf[p + "proj.bias"]
+    n = "vision.blocks.0.attn."
+    q, k, v = ((x @ ours[n + "qkv.weight"] + ours[n + "qkv.bias"]).split(1024, dim=1))   # the port: split, then heads
+    laid_out = attend(*(t.reshape(48, 16, 64) for t in (q, k, v))) @ ours[n + "proj.weight"] + ours[n + "proj.bias"]
+    _close(laid_out, reference)
+
+
+@pytest.mark.parametrize("version,scale", [("n15", "attn"), ("n17", "attn"), ("n17", "tiny")],
+                         ids=["n15-32x64", "n17-32x64", "n17-tiny-4x16-padded"])
+def test_vl_self_attention_block_computes_what_diffusers_computes(converted, version, scale):
+    """One `vl_self_attention` block (a diffusers BasicTransformerBlock) with the HF weights, against the same block
+    computed from the laid-out ones. At 32 x 64 the head padding is a no-op; at tiny scale (4 x 16) it pads to 64."""
+    c = converted(version, scale)
+    ours, hf = _weights(version, c.root), _hf(c.snapshot)
+    dims = load_config(version).dims_for(scale)
+    heads, hd = dims["vlsa_heads"], dims["vlsa_head_dim"]
+    p = "action_head.vl_self_attention.transformer_blocks.0."
+    block = BasicTransformerBlock(heads * hd, heads, hd, activation_fn="gelu-approximate", attention_bias=True,
+                                  norm_type="layer_norm", norm_elementwise_affine=True)
+    block.load_state_dict({k[len(p):]: v for k, v in hf.items() if k.startswith(p)}, strict=True)
+    x = torch.randn(1, 40, heads * hd, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        reference = block(x)[0]
+
+    n, h = "vl_self_attention.transformer_blocks.0.", x[0]
+    norm = lambda t, name: F.layer_norm(t, (heads * hd,), ours[n + name + ".weight"][0], ours[n + name + ".bias"][0])  # noqa: E731
+    a = n + "attn1."
+    y = norm(h, "norm1")
+    q, k, v = (y @ ours[f"{a}to_{proj}_padded.weight"] + ours[f"{a}to_{proj}_padded.bias"] for proj in "qkv")
+    assert q.shape == (40, heads * 64)
+    h = h + _attention(q, k, v, heads, 1 / math.sqrt(hd)) @ ours[a + "to_out_padded.0.weight"] + ours[a + "to_out.0.bias"]
+    y = norm(h, "norm3")
+    y = F.gelu(y @ ours[n + "ff.net.0.proj.weight"] + ours[n + "ff.net.0.proj.bias"], approximate="tanh")
+    _close(h + y @ ours[n + "ff.net.2.weight"] + ours[n + "ff.net.2.bias"], reference)
+
+
 @pytest.mark.parametrize("block,kv_dim", [(0, 2048), (1, 1536)], ids=["cross-attention", "self-attention"])
-def test_padded_dit_attention_computes_the_same_function(attn_entry, attn_snapshot, block, kv_dim):
-    root, _ = attn_entry
-    ours, hf = _weights(root), {k: v.float() for k, v in hf_state(attn_snapshot).items()}
+def test_padded_dit_attention_computes_the_same_function(converted, block, kv_dim):
+    c = converted("n16", "attn")
+    ours, hf = _weights("n16", c.root), _hf(c.snapshot)
     p, n = f"action_head.model.transformer_blocks.{block}.attn1.", f"dit.transformer_blocks.{block}.attn1."
     gen = torch.Generator().manual_seed(block)
     x, context = torch.randn(17, 1536, generator=gen), torch.randn(40, 2048, generator=gen)
@@ -134,6 +254,33 @@ def test_padded_dit_attention_computes_the_same_function(attn_entry, attn_snapsh
     assert q.shape == (17, 32 * 64) and k.shape == (40 if kv_dim == 2048 else 17, 32 * 64)
     padded = _attention(q, k, v, 32, 1 / math.sqrt(48)) @ ours[n + "to_out_padded.0.weight"] + ours[n + "to_out.0.bias"]
     _close(padded, reference)
+
+
+@pytest.mark.parametrize("version", ["n15", "n16", "n17"])
+def test_the_hidden_traps_hold_in_the_default_layout(version):
+    """Bank slots keep [in, out] (never transposed), N1.5's future_tokens [32, 1536] is a table and not a bank, the
+    tied lm_head is skipped with its reason, and N1.7 knows only its own tags."""
+    cfg = load_config(version)
+    shapes = {k: tuple(v) for k, v in _full_shapes(version).items()}
+    plan = build_plan(version, shapes)
+    targets = {t.sources[0]: t for t in plan.targets}
+    for key in cfg.embodiment_keys:
+        t = targets[key]
+        assert t.embodiment and t.transform in ("slot", "slot_row"), key
+        assert t.shape == shapes[key][1:] if key.endswith(".W") else t.shape == (1, shapes[key][1]), key
+    assert "tied" in plan.skipped[cfg.containers["lm_head"] + "weight"]
+    if version == "n15":
+        future = targets["action_head.future_tokens.weight"]
+        assert not future.embodiment and future.shape == (1, 32, 1536)
+    if version == "n17":  # its tags are its own: N1.6's gr1 (slot 24 there) is no N1.7 tag
+        with pytest.raises(ConfigError, match="unknown embodiment tag 'gr1' for n17"):
+            cfg.slot_ids("gr1")
+        assert cfg.slot_ids("oxe_droid_relative_eef_relative_joint") == (24,)
+
+
+def _full_shapes(version: str) -> dict[str, tuple[int, ...]]:
+    from pipeline.layout import layout
+    return {s.key: s.shape for s in layout(version)}
 
 
 def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots, tmp_path):

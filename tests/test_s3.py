@@ -1,4 +1,7 @@
-"""A shared cache on an object store: a real S3 API (moto's server on 127.0.0.1: tests/conftest.py), no rename."""
+"""A shared cache on an object store: a real S3 API (moto's server on 127.0.0.1: tests/conftest.py), no rename.
+
+The object-store mechanics are the same for every layout; these tests convert into `generic`, which keeps one object
+per target (no `.tensorbin` beside it), so that each push to the test server stays small."""
 
 from __future__ import annotations
 
@@ -13,16 +16,16 @@ from tasks.store import open_store
 
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
-    first = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
+    first = convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     assert not first["cache_hit"] and first["cache_path"].startswith(f"{s3_url}/entries/n17-generic-bf16-")
     assert first["pushed_bytes"] > 7e6
     # a colleague with an empty local cache: the entry is found on S3, nothing is converted
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "colleague"))
-    again = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
+    again = convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     assert again["cache_hit"] and again["fingerprint"] == first["fingerprint"]
     assert not (tmp_path / "colleague" / "entries").exists()
-    remote = load("n17", s3_url, embodiment="new_embodiment")
-    local = load("n17", tmp_path / "local", embodiment="new_embodiment")
+    remote = load("n17", s3_url, layout="generic", embodiment="new_embodiment")
+    local = load("n17", tmp_path / "local", layout="generic", embodiment="new_embodiment")
     assert remote.entry == local.entry and remote.stats["bytes_read"] == local.stats["bytes_read"]
     assert remote.tensors.keys() == local.tensors.keys()
     for name, t in local.tensors.items():
@@ -46,7 +49,7 @@ def test_a_half_pushed_entry_is_invisible_and_gets_completed(s3_url, hf_cache, t
 
 def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
-    done = convert(ConvertOptions("n15", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
+    done = convert(ConvertOptions("n15", layout="generic", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     store = open_store(s3_url)
     name = done["cache_path"].rsplit("/", 1)[1]
     key = f"entries/{name}/llm.norm.weight/c.0.0"
@@ -54,7 +57,7 @@ def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
     data[0] ^= 1
     store.put(key, bytes(data))
     with pytest.raises(CacheError, match="does not match its manifest checksum"):
-        load("n15", s3_url, embodiment="gr1")
+        load("n15", s3_url, layout="generic", embodiment="gr1")
 
 
 def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch):
@@ -62,16 +65,16 @@ def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch
 
     monkeypatch.setenv("GR00T_CACHE", s3_url)  # no --cache anywhere: the team bucket is the default
     monkeypatch.setattr(cache, "DEFAULT_ROOT", tmp_path / "local")  # where the local build happens
-    done = convert(ConvertOptions("n17", embodiments="11", hf_cache=hf_cache, synthetic="tiny", progress=False))  # not pushed yet
+    done = convert(ConvertOptions("n17", layout="generic", embodiments="11", hf_cache=hf_cache, synthetic="tiny", progress=False))  # not pushed yet
     assert done["cache_path"].startswith(s3_url) and (tmp_path / "local" / "entries").is_dir()
-    assert load("n17", embodiment=11).entry == done["cache_path"].rsplit("/", 1)[1]
+    assert load("n17", layout="generic", embodiment=11).entry == done["cache_path"].rsplit("/", 1)[1]
 
 
 def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     from pipeline.cli import main
 
     s3_url = f"{s3_url}-gc"  # a prefix of its own: gc verifies every entry under it, not every test's
-    convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url,
+    convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url,
                            progress=False))
     store = open_store(s3_url)
     name = store.get_json("refs/n17-generic-bf16.synthetic.json")["entry"]

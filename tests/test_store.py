@@ -83,11 +83,11 @@ def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store,
     entry = open_entry(store, built.name)
     assert entry.manifest == built.manifest and entry.verify() == []
     doc = json.loads(store.get(f"entries/{built.name}/MANIFEST.json"))
-    assert doc["arrays"]["llm.norm.weight"]["chunks"][WHOLE]["xxh3"] == entry.manifest.arrays["llm.norm.weight"].chunks[None].xxh3
-    arr = entry.manifest.arrays["llm.norm.weight"]
-    assert entry.read_chunk("llm.norm.weight", None).shape == tuple(arr.logical_shape)
-    assert entry.device_file("llm.norm.weight", None).read_bytes() == \
-        built.store.get(built.device_object("llm.norm.weight", None))
+    assert doc["arrays"]["language.norm.weight"]["chunks"][WHOLE]["xxh3"] == entry.manifest.arrays["language.norm.weight"].chunks[None].xxh3
+    arr = entry.manifest.arrays["language.norm.weight"]
+    assert entry.read_chunk("language.norm.weight", None).shape == tuple(arr.logical_shape)
+    assert entry.device_file("language.norm.weight", None).read_bytes() == \
+        built.store.get(built.device_object("language.norm.weight", None))
     bank = next(n for n, a in entry.manifest.arrays.items() if a.bank)
     slot, (source_key,) = entry.manifest.slots[0], entry.manifest.arrays[bank].attributes["sources"]
     index = json.loads((snapshots["n17"] / "model.safetensors.index.json").read_text())["weight_map"]
