@@ -1,6 +1,7 @@
 """Recipes: the rules of `configs/recipes.toml` applied to a checkpoint's keys, giving the list of device targets.
 
-A layout (`tt-n16`: what tt-metal's GR00T N1.6 port builds; `generic`: the original unpadded layout) picks the
+A layout (`tt-n16`: what tt-metal's GR00T N1.6 port builds; `tt-port`: its conventions for N1.5 and N1.7;
+`generic`: the original unpadded layout) picks the
 rule sets, the kinds (device layout and dtype per kind of tensor), the profiles it accepts and how targets are
 named. Every source key ends up in exactly one target or in `skipped` with a reason; a key no rule consumes is
 an error that names it. Pure: takes the key list and shapes, returns values.

@@ -240,10 +240,22 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
 
 
 def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):
-    convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10", profile="bf16"))  # no device files
+    bf16 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10", profile="bf16"))
     bfp8 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10", profile="bfp8"))
-    manifest = json.loads((Path(bfp8["cache_path"]) / "MANIFEST.json").read_text())
-    device = [a for a in manifest["arrays"].values() if not a["attributes"]["host_only"]]
+    old = json.loads((Path(bf16["cache_path"]) / "MANIFEST.json").read_text())["arrays"]
+    new = json.loads((Path(bfp8["cache_path"]) / "MANIFEST.json").read_text())["arrays"]
+    # Norms, biases and tables are the same bytes in both profiles, but the bf16 entry keeps no device file for
+    # them and bfp8 wants one: they are converted again. Only what needs none (the host-only tensors) is linked.
+    same = {n for n, a in new.items() if a["content_id"] == old[n]["content_id"]}
+
+    def chunk(entry: str, name: str) -> Path:  # the one chunk (whole array, or slot 10 of a bank)
+        a = new[name]
+        coords = ["0"] * len(a["attributes"]["logical_shape"])
+        return Path(entry) / name / ".".join(["c", *(["10"] if a["attributes"]["embodiment_bank"] else []), *coords])
+    linked = {n for n in same if chunk(bfp8["cache_path"], n).stat().st_ino == chunk(bf16["cache_path"], n).stat().st_ino}
+    host = {n for n, a in new.items() if a["attributes"]["host_only"]}
+    assert len(same - host) > 300 and linked == host and bfp8["reused_chunks"] == len(host) == 33
+    device = [a for a in new.values() if not a["attributes"]["host_only"]]
     assert len(device) > 900 and all("tensorbin" in c for a in device for c in a["chunks"].values())
 
 
@@ -295,10 +307,12 @@ def test_without_syncfs_every_file_is_fsynced_before_the_publishing_rename(hf_ca
     synced = []
     real_fsync = publish._fsync
     monkeypatch.setattr(publish, "_syncfs", lambda path: False)  # an OS without syncfs(2)
-    monkeypatch.setattr(publish, "_fsync", lambda path: (synced.append(Path(path).name), real_fsync(path)))
+    monkeypatch.setattr(publish, "_fsync", lambda path: (synced.append(Path(path)), real_fsync(path)))
     entry = Path(convert(_opts("n15", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"])
-    files = [p.name for p in entry.rglob("*") if p.is_file() and p.name != "MANIFEST.json"]
-    assert sorted(synced[:len(files)]) == sorted(files)  # every file, before the manifest and the rename
+    files = sorted(p.relative_to(entry) for p in entry.rglob("*") if p.is_file() and p.name != "MANIFEST.json")
+    # synced inside the temporary folder the rename publishes: every file by its path there, before the manifest
+    tmp = next(p for p in synced[0].parents if p.name.startswith(entry.name + ".tmp-"))
+    assert len(files) > 800 and sorted(p.relative_to(tmp) for p in synced[:len(files)]) == files
 
 
 @pytest.mark.parametrize("damage", ["flipped byte", "truncated"])

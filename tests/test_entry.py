@@ -1,0 +1,155 @@
+"""The entry-format contract (tasks/entry.py), without a convert: an entry written here by hand, as cache/README.md
+describes it, is read, verified and refused exactly as the document says; the typed records round-trip the JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from tasks import entry as fmt
+from tasks.errors import CacheError
+from tasks.store import LocalStore
+
+NAME = "n16-tt-n16-port-" + "ab" * 10
+FINGERPRINT = "ab" * 10 + "0" * 44
+
+
+def _xxh3(data: bytes) -> str:
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+def _write_entry(root: Path, name: str = NAME, **overrides) -> dict:
+    """A two-array entry as cache/README.md lays it out: a whole target `t` [2, 3] and a bank `b` [32, 2, 2] holding
+    slots 4 and 7, each chunk raw little-endian uint16; `t` also keeps a device file. Returns the manifest."""
+    entry = root / "entries" / name
+    whole = np.arange(6, dtype="<u2").reshape(2, 3)
+    slots = {s: np.full((1, 2, 2), 100 + s, dtype="<u2") for s in (4, 7)}
+    (entry / "t").mkdir(parents=True)
+    (entry / "t" / "c.0.0").write_bytes(whole.tobytes())
+    (entry / "b").mkdir()
+    for s, data in slots.items():
+        (entry / "b" / f"c.{s}.0.0").write_bytes(data.tobytes())
+    (entry / "tensorbin").mkdir()
+    (entry / "tensorbin" / "t.tensorbin").write_bytes(b"device bytes")
+
+    def attrs(logical, bank):
+        return {"logical_shape": logical, "embodiment_bank": bank, "device_dtype": "bfloat16", "device_layout": "TILE",
+                "host_only": False, "sources": ["k"], "transform": "identity", "dtype": "bfloat16"}
+    manifest = {
+        "fingerprint": FINGERPRINT, "cache_format": fmt.CACHE_FORMAT, "converter": "1", "version": "n16",
+        "revision": None, "synthetic": None, "layout": "tt-n16", "profile": "port", "shards": {"s": "0" * 64},
+        "recipes_sha256": "0" * 64, "slots": [4, 7], "source": {}, "source_shapes": {"k": [2, 3]},
+        "published_unix": 1.0,
+        "arrays": {
+            "t": {"shape": [2, 3], "chunk_shape": [2, 3], "attributes": attrs([2, 3], False), "source_xxh3": {"k": "1"},
+                  "content_id": "c", "chunks": {"all": {"nbytes": 12, "xxh3": _xxh3(whole.tobytes()), "max_abs_err": 0.0,
+                                                        "pcc": 1.0, "tensorbin": {"nbytes": 12, "xxh3": _xxh3(b"device bytes")}}}},
+            "b": {"shape": [32, 2, 2], "chunk_shape": [1, 2, 2], "attributes": attrs([2, 2], True),
+                  "source_xxh3": {"k": "1"}, "content_id": "d",
+                  "chunks": {str(s): {"nbytes": 8, "xxh3": _xxh3(d.tobytes()), "max_abs_err": 0.0, "pcc": 1.0}
+                             for s, d in slots.items()}}},
+        "bytes": 28, "chunks": 3, **overrides}
+    (entry / "MANIFEST.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_the_manifest_records_round_trip_the_documented_json(tmp_path):
+    doc = _write_entry(tmp_path)
+    manifest = fmt.Manifest.from_json(doc)
+    assert manifest.arrays["b"].chunks[7].nbytes == 8 and manifest.arrays["t"].chunks[None].tensorbin.nbytes == 12
+    assert json.loads(json.dumps(manifest.to_json())) == doc  # every field kept, none invented
+    assert list(manifest.to_json()) == list(doc)              # in the documented order
+
+
+def test_names_are_the_documented_ones():
+    assert fmt.manifest_key(NAME) == f"entries/{NAME}/MANIFEST.json"
+    assert fmt.ref_key("n17", "tt-port", "port") == "refs/n17-tt-port-port.json"
+    assert fmt.ref_key("n17", "tt-port", "port", synthetic=True) == "refs/n17-tt-port-port.synthetic.json"
+    assert fmt.chunk_file(Path("e"), "w", 2, None) == Path("e/w/c.0.0")
+    assert fmt.chunk_file(Path("e"), "W", 2, 31) == Path("e/W/c.31.0.0")  # a bank's slot is its first coordinate
+    assert fmt.packed_path(Path("e"), "W", 31) == Path("e/tensorbin/W@31.tensorbin")
+    assert fmt.chunk_key(None) == "all" and fmt.slot_of("all") is None and fmt.slot_of(fmt.chunk_key(5)) == 5
+
+
+def test_an_entry_reads_its_chunks_and_device_files_checked(tmp_path):
+    _write_entry(tmp_path)
+    entry = fmt.open_entry(LocalStore(tmp_path), NAME)
+    assert entry.read_chunk("t", None).tolist() == [[0, 1, 2], [3, 4, 5]]
+    out = np.zeros((2, 2), np.uint16)
+    assert entry.read_chunk("b", 7, out) is out and out.tolist() == [[107, 107], [107, 107]]
+    assert entry.device_file("t", None).read_bytes() == b"device bytes"
+    assert entry.verify() == [] and entry.manifest.holds_slot(4) and not entry.manifest.holds_slot(5)
+    assert not entry.manifest.holds_slot(None)  # every slot: this entry has two of 32
+
+
+@pytest.mark.parametrize("damage,expected", [
+    (lambda e: (e / "t" / "c.0.0").write_bytes(b"\0" * 12), "chunk all does not match its manifest checksum"),
+    (lambda e: (e / "t" / "c.0.0").write_bytes(b"\0" * 11), "chunk holds 11 bytes, expected 12; the entry is corrupt"),
+    (lambda e: (e / "t" / "c.0.0").unlink(), "chunk is missing from the cache entry"),
+])
+def test_a_damaged_chunk_is_refused_by_name(tmp_path, damage, expected):
+    _write_entry(tmp_path)
+    damage(tmp_path / "entries" / NAME)
+    entry = fmt.open_entry(LocalStore(tmp_path), NAME)
+    with pytest.raises(CacheError, match=expected) as err:
+        entry.read_chunk("t", None)
+    assert str(tmp_path / "entries" / NAME / "t") in str(err.value)
+    assert len(entry.verify()) == 1
+
+
+def test_a_damaged_device_file_is_refused_and_verify_names_it(tmp_path):
+    _write_entry(tmp_path)
+    (tmp_path / "entries" / NAME / "tensorbin" / "t.tensorbin").write_bytes(b"device bytez")
+    entry = fmt.open_entry(LocalStore(tmp_path), NAME)
+    with pytest.raises(CacheError, match="t.tensorbin: packed tensor does not match its manifest checksum"):
+        entry.device_file("t", None)
+    assert entry.verify() == [f"{tmp_path}/entries/{NAME}/tensorbin/t.tensorbin: packed tensor is missing or does "
+                              "not match the manifest checksum"]
+
+
+@pytest.mark.parametrize("manifest,expected", [
+    (None, "no MANIFEST.json; the entry was never completely published"),
+    ("{", "manifest is not valid JSON"),
+    ('{"fingerprint": "x"}', "manifest lacks 'cache_format' or has the wrong type"),
+])
+def test_an_unreadable_manifest_is_one_sentence(tmp_path, manifest, expected):
+    _write_entry(tmp_path)
+    path = tmp_path / "entries" / NAME / "MANIFEST.json"
+    path.unlink() if manifest is None else path.write_text(manifest)
+    with pytest.raises(CacheError, match=expected):
+        fmt.open_entry(LocalStore(tmp_path), NAME)
+
+
+def test_another_format_or_a_fingerprint_of_another_name_is_refused(tmp_path):
+    _write_entry(tmp_path, cache_format=2)
+    with pytest.raises(fmt.OldFormatError, match=f"written in cache format 2, which this converter does not read") as err:
+        fmt.open_entry(LocalStore(tmp_path), NAME)
+    assert err.value.cache_format == 2 and f"cache rm {NAME} --include-current" in str(err.value)
+    other = "n16-tt-n16-port-" + "cd" * 10
+    _write_entry(tmp_path, name=other)  # a copy whose manifest names another entry
+    with pytest.raises(CacheError, match=f"fingerprint {'ab' * 10} does not match the entry name {other}"):
+        fmt.open_entry(LocalStore(tmp_path), other)
+
+
+def test_listing_tells_published_from_building_broken_and_old(tmp_path):
+    _write_entry(tmp_path)
+    _write_entry(tmp_path, name="n16-tt-n16-port-" + "ef" * 10, fingerprint="ef" * 10 + "0" * 44, cache_format=2)
+    (tmp_path / "entries" / f"{NAME}.tmp-123-deadbeef").mkdir()
+    (tmp_path / "entries" / ("n16-tt-n16-port-" + "12" * 10)).mkdir()  # a final name without a manifest
+    states = {name: state for name, _, state in fmt.list_entries(LocalStore(tmp_path))}
+    assert states == {NAME: "published", f"{NAME}.tmp-123-deadbeef": "incomplete",
+                      "n16-tt-n16-port-" + "12" * 10: "broken",
+                      "n16-tt-n16-port-" + "ef" * 10: "cache format 2 (unreadable here: gc removes it)"}
+
+
+def test_refs_point_to_entries_and_synthetic_refs_are_their_own(tmp_path):
+    store = LocalStore(tmp_path)
+    fmt.write_ref(store, "n16", "tt-n16", "port", "real-entry")
+    fmt.write_ref(store, "n16", "tt-n16", "port", "fake-entry", synthetic=True)
+    assert fmt.read_ref(store, "n16", "tt-n16", "port") == "real-entry"
+    assert fmt.read_ref(store, "n16", "tt-n16", "port", synthetic=True) == "fake-entry"
+    assert fmt.refs(store) == {"real-entry": ["n16-tt-n16-port"], "fake-entry": ["n16-tt-n16-port.synthetic"]}
