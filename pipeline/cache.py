@@ -214,14 +214,12 @@ def choose_entry(store: Store, version: str, layout: str, profile: str, entry: s
     it matches `revision` and holds `slot`; else the newest published entry of this version, layout and profile
     that does. An entry converted from a release always wins over a synthetic one (whose refs are their own). An
     error lists what there is."""
-    unreadable = None
-    if entry is None:
-        try:
+    unreadable, current = None, None
+    if entry is None and any(read_ref(store, version, layout, profile, s) for s in (False, True)):
+        try:  # a ref that names a missing or broken entry is said, never stepped over
             current = resolve_ref(store, version, layout, profile)
-        except OldFormatError as e:
-            current, unreadable = None, e
-        except CacheError:
-            current = None
+        except OldFormatError as e:  # (after an upgrade: the newest entry of this format, if any, else this)
+            unreadable = e
         if current is not None and not current.manifest.is_synthetic and _fits(current, revision, slot, source):
             return current  # the common case: one manifest read, no listing
     published = [e for _, e, state in list_entries(store) if state == "published"]
@@ -349,10 +347,13 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
     if totals is not None:  # every stored file once: what the whole cache holds
         totals["disk_bytes"] = sum(seen.values())
     if only and not rows:
-        known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
-        raise CacheError(f"{store.describe(entry_key(only))}: no such entry in cache {store.describe('')} "
-                         f"(entries: {known})")
+        raise _no_such_entry(store, only)
     return rows
+
+
+def _no_such_entry(store: Store, name: str) -> CacheError:
+    known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
+    return CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} (entries: {known})")
 
 
 def disk_bytes(store: Store) -> int:
@@ -425,9 +426,7 @@ def remove_entry(store: Store, name: str, include_current: bool = False, dry_run
     """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
     and then its refs go too. `dry_run` says what would go and removes nothing."""
     if TMP_MARK in name or name not in store.children(ENTRIES):
-        known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
-        raise CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} "
-                         f"(entries: {known})")
+        raise _no_such_entry(store, name)
     busy = readers(store, name)
     if busy:
         raise CacheError(f"{store.describe(entry_key(name))}: being read by process {busy[0]} (a live lease in "

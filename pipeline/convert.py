@@ -156,7 +156,7 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
     tmp = cache.claim_tmp(root, name)
     try:
         cache.create_arrays(tmp, plan, slots, ident)
-        expected_sha = {s: ck.blob_sha256(s) or ident["shards"][s] for s in ck.headers}
+        expected_sha = dict(ident["shards"])  # each shard's HF blob sha256, or its hash remembered in sources/
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
             attrs = {t.name: cache.array_attributes(t, slots) for t in plan.targets}

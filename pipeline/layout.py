@@ -15,10 +15,10 @@ from functools import cache
 from typing import Iterator, Mapping
 
 from pipeline.versions import SCALES, VersionConfig, load_config
+from tasks.bulk_write import nbytes
 from tasks.errors import ConfigError
 
 Shape = tuple[int, ...]
-DTYPE_BYTES = 2  # every GR00T release is bf16 throughout
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        n = DTYPE_BYTES
-        for d in self.shape:
-            n *= d
-        return n
+        return nbytes(self.shape)  # bf16: every GR00T release is bf16 throughout
 
 
 def _linear(name: str, n_out: int, n_in: int, bias: bool = True) -> Iterator[tuple[str, Shape]]:
@@ -196,13 +193,11 @@ def _assign_shards(entries: list[tuple[str, Shape]], max_bytes: int) -> list[int
     """Hugging Face's rule: a new shard starts when the next tensor would overflow a non-empty one."""
     shard_of, current, used = [], 0, 0
     for _, shape in entries:
-        nbytes = DTYPE_BYTES
-        for dim in shape:
-            nbytes *= dim
-        if used and used + nbytes > max_bytes:
+        size = nbytes(shape)
+        if used and used + size > max_bytes:
             current, used = current + 1, 0
         shard_of.append(current)
-        used += nbytes
+        used += size
     return shard_of
 
 
@@ -246,13 +241,15 @@ def unit_of(version: str, key: str) -> str:
     return key.rsplit(".", 1)[0]
 
 
-def canonical_key(version: str, key: str) -> str:
-    """Replace the version-specific container prefix by its short role name (`vision.`, `llm.`, ...)."""
-    cfg = load_config(version)
-    for role, prefix in sorted(cfg.containers.items(), key=lambda rp: len(rp[1]), reverse=True):
+def short_key(version: str, key: str, table: str) -> str:
+    """`<name>.<the key below it>`: the longest prefix of configs/<version>.toml `[table]` that the key starts with,
+    replaced by its name. `containers`: role names (`vision.`, `llm.`: the generic layout); `components`: the N1.6
+    port's weight groups (`vision.`, `language.`, `dit.`: the Tenstorrent layouts)."""
+    prefixes: Mapping[str, str] = getattr(load_config(version), table)
+    for name, prefix in sorted(prefixes.items(), key=lambda np_: len(np_[1]), reverse=True):
         if key.startswith(prefix):
-            return f"{role}.{key[len(prefix):]}"
-    raise ConfigError(f"key {key!r} is under none of {cfg.version}'s containers ({', '.join(cfg.containers.values())})")
+            return f"{name}.{key[len(prefix):]}"
+    raise ConfigError(f"key {key!r} is under none of {version}'s {table} ({', '.join(prefixes.values())})")
 
 
 def straddling_unit(version: str) -> str:

@@ -41,6 +41,7 @@ from pipeline.layout import dims_of
 from pipeline.recipe import RECIPES_PATH, build_plan
 from pipeline.versions import load_config
 from tasks import device as tt
+from tasks.bulk_write import nbytes
 from tasks.entry import Entry
 from tasks.errors import CacheError, PipelineError
 
@@ -456,7 +457,6 @@ def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[
     against its record. On a device every file is checked before the first upload; on the host each is checked
     where ttnn maps it (it maps a `.tensorbin` lazily: hashing the mapping reads each byte once, into memory, and
     checks the very bytes the tensor holds)."""
-    import numpy as np
     import torch
 
     arrays = entry.manifest.arrays
@@ -482,9 +482,9 @@ def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[
         else:
             tensors = _host_device_files(entry, needed, pool)
         host = {n: f.result() for n, f in host_tables.items()}
-    nbytes = sum(arrays[n].chunks[s].tensorbin.nbytes for n, s in needed) + \
-        sum(int(np.prod(arrays[n].logical_shape)) * 2 for n in host_arrays)
-    return dict(zip(needed, tensors)), host, nbytes
+    read = sum(arrays[n].chunks[s].tensorbin.nbytes for n, s in needed) + \
+        sum(nbytes(arrays[n].logical_shape) for n in host_arrays)
+    return dict(zip(needed, tensors)), host, read
 
 
 def _host_device_files(entry: Entry, needed: list[tuple[str, int | None]], pool: ThreadPoolExecutor) -> list:

@@ -14,7 +14,7 @@ import tomllib
 from functools import cache
 from typing import Mapping
 
-from pipeline.layout import canonical_key, dims_of
+from pipeline.layout import dims_of, short_key
 from pipeline.versions import CONFIG_DIR, load_config
 from tasks.errors import ConfigError, RecipeError
 from tasks.plan import HOST, Plan, Target
@@ -82,15 +82,6 @@ def _parity_ok(rule: dict, n: str | None) -> bool:
     return parity is None or (n is not None and int(n) % 2 == (1 if parity == "odd" else 0))
 
 
-def component_key(version: str, key: str) -> str:
-    """`component.key-inside-it`, the port's weight groups (configs/<version>.toml [components])."""
-    components = load_config(version).components
-    for comp, prefix in sorted(components.items(), key=lambda cp: len(cp[1]), reverse=True):
-        if key.startswith(prefix):
-            return f"{comp}.{key[len(prefix):]}"
-    raise ConfigError(f"key {key!r} is under none of {version}'s components ({', '.join(components.values())})")
-
-
 def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str | None = None,
                layout: str | None = None) -> Plan:
     """Targets for a checkpoint whose keys and shapes are `shapes` (state-dict order is kept)."""
@@ -106,7 +97,7 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
     consumed: dict[str, str] = {}
     targets: list[Target] = []
     skipped: dict[str, str] = {}
-    name_of = component_key if spec["naming"] == "component" else canonical_key
+    names = "components" if spec["naming"] == "component" else "containers"
 
     def make_target(rule: dict, name: str, sources: tuple[str, ...]) -> Target:
         kind = spec["kinds"][rule["kind"]]
@@ -158,7 +149,7 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
         if "skip" in rule:
             skipped[key] = rule["skip"]
         else:
-            name = _fill(rule["target"], {}, m.groupdict()) if "target" in rule else name_of(version, key)
+            name = _fill(rule["target"], {}, m.groupdict()) if "target" in rule else short_key(version, key, names)
             targets.append(make_target(rule, name, (key,)))
         consumed[key] = rule.get("skip", "")
     order = {k: i for i, k in enumerate(shapes)}

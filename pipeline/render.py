@@ -22,12 +22,13 @@ from tasks.errors import ConfigError
 
 
 def graph_inputs(opts) -> GraphInputs:
-    """What a convert with `opts` would build its graph from (nothing is executed or written)."""
+    """What a convert with `opts` would build its graph from. Nothing is converted and no entry is written, but
+    `prepare` reads the shard headers and hashes any shard without an HF blob name (remembered in `sources/`)."""
 
     ck, plan, slots, ident, root = prepare(opts)
     name = cache.entry_name(ident)
     return GraphInputs(plan, ck, slots, cache.entries_dir(root) / f"{name}.tmp-graph",
-                       cache.entries_dir(root) / name, {s: ck.blob_sha256(s) for s in ck.headers}, {}, ident)
+                       cache.entries_dir(root) / name, dict(ident["shards"]), {}, ident)
 
 
 def graph_for(opts) -> tuple[dict, str]:

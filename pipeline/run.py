@@ -22,9 +22,6 @@ from dask.diagnostics import ProgressBar
 
 from tasks.errors import ConfigError
 
-SCHEDULERS = ("threads", "sync", "processes")
-
-
 class StageTimer(Callback):
     """Seconds spent per stage (the first element of each task key), summed over tasks."""
 

@@ -15,8 +15,10 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -47,8 +49,40 @@ def homes() -> list[Path]:
     return [SOURCE.parent, Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gr00t-tt"]
 
 
+def keep_in_home(name: str, write: Callable[[Path], None], stale: str) -> Path | None:
+    """Write the per-machine file `name` with `write(path)` into the first home that takes it, and remove that home's
+    older files matching `stale` (another source, CPU or ttnn); None when no home is writable."""
+    for home in homes():
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            write(home / name)
+        except OSError:
+            continue  # not writable here: try the next home
+        for old in home.glob(stale):
+            if old.name != name:
+                old.unlink(missing_ok=True)
+        return home / name
+    return None
+
+
+class BuildFailed(RuntimeError):
+    """kernels.c did not compile with a compiler that is there: a bug to report, not a machine without one."""
+
+
+def _compile(cc: str, out: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build beside, then rename: never a torn .so
+        built = Path(tmp) / out.name
+        proc = subprocess.run([cc, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True)
+        if proc.returncode:
+            first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:300])
+            raise BuildFailed(f"{SOURCE} does not compile with {cc} ({first.strip()}); the numpy packers are used "
+                              "instead (the same bytes, slower)")
+        os.replace(built, out)
+
+
 def build() -> Path | None:
-    """Compile kernels.c unless this exact source is already built for this CPU; None without a C compiler."""
+    """Compile kernels.c unless this exact source is already built for this CPU; None without a C compiler. A
+    compiler that fails is said once on stderr (never a silent fall back to numpy)."""
     name = _library_name()
     for home in homes():
         if (home / name).exists():
@@ -56,21 +90,11 @@ def build() -> Path | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    for home in homes():
-        try:
-            home.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=home) as tmp:  # build beside, then rename: never a torn .so
-                out = Path(tmp) / name
-                if subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE), "-lm"], capture_output=True).returncode:
-                    return None
-                os.replace(out, home / name)
-        except OSError:
-            continue  # not writable here: try the next home
-        for stale in home.glob("_kernels-*.so"):
-            if stale.name != name:
-                stale.unlink(missing_ok=True)
-        return home / name
-    return None
+    try:
+        return keep_in_home(name, lambda path: _compile(cc, path), "_kernels-*.so")
+    except BuildFailed as e:
+        print(f"warning: {e}", file=sys.stderr)
+        return None
 
 
 @functools.cache

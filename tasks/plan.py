@@ -32,10 +32,6 @@ class Target:
     def host(self) -> bool:
         return self.layout == HOST
 
-    @property
-    def component(self) -> str:
-        return self.name.split(".", 1)[0]
-
 
 @dataclass(frozen=True)
 class Plan:

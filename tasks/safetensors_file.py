@@ -22,7 +22,7 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
-from tasks.bulk_write import aligned_empty
+from tasks.bulk_write import aligned_empty, nbytes
 from tasks.errors import CheckpointError
 
 # safetensors dtype tag -> numpy dtype used to hold it (bf16 as ml_dtypes.bfloat16: same bytes, real numbers).
@@ -87,7 +87,7 @@ def _entry(path: Path, key: str, raw: object) -> TensorEntry:
     start, end = offsets
     if not 0 <= start <= end:
         raise CheckpointError(path, f"data_offsets [{start}, {end}] are reversed or negative", key)
-    expected = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize
+    expected = nbytes(shape, NUMPY_DTYPES[dtype])
     if end - start != expected:
         raise CheckpointError(path, f"data_offsets span {end - start} bytes but shape {list(shape)} x {dtype} "
                                     f"needs {expected}", key)
@@ -147,10 +147,10 @@ def frame_header(entries: Iterable[tuple[str, str, tuple[int, ...]]], metadata: 
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     plan, cursor = [], 0
     for key, dtype, shape in sorted(entries, key=lambda e: e[0]):
-        nbytes = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize
-        header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [cursor, cursor + nbytes]}
-        plan.append((key, cursor, cursor + nbytes))
-        cursor += nbytes
+        size = nbytes(shape, NUMPY_DTYPES[dtype])
+        header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [cursor, cursor + size]}
+        plan.append((key, cursor, cursor + size))
+        cursor += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw, plan

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.bulk_write import write_bytes_atomic
+from tasks.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError
 from tasks.safetensors_file import read_into
 
@@ -185,9 +185,9 @@ class LocalStore(Store):
     def map(self, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         # The page cache's pages, not a copy into fresh memory (which costs more than the read on a VM that hands
         # out pages lazily); copy-on-write, so a caller's writes stay private.
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        os.close(self._open(key, nbytes))
-        if nbytes == 0:
+        size = nbytes(shape, dtype)
+        os.close(self._open(key, size))
+        if size == 0:
             return np.empty(shape, dtype)
         return np.memmap(self.path(key), dtype=dtype, mode="c", shape=shape)
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from tasks import kernels
 from tasks.bulk_write import aligned_empty, write_bytes_atomic
-from tasks.device import _ttnn, padded_shape, pcc_from_sums, to_host_tensor, widen_bf16  # ttnn itself stays lazy there
+from tasks.device import _ttnn, packed_bytes, padded_shape, pcc_from_sums, to_host_tensor  # ttnn itself stays lazy there
 
 TILE, FACE = 32, 16
 _BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor
@@ -209,19 +209,11 @@ class _Headers:
         self._known: dict[tuple[int, str], tuple[bytes, int, int] | None] = {}
         self._loaded = False
 
-    @staticmethod
-    def _dump(ttnn, array: np.ndarray, dtype: str) -> bytes:
-        host = ttnn.Tensor(tensor=widen_bf16(array), data_type=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT)
-        with tempfile.TemporaryDirectory(prefix="tensorbin-") as tmp:
-            path = Path(tmp) / "t.tensorbin"
-            ttnn.dump_tensor(str(path), host)
-            return path.read_bytes()
-
-    def _learn(self, ttnn, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
+    def _learn(self, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
         rng = np.random.default_rng(rank)
         probe_shape = (1,) * (rank - 2) + (37, 70) if rank >= 2 else (70,)
         probe = (rng.standard_normal(probe_shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        blob = self._dump(ttnn, probe, dtype)
+        blob = packed_bytes(to_host_tensor(probe, dtype, "TILE"))
         size = struct.unpack_from("<Q", blob)[0]
         header = blob[8:8 + size]
         payload = pack(probe, dtype).payload
@@ -234,7 +226,7 @@ class _Headers:
         template = (header, shape_at, size_at)
         check_shape = (1,) * (rank - 2) + (64, 33) if rank >= 2 else (33,)
         check = (rng.standard_normal(check_shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        return template if _assemble(template, check.shape, pack(check, dtype).payload) == self._dump(ttnn, check, dtype) else None
+        return template if _assemble(template, check.shape, pack(check, dtype).payload) == packed_bytes(to_host_tensor(check, dtype, "TILE")) else None
 
     def get(self, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
         with self._lock:
@@ -242,7 +234,7 @@ class _Headers:
                 self._known.update(_read_learned())
                 self._loaded = True
             if (rank, dtype) not in self._known:
-                self._known[(rank, dtype)] = self._learn(_ttnn(), rank, dtype)
+                self._known[(rank, dtype)] = self._learn(rank, dtype)
                 _write_learned(self._known)
             return self._known[(rank, dtype)]
 
@@ -280,15 +272,9 @@ def _write_learned(known: dict[tuple[int, str], tuple[bytes, int, int] | None]) 
         name = _learned_name()
     except (OSError, importlib.metadata.PackageNotFoundError):
         return
-    for home in kernels.homes() if name else ():
-        try:
-            write_bytes_atomic(home / name, json.dumps(doc, indent=1, sort_keys=True).encode())
-        except OSError:
-            continue  # not writable here: try the next home (none: the next process checks again)
-        for stale in home.glob("_ttnn-headers-*.json"):
-            if stale.name != name:
-                stale.unlink(missing_ok=True)
-        return
+    if name:  # (no home writable: the next process checks again)
+        kernels.keep_in_home(name, lambda path: write_bytes_atomic(path, json.dumps(doc, indent=1, sort_keys=True).encode()),
+                             "_ttnn-headers-*.json")
 
 
 _HEADERS = _Headers()

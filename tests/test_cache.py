@@ -328,3 +328,14 @@ def test_a_damaged_device_file_is_refused_on_reload(hf_cache, tmp_path, damage):
     victim.write_bytes(bytes(data))
     with pytest.raises(CacheError, match=f"{victim.name}: packed tensor does not match its manifest checksum"):
         load("n16", tmp_path, embodiment="gr1", profile="port", layout="tt-n16", ttnn_host=True)
+
+
+def test_a_ref_naming_a_broken_entry_is_said_and_never_stepped_over(hf_cache, tmp_path):
+    """The last conversion's entry lost its manifest: load says so, rather than opening an older entry that also
+    holds the slot (which would hand out weights of another conversion without a word)."""
+    older = convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1,new_embodiment"))
+    newest = convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
+    assert load("n16", tmp_path, "new_embodiment").entry == Path(older["cache_path"]).name  # not in the newest: found
+    (Path(newest["cache_path"]) / "MANIFEST.json").unlink()
+    with pytest.raises(CacheError, match=f"{Path(newest['cache_path']).name}: no MANIFEST.json"):
+        load("n16", tmp_path, "gr1")

@@ -70,3 +70,18 @@ def test_the_portable_packer_gives_ttnns_own_bytes(tmp_path):
     ttnn.dump_tensor(str(tmp_path / "theirs.tensorbin"), theirs)
     dumped = (tmp_path / "theirs.tensorbin").read_bytes()
     assert len(dumped) > payload.nbytes and dumped[-payload.nbytes:] == payload.tobytes()
+
+
+def test_a_source_that_does_not_compile_is_said_not_silently_replaced(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    broken = tmp_path / "kernels.c"
+    broken.write_text(kernels.SOURCE.read_text() + "\nint this_is_not_c(;\n")
+    monkeypatch.setattr(kernels, "SOURCE", broken)
+    monkeypatch.setattr(kernels, "homes", lambda: [tmp_path / "home"])
+    assert kernels.build() is None
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: {broken} does not compile with ") and "error" in err and err.count("\n") == 1
+    assert not list((tmp_path / "home").glob("_kernels-*.so"))

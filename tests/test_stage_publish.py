@@ -59,9 +59,12 @@ def test_progress_records_are_trusted_only_while_the_bytes_match(tmp_path):
     chunk = entry / "t" / "c.0.0"
     chunk.write_bytes(b"\1" + chunk.read_bytes()[1:])  # a chunk torn under its final name
     assert not already_staged(entry, records[("t", None)], 2)
-    packed_path(entry, "t", None).unlink()
     chunk.write_bytes(WHOLE.astype("<u2").tobytes())
-    assert not already_staged(entry, records[("t", None)], 2)  # its device file is gone
+    assert already_staged(entry, records[("t", None)], 2)
+    packed_path(entry, "t", None).write_bytes(b"packed bytez")
+    assert not already_staged(entry, records[("t", None)], 2)  # its device file is torn
+    packed_path(entry, "t", None).unlink()
+    assert not already_staged(entry, records[("t", None)], 2)  # or gone
     (entry / "b" / "c.5.0.0").unlink()
     assert not already_staged(entry, records[("b", 5)], 2)
 
