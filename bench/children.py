@@ -182,10 +182,12 @@ def _child_plain_loop(a: dict) -> dict:
     import shutil
 
     t0 = time.perf_counter()  # like convert's own clock: from opening the snapshot to the published entry
-    ck, plan, slots, ident, root = prepare(ConvertOptions(a["version"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
-                                                          layout="generic", synthetic=a.get("synthetic")))
+    prep = prepare(ConvertOptions(a["version"], hf_cache=Path(a["hf"]), cache_root=Path(a["cache"]),
+                                  layout="generic", synthetic=a.get("synthetic")))
+    ck, plan, slots, ident, root = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root
     tmp = cache.claim_tmp(root, "plain-loop")
-    cache.create_arrays(tmp, plan, slots, ident)
+    arrays = cache.array_documents(plan, slots)
+    cache.create_arrays(tmp, arrays)
     headers = {s: source.index_shard(h.path, frozenset(h.entries)) for s, h in ck.headers.items()}
     verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
     staged = []
@@ -194,7 +196,7 @@ def _child_plain_loop(a: dict) -> dict:
                   else source.read_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
         converted = convert_target(transforms.apply(t.transform, arrays, t.params), t, slot)
         staged.append(stage.stage_target(tmp, converted))
-    publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident,
+    publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident, arrays,
                           [publish.unit_done("all", staged, verified)], verified)
     seconds = time.perf_counter() - t0
     shutil.rmtree(cache.entries_dir(root) / "plain-loop-done", ignore_errors=True)

@@ -142,11 +142,16 @@ def claim_tmp(root: Path, name: str) -> Path:
     return mine
 
 
-def create_arrays(tmp: Path, plan: Plan, slots: tuple[int, ...], ident: Mapping[str, object]) -> None:
+def array_documents(plan: Plan, slots: tuple[int, ...]) -> dict[str, dict]:
+    """Every target's `zarr.json` document, by target name."""
+    return {t.name: _array_meta(t, slots) for t in plan.targets}
+
+
+def create_arrays(tmp: Path, arrays: Mapping[str, dict]) -> None:
     """Every target's array folder and metadata (idempotent, so a resumed run can repeat it): the stage tasks
     then write their chunks into folders that exist."""
-    for t in plan.targets:
-        create_array(tmp / t.name, _array_meta(t, slots))
+    for name, meta in arrays.items():
+        create_array(tmp / name, meta)
 
 
 def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:

@@ -86,9 +86,35 @@ def recognise(version: str, keys: list[str], where: Path) -> None:
                       f"{', '.join(f'{p}. ({n})' for p, n in prefixes)}{like}")
 
 
-def prepare(opts: ConvertOptions, root: Path | None = None) -> tuple[Checkpoint, Plan, tuple[int, ...], dict, Path]:
-    """Everything up to the fingerprint: open and check the snapshot, plan the targets, name the entry. `root` is
-    the local cache the entry is built in (default: the one `opts.cache_root` builds in)."""
+@dataclass(frozen=True)
+class Prepared:
+    """Everything up to the fingerprint: the open snapshot, the plan, the slots, the entry's identity, and the
+    local cache the entry is built in."""
+    checkpoint: Checkpoint
+    plan: Plan
+    slots: tuple[int, ...]
+    identity: dict           # cache.identity(): the manifest's identity fields and the fingerprint
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return cache.entry_name(self.identity)
+
+
+@dataclass(frozen=True)
+class Built:
+    """What running the graph gave: publish's result, stage timings, the graph, the chunks a killed run had
+    already staged (and the reuse links among them), and what was reused."""
+    result: dict
+    timings: dict
+    graph: dict
+    done: dict
+    reused: Reuse
+
+
+def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
+    """Open and check the snapshot, plan the targets, name the entry. `root` is the local cache the entry is
+    built in (default: the one `opts.cache_root` builds in)."""
     cfg = load_config(opts.version)
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
     hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
@@ -99,7 +125,7 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> tuple[Checkpoint,
     slots = cfg.slot_ids(opts.embodiments, shapes[cfg.embodiment_keys[0]][0] if cfg.embodiment_keys[0] in shapes else None)
     source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic}
     ident = cache.identity(plan, source, cache.source_sha256(root, ck), slots, shapes)
-    return ck, plan, slots, ident, root
+    return Prepared(ck, plan, slots, ident, root)
 
 
 def convert(opts: ConvertOptions) -> dict:
@@ -110,8 +136,8 @@ def convert(opts: ConvertOptions) -> dict:
     t0 = time.perf_counter()
     store = cache.cache_store(opts.cache_root)
     writable_folder(cache.build_root(store), "cache")
-    ck, plan, slots, ident, root = prepare(opts, cache.build_root(store))
-    name = cache.entry_name(ident)
+    prep = prepare(opts, cache.build_root(store))
+    ck, plan, slots, ident, root, name = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root, prep.name
     summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
                "skipped": dict(plan.skipped), "source": ident["source"]}
@@ -121,7 +147,7 @@ def convert(opts: ConvertOptions) -> dict:
             ck.close()
             raise CacheError(f"{summary['cache_path']}: nothing is cached for this conversion, so there is nothing to "
                              "check against; run the convert without --check-against-cache first")
-        checked = check_against(existing, opts, ck, plan, slots, ident, root)
+        checked = check_against(existing, opts, prep)
         return {**summary, **checked, "seconds": time.perf_counter() - t0}
     if existing is not None:
         ck.close()
@@ -133,7 +159,8 @@ def convert(opts: ConvertOptions) -> dict:
                                         layout=plan.layout, entry=name, synthetic=True).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     final = cache.entries_dir(root) / name
-    result, timings, graph, done, reused = _build(opts, ck, plan, slots, ident, root, name, final)
+    built = _build(opts, prep, name, final)
+    result, timings, graph, done, reused = built.result, built.timings, built.graph, built.done, built.reused
     pushed = {}
     if not store.can_rename:
         pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
@@ -150,12 +177,13 @@ def convert(opts: ConvertOptions) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...], ident: dict, root: Path,
-           name: str, final: Path) -> tuple[dict, dict, dict, dict, Reuse]:
+def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Built:
     """Run the graph into a temporary directory (adopting a killed run's work) and publish it as `final`."""
+    ck, plan, slots, ident, root = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root
     tmp = cache.claim_tmp(root, name)
     try:
-        cache.create_arrays(tmp, plan, slots, ident)
+        arrays = cache.array_documents(plan, slots)
+        cache.create_arrays(tmp, arrays)
         expected_sha = dict(ident["shards"])  # each shard's HF blob sha256, or its hash remembered in sources/
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
@@ -174,8 +202,8 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")
-        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, opts.check_bf16, prehashed,
-                             opts.device, replace=opts.force)
+        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, arrays, opts.check_bf16,
+                             prehashed, opts.device, replace=opts.force)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException as e:
@@ -190,17 +218,16 @@ def _build(opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, .
         raise
     finally:
         ck.close()
-    return result, timings, graph, done, reused
+    return Built(result, timings, graph, done, reused)
 
 
-def check_against(existing: Entry, opts: ConvertOptions, ck: Checkpoint, plan: Plan, slots: tuple[int, ...],
-                  ident: dict, root: Path) -> dict:
+def check_against(existing: Entry, opts: ConvertOptions, prep: Prepared) -> dict:
     """Convert afresh into a scratch entry and compare every chunk with the cached one, so a cache can never hide
     a broken conversion. The scratch entry is deleted either way."""
     scratch_name = f"check-{os.getpid()}-{existing.name}"
-    scratch = cache.entries_dir(root) / scratch_name
+    scratch = cache.entries_dir(prep.root) / scratch_name
     try:
-        _build(replace(opts, reuse=False), ck, plan, slots, ident, root, scratch_name, scratch)
+        _build(replace(opts, reuse=False), prep, scratch_name, scratch)
         fresh = cache.entry_at(scratch).manifest.arrays
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

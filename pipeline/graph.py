@@ -45,7 +45,8 @@ class GraphInputs:
     entry_final: Path
     expected_sha256: Mapping[str, str | None]     # shard -> content identity to verify against
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
-    manifest: Mapping[str, object]                 # identity fields the publish step records
+    identity: Mapping[str, object]                 # identity fields the publish step records
+    arrays: Mapping[str, dict]                     # target -> its `zarr.json` document (created before the run)
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
     prehashed: Mapping[str, object] = field(default_factory=dict)  # shard -> VerifiedShard hashed before the graph
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
@@ -108,7 +109,7 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
         verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)
     graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
-                           dict(inputs.manifest), List(*(TaskRef(("unit", u)) for u in units)),
+                           dict(inputs.identity), dict(inputs.arrays), List(*(TaskRef(("unit", u)) for u in units)),
                            List(*(TaskRef(("verify", s)) for s in sorted(ck.headers))), inputs.replace)
     return graph
 

@@ -25,10 +25,10 @@ def graph_inputs(opts) -> GraphInputs:
     """What a convert with `opts` would build its graph from. Nothing is converted and no entry is written, but
     `prepare` reads the shard headers and hashes any shard without an HF blob name (remembered in `sources/`)."""
 
-    ck, plan, slots, ident, root = prepare(opts)
-    name = cache.entry_name(ident)
-    return GraphInputs(plan, ck, slots, cache.entries_dir(root) / f"{name}.tmp-graph",
-                       cache.entries_dir(root) / name, dict(ident["shards"]), {}, ident)
+    p = prepare(opts)
+    return GraphInputs(p.plan, p.checkpoint, p.slots, cache.entries_dir(p.root) / f"{p.name}.tmp-graph",
+                       cache.entries_dir(p.root) / p.name, dict(p.identity["shards"]), {}, p.identity,
+                       cache.array_documents(p.plan, p.slots))
 
 
 def graph_for(opts) -> tuple[dict, str]:

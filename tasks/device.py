@@ -209,6 +209,8 @@ def close_device(device) -> None:
     (ttnn.close_mesh_device if hasattr(device, "get_num_devices") else ttnn.close_device)(device)
 
 
-def upload_staged(staged, converted, kind: str, device) -> tuple:
-    """The upload stage: put a staged target on the device; returns its stage record and the device tensor."""
-    return staged, upload_array(converted.array, converted.device_dtype, converted.layout, kind, device)
+def upload_staged(staged, converted, kind: str, device):
+    """The upload stage: put a staged target on the device; returns its stage record with the device tensor."""
+    from tasks.stage import Uploaded
+
+    return Uploaded(staged, upload_array(converted.array, converted.device_dtype, converted.layout, kind, device))

@@ -15,23 +15,33 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.entry import CACHE_FORMAT, MANIFEST, PROGRESS_DIR, ArrayRecord, ChunkRecord, FileRecord, Manifest
-from tasks.stage import Staged
+from tasks.stage import Staged, Uploaded
 from tasks.zarr_v3 import group_metadata, write_json_atomic
 
 
-def unit_done(unit: str, staged: Sequence[Staged | tuple], verified: Sequence[VerifiedShard]) -> dict:
-    """A unit (layer, block, ...) is complete once all its targets are staged (and uploaded, when a device is
-    open) and every shard it read from has been verified (one, or two for the unit a shard boundary cuts)."""
-    records = [s[0] if isinstance(s, tuple) else s for s in staged]
-    on_device = {(s[0].name, s[0].slot): s[1] for s in staged if isinstance(s, tuple)}
-    return {"unit": unit, "staged": records, "device": on_device, "shards": [v.header.path.name for v in verified]}
+@dataclass(frozen=True)
+class UnitDone:
+    """A unit (layer, block, ...) whose targets are all staged (and uploaded, when a device is open) and whose
+    shards are all verified."""
+    unit: str
+    staged: tuple[Staged, ...]
+    device: Mapping[tuple[str, int | None], object]  # (target, slot) -> device tensor
+    shards: tuple[str, ...]
+
+
+def unit_done(unit: str, staged: Sequence[Staged | Uploaded], verified: Sequence[VerifiedShard]) -> UnitDone:
+    """A unit is complete once all its targets are staged (and uploaded) and every shard it read from has been
+    verified (one, or two for the unit a shard boundary cuts)."""
+    records = tuple(s.staged if isinstance(s, Uploaded) else s for s in staged)
+    on_device = {(s.staged.name, s.staged.slot): s.tensor for s in staged if isinstance(s, Uploaded)}
+    return UnitDone(unit, records, on_device, tuple(v.header.path.name for v in verified))
 
 
 def _fsync(path: str | Path) -> None:
@@ -100,15 +110,14 @@ def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], te
     return arrays
 
 
-def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: Sequence[dict],
-                  verified: Sequence[VerifiedShard], replace: bool = False) -> dict:
+def publish_entry(tmp: str, final: str, identity: Mapping[str, object], array_meta: Mapping[str, dict],
+                  units: Sequence[UnitDone], verified: Sequence[VerifiedShard], replace: bool = False) -> dict:
     """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success.
     `replace` (--force): a published `final` is moved aside only now, once the new entry is complete, and
     deleted after the rename (readers holding its files keep them)."""
     tmp_dir, final_dir = Path(tmp), Path(final)
     tensor_xxh3 = {k: h for v in verified for k, h in v.tensor_xxh3.items()}
-    staged = [s for u in units for s in u["staged"]]
-    array_meta = {p.parent.name: json.loads(p.read_text()) for p in tmp_dir.glob("*/zarr.json")}
+    staged = [s for u in units for s in u.staged]
     missing = sorted(set(array_meta) - {s.name for s in staged})
     if missing:
         raise CacheError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it; nothing was "
@@ -136,4 +145,4 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], units: S
         shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
         won = False
     return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "chunks": manifest.chunks, "numerics": [asdict(s) for s in staged],
-            "device_tensors": {k: v for u in units for k, v in u.get("device", {}).items()}}
+            "device_tensors": {k: v for u in units for k, v in u.device.items()}}

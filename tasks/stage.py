@@ -34,6 +34,13 @@ class Staged:
     packed_xxh3: str | None = None
 
 
+@dataclass(frozen=True)
+class Uploaded:
+    """A staged target that is also on the device (the upload stage's record)."""
+    staged: Staged
+    tensor: object             # the ttnn device tensor
+
+
 def stage_target(entry: Path | str, converted: Converted) -> Staged:
     """Write one target (or one slot of a bank) as a chunk of its array, then its progress record."""
     entry, data = Path(entry), converted.array

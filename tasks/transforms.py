@@ -11,6 +11,7 @@ padding is on the bf16 values, before any tilizing or packing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -122,50 +123,57 @@ def pad_heads_in_transpose(x: np.ndarray, *, heads: int, head_dim: int, padded: 
     return out
 
 
-TRANSFORMS: dict[str, Callable[..., np.ndarray]] = {
-    f.__name__: f for f in (identity, row, transpose, flatten_transpose, fuse_transpose, fuse_row, slot, slot_row,
-                            unsqueeze, fuse_pad_heads_transpose, pad_heads_transpose, fuse_pad_heads_row,
-                            pad_heads_row, pad_heads_in_transpose)
+@dataclass(frozen=True)
+class Transform:
+    """One transform the recipes may name: what it does, the shape it makes, and which dim it splits into heads.
+
+    `shape(source_shapes, padded_width)` gives the target shape without touching data (`padded_width` =
+    heads * padded_head_dim for a head-padding transform, else 0); `pads` is None, or the source dim (0: a q/k/v
+    projection's output rows or a bias; 1: an output projection's input columns) that is `heads * head_dim`."""
+
+    apply: Callable[..., np.ndarray]
+    shape: Callable[[Sequence[Shape], int], Shape]
+    pads: int | None = None
+
+
+def _size(shape: Shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+TRANSFORMS: dict[str, Transform] = {
+    "identity": Transform(identity, lambda s, w: s[0]),
+    "row": Transform(row, lambda s, w: (1, _size(s[0]))),
+    "transpose": Transform(transpose, lambda s, w: (s[0][1], s[0][0])),
+    "flatten_transpose": Transform(flatten_transpose, lambda s, w: (_size(s[0][1:]), s[0][0])),
+    "fuse_transpose": Transform(fuse_transpose, lambda s, w: (s[0][1], sum(x[0] for x in s))),
+    "fuse_row": Transform(fuse_row, lambda s, w: (1, sum(_size(x) for x in s))),
+    "slot": Transform(slot, lambda s, w: s[0][1:]),            # from the bank's shape: one slot
+    "slot_row": Transform(slot_row, lambda s, w: (1, _size(s[0][1:]))),
+    "unsqueeze": Transform(unsqueeze, lambda s, w: (1, *s[0])),
+    "fuse_pad_heads_transpose": Transform(fuse_pad_heads_transpose, lambda s, w: (s[0][1], len(s) * w), pads=0),
+    "pad_heads_transpose": Transform(pad_heads_transpose, lambda s, w: (s[0][1], w), pads=0),
+    "fuse_pad_heads_row": Transform(fuse_pad_heads_row, lambda s, w: (1, len(s) * w), pads=0),
+    "pad_heads_row": Transform(pad_heads_row, lambda s, w: (1, w), pads=0),
+    "pad_heads_in_transpose": Transform(pad_heads_in_transpose, lambda s, w: (w, s[0][0]), pads=1),
 }
-PADDING = frozenset(n for n in TRANSFORMS if "pad_heads" in n)  # take (heads, head_dim, padded)
-
-
-def _padding(params: Sequence[int]) -> dict[str, int]:
-    heads, head_dim, padded = params
-    return {"heads": heads, "head_dim": head_dim, "padded": padded}
+PADDING = frozenset(n for n, t in TRANSFORMS.items() if t.pads is not None)  # take (heads, head_dim, padded)
 
 
 def apply(name: str, sources: Sequence[np.ndarray], params: Sequence[int] = ()) -> np.ndarray:
-    return TRANSFORMS[name](*sources, **(_padding(params) if name in PADDING else {}))
+    t = TRANSFORMS[name]
+    if t.pads is None:
+        return t.apply(*sources)
+    heads, head_dim, padded = params
+    return t.apply(*sources, heads=heads, head_dim=head_dim, padded=padded)
 
 
 def output_shape(name: str, shapes: Sequence[Shape], params: Sequence[int] = ()) -> Shape:
     """The target shape a transform makes from source shapes (one slot for slot transforms). No data touched."""
-    first = shapes[0]
-    size = lambda s: int(np.prod(s, dtype=np.int64))  # noqa: E731
-    padded = (params[0] * params[2]) if name in PADDING else 0
-    table: dict[str, Callable[[], Shape]] = {
-        "identity": lambda: first,
-        "row": lambda: (1, size(first)),
-        "transpose": lambda: (first[1], first[0]),
-        "flatten_transpose": lambda: (size(first[1:]), first[0]),
-        "fuse_transpose": lambda: (first[1], sum(s[0] for s in shapes)),
-        "fuse_row": lambda: (1, sum(size(s) for s in shapes)),
-        "slot": lambda: first[1:],
-        "slot_row": lambda: (1, size(first[1:])),
-        "unsqueeze": lambda: (1, *first),
-        "fuse_pad_heads_transpose": lambda: (first[1], len(shapes) * padded),
-        "pad_heads_transpose": lambda: (first[1], padded),
-        "fuse_pad_heads_row": lambda: (1, len(shapes) * padded),
-        "pad_heads_row": lambda: (1, padded),
-        "pad_heads_in_transpose": lambda: (padded, first[0]),
-    }
-    return tuple(table[name]())
+    t = TRANSFORMS[name]
+    return tuple(t.shape(shapes, params[0] * params[2] if t.pads is not None else 0))
 
 
 def padded_dim(name: str, shapes: Sequence[Shape]) -> int | None:
-    """The source dim a padding transform splits into heads (None for other transforms): the output dim of q/k/v
-    and their biases, the input dim of an output projection."""
-    if name not in PADDING:
-        return None
-    return shapes[0][1] if name == "pad_heads_in_transpose" else shapes[0][0]
+    """The source dim a padding transform splits into heads (None for other transforms)."""
+    t = TRANSFORMS[name]
+    return None if t.pads is None else shapes[0][t.pads]

@@ -25,14 +25,21 @@ WHOLE = np.arange(12, dtype=np.uint16).reshape(3, 4)
 SLOT = np.full((2, 4), 7, np.uint16)
 
 
-def _build(tmp: Path) -> list:
-    """A tiny entry being built: a whole target `t` with a device file, and slot 5 of a 32-slot bank `b`."""
-    tmp.mkdir(parents=True)
-    for name, shape, chunks, attrs in (("t", (3, 4), (3, 4), {"sources": ["k1"]}),
-                                       ("b", (32, 2, 4), (1, 2, 4), {"sources": ["k2"]})):
-        attrs = {**attrs, "transform": "identity", "device_dtype": "bfloat16", "device_layout": "TILE",
+def _arrays() -> dict[str, dict]:
+    """The `zarr.json` documents of a whole target `t` and a 32-slot bank `b`."""
+    out = {}
+    for name, shape, chunks, source in (("t", (3, 4), (3, 4), "k1"), ("b", (32, 2, 4), (1, 2, 4), "k2")):
+        attrs = {"sources": [source], "transform": "identity", "device_dtype": "bfloat16", "device_layout": "TILE",
                  "logical_shape": list(shape[-2:]), "embodiment_bank": name == "b", "dtype": "bfloat16"}
-        create_array(tmp / name, array_metadata(shape, chunks, attrs))
+        out[name] = array_metadata(shape, chunks, attrs)
+    return out
+
+
+def _build(tmp: Path) -> list:
+    """A tiny entry being built: `t` with a device file, and slot 5 of `b`."""
+    tmp.mkdir(parents=True)
+    for name, meta in _arrays().items():
+        create_array(tmp / name, meta)
     return [stage_target(tmp, Converted("t", None, WHOLE, "bfloat16", "TILE", (32, 32), 0.0, 1.0, b"packed bytes")),
             stage_target(tmp, Converted("b", 5, SLOT, "bfloat16", "TILE", (32, 32), 0.0, 1.0))]
 
@@ -108,7 +115,7 @@ def _publish(root: Path, tag: str, replace: bool = False) -> dict:
     tmp = root / "entries" / f"{NAME}.tmp-1-{tag}"
     staged = _build(tmp)
     (tmp / "t" / "c.0.0.deadbeef.partial").write_bytes(b"a killed run's half write")
-    return publish.publish_entry(str(tmp), str(root / "entries" / NAME), IDENTITY,
+    return publish.publish_entry(str(tmp), str(root / "entries" / NAME), IDENTITY, _arrays(),
                                  [publish.unit_done("u", staged, VERIFIED)], VERIFIED, replace=replace)
 
 
@@ -141,8 +148,9 @@ def test_losing_the_race_to_an_identical_entry_is_success_and_replace_swaps_it_w
 def test_an_array_created_but_never_staged_is_never_published(tmp_path):
     tmp = tmp_path / "entries" / f"{NAME}.tmp-1-aaaaaaaa"
     staged = _build(tmp)
-    create_array(tmp / "forgotten", array_metadata((2, 2), (2, 2), {"sources": ["k1"]}))
+    arrays = {**_arrays(), "forgotten": array_metadata((2, 2), (2, 2), {"sources": ["k1"]})}
+    create_array(tmp / "forgotten", arrays["forgotten"])
     with pytest.raises(CacheError, match="array 'forgotten' was created but nothing was staged into it"):
-        publish.publish_entry(str(tmp), str(tmp_path / "entries" / NAME), IDENTITY,
+        publish.publish_entry(str(tmp), str(tmp_path / "entries" / NAME), IDENTITY, arrays,
                               [publish.unit_done("u", staged, VERIFIED)], VERIFIED)
     assert not (tmp_path / "entries" / NAME).exists() and not (tmp / MANIFEST).exists()
