@@ -175,7 +175,7 @@ def _child_plain_loop(a: dict) -> dict:
     """The same stage functions as the graph, called in a plain loop on one thread (Dask-overhead baseline)."""
     from pipeline import cache
     from pipeline.convert import ConvertOptions, prepare
-    from tasks import publish, source, stage, transforms
+    from tasks import entry, publish, source, stage, transforms
     from tasks.convert import convert_target
     from tasks.plan import work_units
 
@@ -186,8 +186,8 @@ def _child_plain_loop(a: dict) -> dict:
                                   layout="generic", synthetic=a.get("synthetic")))
     ck, plan, slots, ident, root = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root
     tmp = cache.claim_tmp(root, "plain-loop")
-    arrays = cache.array_documents(plan, slots)
-    cache.create_arrays(tmp, arrays)
+    arrays = entry.array_documents(plan, slots)
+    entry.create_arrays(tmp, arrays)
     headers = {s: source.index_shard(h.path, frozenset(h.entries)) for s, h in ck.headers.items()}
     verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
     staged = []

@@ -26,6 +26,12 @@ def _out(scale: str) -> Path:
     return out
 
 
+def _times(runs: list[dict]) -> str:
+    """The table cells every report shows, medians: wall in child | wall of process | CPU user | CPU sys."""
+    return (f"{median(runs):.2f} s | {median(runs, 'process_seconds'):.2f} s | {median(runs, 'user_seconds'):.2f} s | "
+            f"{median(runs, 'sys_seconds'):.2f} s")
+
+
 def _metric(rows: list, name: str, ours: float, base: float | None, goal: str, holds: bool, unit: str = "s",
             note: str = "") -> None:
     ratio = ours / base if base else ours
@@ -218,9 +224,8 @@ def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(P
              "|---|---|---|---|---|---|---|---|"]
     for key, runs_ in raw.items():
         plan, name = key.split(":")
-        lines.append(f"| {plan} | {name} | {median(runs_):.2f} s | {median(runs_, 'process_seconds'):.2f} s | "
-                     f"{median(runs_, 'user_seconds'):.2f} s | {median(runs_, 'sys_seconds'):.2f} s | "
-                     f"{median(runs_, 'minor_faults'):,.0f} | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
+        lines.append(f"| {plan} | {name} | {_times(runs_)} | {median(runs_, 'minor_faults'):,.0f} | "
+                     f"{median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
     lines += ["", "| ratio | ours | baseline | ratio | goal | holds |", "|---|---|---|---|---|---|"]
     for r in rows:
         base = "" if r["baseline"] is None else f"{r['baseline']:.2f}"
@@ -348,9 +353,7 @@ def run_handoff(scale: str, runs: int, cold: bool) -> int:
                         ("handoff", "ours: entry -> port model (host)"),
                         ("handoff_simulated", "ours: entry -> port model (simulated N150, figures only)")):
         r = raw[name]
-        lines.append(f"| {label} | {median(r):.2f} s | {median(r, 'process_seconds'):.2f} s | "
-                     f"{median(r, 'user_seconds'):.2f} s | {median(r, 'sys_seconds'):.2f} s | "
-                     f"{median(r, 'peak_rss_bytes') / 1e9:.2f} GB |")
+        lines.append(f"| {label} | {_times(r)} | {median(r, 'peak_rss_bytes') / 1e9:.2f} GB |")
     lines += ["", "| metric | ratio | goal | holds |", "|---|---|---|---|"]
     lines += [f"| {m['metric']} | {m['ratio']:.3f} | {m['goal']} | {'yes' if m['holds'] else 'no'} {m['note']} |"
               for m in rows]
@@ -402,9 +405,8 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
              "|---|---|---|---|---|---|---|---|"]
     for key, runs_ in raw.items():
         version, step = key.split(":")
-        lines.append(f"| {version} | {', '.join(resolve(version))} | {step} | {median(runs_):.2f} s | "
-                     f"{median(runs_, 'process_seconds'):.2f} s | {median(runs_, 'user_seconds'):.2f} s | "
-                     f"{median(runs_, 'sys_seconds'):.2f} s | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
+        lines.append(f"| {version} | {', '.join(resolve(version))} | {step} | {_times(runs_)} | "
+                     f"{median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
     (out / "versions-results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

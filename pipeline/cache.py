@@ -21,12 +21,13 @@ from typing import Mapping
 from pipeline.recipe import RECIPES_PATH
 from tasks import source
 from tasks.checkpoint import Checkpoint
-from tasks.entry import (CACHE_FORMAT, ENTRIES, REFS, TMP_MARK, Entry, OldFormatError, entry_key, list_entries, manifest_key, open_entry, read_ref,
-                         ref_key, refs)
+from tasks.bulk_write import write_json_atomic
+from tasks.entry import (CACHE_FORMAT, ENTRIES, TMP_MARK, Entry, OldFormatError, entry_key, list_entries,
+                         manifest_key, open_entry, read_ref, ref_key, ref_object, refs, tmp_name, tmp_owner)
+from tasks.entry import entry_name as make_entry_name
 from tasks.errors import CacheError
-from tasks.plan import Plan, Target
+from tasks.plan import Plan
 from tasks.store import LocalStore, Store, open_store
-from tasks.zarr_v3 import array_metadata, create_array, write_json_atomic
 
 CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
 
@@ -97,7 +98,7 @@ def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, s
 
 
 def entry_name(ident: Mapping[str, object]) -> str:
-    return f"{ident['version']}-{ident['layout']}-{ident['profile']}-{str(ident['fingerprint'])[:20]}"
+    return make_entry_name(str(ident["version"]), str(ident["layout"]), str(ident["profile"]), str(ident["fingerprint"]))
 
 
 def entries_dir(root: Path) -> Path:
@@ -114,21 +115,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _tmp_owner(name: str) -> int | None:
-    try:
-        return int(name.split(TMP_MARK, 1)[1].split("-", 1)[0])
-    except (IndexError, ValueError):
-        return None
-
-
 def claim_tmp(root: Path, name: str) -> Path:
     """A fresh temporary directory for `name`, adopting the work of a dead process that was building the same
     entry (resume), and removing other orphans of dead processes."""
     base = entries_dir(root)
     base.mkdir(parents=True, exist_ok=True)
-    mine = base / f"{name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    mine = base / tmp_name(name, os.getpid(), uuid.uuid4().hex[:8])
     for orphan in sorted(base.glob(f"*{TMP_MARK}*"), key=lambda p: p.stat().st_mtime, reverse=True):
-        owner = _tmp_owner(orphan.name)
+        owner = tmp_owner(orphan.name)
         if owner is None or _pid_alive(owner):
             continue
         try:
@@ -140,32 +134,6 @@ def claim_tmp(root: Path, name: str) -> Path:
             pass  # another process adopted or removed it first
     mine.mkdir(exist_ok=True)
     return mine
-
-
-def array_documents(plan: Plan, slots: tuple[int, ...]) -> dict[str, dict]:
-    """Every target's `zarr.json` document, by target name."""
-    return {t.name: _array_meta(t, slots) for t in plan.targets}
-
-
-def create_arrays(tmp: Path, arrays: Mapping[str, dict]) -> None:
-    """Every target's array folder and metadata (idempotent, so a resumed run can repeat it): the stage tasks
-    then write their chunks into folders that exist."""
-    for name, meta in arrays.items():
-        create_array(tmp / name, meta)
-
-
-def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
-    """What a target's array records about itself (cache/README.md, "entries/")."""
-    return {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform,
-            "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
-            "device_layout": t.layout, "host_only": t.host, "logical_shape": list(t.shape),
-            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}
-
-
-def _array_meta(t: Target, slots: tuple[int, ...]) -> dict:
-    shape = (t.bank_slots, *t.shape) if t.embodiment else t.shape  # banks keep every slot addressable; chunk per slot
-    chunks = (1, *t.shape) if t.embodiment else t.shape
-    return array_metadata(shape, chunks, array_attributes(t, slots))
 
 
 def cache_store(root: Store | Path | str | None = None) -> Store:
@@ -388,7 +356,7 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
         if not dry_run:
             store.delete(entry_key(name))
             for ref in in_use.get(name, []) if drop_refs else []:
-                store.delete(f"{REFS}/{ref}.json")
+                store.delete(ref_object(ref))
         removed.append({"entry": name, "reason": reason, "bytes": size, "freed_bytes": own.get(name, size),
                         "refs": in_use.get(name, [])})
 
@@ -399,7 +367,7 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     for row in rows:
         name, state = row["entry"], row["state"]
         if TMP_MARK in name:
-            owner = _tmp_owner(name)
+            owner = tmp_owner(name)
             if owner is not None and not _pid_alive(owner):
                 remove(name, "temporary of a dead process", row["bytes"])
         elif state == "broken":
@@ -444,5 +412,5 @@ def remove_entry(store: Store, name: str, include_current: bool = False, dry_run
     if not dry_run:
         store.delete(entry_key(name))
         for ref in in_use:
-            store.delete(f"{REFS}/{ref}.json")
+            store.delete(ref_object(ref))
     return {"entry": name, "reason": "removed on request", "bytes": size, "freed_bytes": freed, "refs": in_use}

@@ -19,10 +19,10 @@ from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
-from tasks.entry import Entry, entry_key, push, write_ref
+from tasks.entry import (Entry, already_staged, array_attributes, array_documents, create_arrays, entry_key, push,
+                         scratch_name, staged_records, write_ref)
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
-from tasks.stage import already_staged, staged_records
 from tasks.store import LocalStore
 
 
@@ -182,12 +182,12 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
     ck, plan, slots, ident, root = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root
     tmp = cache.claim_tmp(root, name)
     try:
-        arrays = cache.array_documents(plan, slots)
-        cache.create_arrays(tmp, arrays)
+        arrays = array_documents(plan, slots)
+        create_arrays(tmp, arrays)
         expected_sha = dict(ident["shards"])  # each shard's HF blob sha256, or its hash remembered in sources/
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
-            attrs = {t.name: cache.array_attributes(t, slots) for t in plan.targets}
+            attrs = {t.name: array_attributes(t, slots) for t in plan.targets}
             reused = plan_reuse(root, plan, slots, ck, ident["shards"], expected_sha, tmp, attrs)
         done = {}
         records = staged_records(tmp)  # a killed run's (and the reuse links') progress
@@ -224,13 +224,13 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
 def check_against(existing: Entry, opts: ConvertOptions, prep: Prepared) -> dict:
     """Convert afresh into a scratch entry and compare every chunk with the cached one, so a cache can never hide
     a broken conversion. The scratch entry is deleted either way."""
-    scratch_name = f"check-{os.getpid()}-{existing.name}"
-    scratch = cache.entries_dir(prep.root) / scratch_name
+    scratch = scratch_name(existing.name, os.getpid())
+    folder = cache.entries_dir(prep.root) / scratch
     try:
-        _build(replace(opts, reuse=False), prep, scratch_name, scratch)
-        fresh = cache.entry_at(scratch).manifest.arrays
+        _build(replace(opts, reuse=False), prep, scratch, folder)
+        fresh = cache.entry_at(folder).manifest.arrays
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     cached = existing.manifest.arrays
     differ = sorted(n for n in fresh.keys() | cached.keys() if fresh.get(n) != cached.get(n))
     problems = existing.verify()

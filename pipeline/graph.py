@@ -29,7 +29,8 @@ from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
 from tasks.publish import publish_entry, unit_done
 from tasks.source import index_shard, read_slot, read_tensor, verify_shard
-from tasks.stage import Staged, stage_target
+from tasks.entry import Staged
+from tasks.stage import stage_target
 from tasks.transforms import apply
 
 Key = tuple

@@ -21,10 +21,9 @@ from pipeline.recipe import resolve
 from pipeline.versions import load_config
 from tasks import device as tt
 from tasks import tensorbin
-from tasks.entry import Manifest
+from tasks.entry import STORAGE_DTYPE, Manifest
 from tasks.errors import CacheError, ConfigError
 from tasks.store import Store
-from tasks.zarr_v3 import STORAGE_DTYPE
 
 
 @dataclass

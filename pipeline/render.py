@@ -18,6 +18,7 @@ import graphviz
 from pipeline import cache
 from pipeline.convert import prepare
 from pipeline.graph import GraphInputs, ancestors, build_graph, dependencies
+from tasks.entry import array_documents, tmp_name
 from tasks.errors import ConfigError
 
 
@@ -26,9 +27,9 @@ def graph_inputs(opts) -> GraphInputs:
     `prepare` reads the shard headers and hashes any shard without an HF blob name (remembered in `sources/`)."""
 
     p = prepare(opts)
-    return GraphInputs(p.plan, p.checkpoint, p.slots, cache.entries_dir(p.root) / f"{p.name}.tmp-graph",
+    return GraphInputs(p.plan, p.checkpoint, p.slots, cache.entries_dir(p.root) / tmp_name(p.name, 0, "graph"),
                        cache.entries_dir(p.root) / p.name, dict(p.identity["shards"]), {}, p.identity,
-                       cache.array_documents(p.plan, p.slots))
+                       array_documents(p.plan, p.slots))
 
 
 def graph_for(opts) -> tuple[dict, str]:

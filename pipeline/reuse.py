@@ -18,12 +18,9 @@ from pathlib import Path
 from pipeline import cache
 from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
-from tasks.publish import content_id
+from tasks.entry import Entry, Staged, chunk_file, content_id, list_entries, packed_path, record_progress
 from tasks.source import VerifiedShard, verify_shard
-from tasks.entry import Entry, chunk_coords, list_entries, packed_path
-from tasks.stage import Staged, record_progress
 from tasks.store import LocalStore
-from tasks.zarr_v3 import chunk_path
 
 
 @dataclass
@@ -89,13 +86,11 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
         rec = entry.manifest.arrays[name].chunks.get(slot)
         if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
             continue
-        coords = chunk_coords(len(t.shape), slot)
-        _link(chunk_path(entry.path / name, coords), chunk_path(tmp / t.name, coords))
+        _link(chunk_file(entry.path, name, len(t.shape), slot), chunk_file(tmp, t.name, len(t.shape), slot))
         packed = rec.tensorbin
         if packed:
             _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
-        staged = Staged(t.name, slot, rec.nbytes, rec.xxh3, rec.max_abs_err, rec.pcc,
-                        packed and packed.nbytes, packed and packed.xxh3)
+        staged = Staged(t.name, slot, rec)
         record_progress(tmp, staged)
         reuse.records[(t.name, slot)] = staged
         reuse.linked_bytes += rec.nbytes + (packed.nbytes if packed else 0)  # chunk and device file

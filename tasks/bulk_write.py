@@ -13,6 +13,7 @@ and renamed into place, so a reader never sees a torn one.
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import threading
@@ -142,3 +143,7 @@ def _write_direct(tmp: Path, data: memoryview) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:
+    write_bytes_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), durable)

@@ -209,8 +209,13 @@ def close_device(device) -> None:
     (ttnn.close_mesh_device if hasattr(device, "get_num_devices") else ttnn.close_device)(device)
 
 
-def upload_staged(staged, converted, kind: str, device):
-    """The upload stage: put a staged target on the device; returns its stage record with the device tensor."""
-    from tasks.stage import Uploaded
+@dataclass(frozen=True)
+class Uploaded:
+    """A staged target that is also on the device (the upload stage's record)."""
+    staged: object             # its tasks.entry.Staged
+    tensor: object             # the ttnn device tensor
 
+
+def upload_staged(staged, converted, kind: str, device) -> Uploaded:
+    """The upload stage: put a staged target on the device; returns its stage record with the device tensor."""
     return Uploaded(staged, upload_array(converted.array, converted.device_dtype, converted.layout, kind, device))

@@ -1,12 +1,16 @@
-"""A cache entry, in one place (cache/README.md says the same): its names, its manifest as a typed record, and
-every read of a published entry — listing, opening, verifying, reading a chunk into a caller's buffer, a device
-file — through a `Store`, so a local folder and an object store are read by the same code.
+"""A cache entry, in one place (cache/README.md says the same): its format version, its names, the documents and
+records it is made of (array and group `zarr.json`, progress records, the manifest, content ids), the writes that
+build one, and every read of a published entry — listing, opening, verifying, reading a chunk into a caller's
+buffer, a device file — through a `Store`, so a local folder and an object store are read by the same code. The
+Zarr v3 encoding itself is tasks/zarr_v3.py, which only this module uses. The order in which an entry is made
+visible (the protocol) is tasks/publish.py's.
 
 Keys are relative to the cache root: `entries/<name>/…` and `refs/<version>-<layout>-<profile>.json`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -14,14 +18,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import xxhash
 
 from tasks.errors import CacheError
+from tasks.plan import Plan, Target
 from tasks.store import LocalStore, Store
-from tasks.zarr_v3 import STORAGE_DTYPE, chunk_path
+from tasks.zarr_v3 import STORAGE_DTYPE, array_metadata, chunk_path, create_array, group_metadata, write_chunk as _write_chunk
 
 CACHE_FORMAT = 4            # bump when the on-disk layout changes (cache/README.md, "Versioning")
 READABLE_FORMATS = (3, 4)   # 3: chunk keys c.0.0; 4: + source_shapes. Format 2 kept c/0/0 and is not read.
@@ -51,6 +56,16 @@ def ref_key(version: str, layout: str, profile: str, synthetic: bool = False) ->
     return f"{REFS}/{version}-{layout}-{profile}{SYNTHETIC_REF if synthetic else ''}.json"
 
 
+def ref_object(stem: str) -> str:
+    """The key of the ref `refs()` lists as `stem`."""
+    return f"{REFS}/{stem}.json"
+
+
+def entry_name(version: str, layout: str, profile: str, fingerprint: str) -> str:
+    """`<version>-<layout>-<profile>-<first 20 hex digits of the fingerprint>`: what `open_entry` holds a manifest to."""
+    return f"{version}-{layout}-{profile}-{fingerprint[:20]}"
+
+
 def chunk_key(slot: int | None) -> str:
     return WHOLE if slot is None else str(slot)
 
@@ -76,6 +91,24 @@ def _chunk_name(name: str, slot: int | None) -> str:
 def packed_path(entry: Path | PurePosixPath, name: str, slot: int | None) -> Path | PurePosixPath:
     """Where a target's `.tensorbin` lives (outside the arrays, so Zarr readers never see it)."""
     return entry / PACKED_DIR / (_chunk_name(name, slot) + ".tensorbin")
+
+
+def tmp_name(name: str, pid: int, token: str) -> str:
+    """The folder an entry is built in: `<name>.tmp-<pid>-<token>` (its owner's pid, so orphans can be told)."""
+    return f"{name}{TMP_MARK}{pid}-{token}"
+
+
+def scratch_name(name: str, pid: int) -> str:
+    """A throwaway entry that `--check-against-cache` converts into beside `name`, deleted either way."""
+    return f"check-{pid}-{name}"
+
+
+def tmp_owner(folder: str) -> int | None:
+    """The pid that builds in a `tmp_name` folder; None for any other name."""
+    try:
+        return int(folder.split(TMP_MARK, 1)[1].split("-", 1)[0])
+    except (IndexError, ValueError):
+        return None
 
 
 def progress_log(entry: Path, writer: str) -> Path:
@@ -232,6 +265,135 @@ class Manifest:
             if arr.bank and any(s not in arr.chunks for s in wanted):
                 return False
         return True
+
+
+# -- building an entry: its documents, its chunks, its progress records ------------------------------------------
+def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
+    """What a target's array records about itself (cache/README.md, "entries/")."""
+    return {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform,
+            "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
+            "device_layout": t.layout, "host_only": t.host, "logical_shape": list(t.shape),
+            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}
+
+
+def array_documents(plan: Plan, slots: tuple[int, ...]) -> dict[str, dict]:
+    """Every target's `zarr.json` document, by target name: a bank keeps every slot addressable, one chunk each."""
+    out = {}
+    for t in plan.targets:
+        shape = (t.bank_slots, *t.shape) if t.embodiment else t.shape
+        chunks = (1, *t.shape) if t.embodiment else t.shape
+        out[t.name] = array_metadata(shape, chunks, array_attributes(t, slots))
+    return out
+
+
+def create_arrays(tmp: Path, arrays: Mapping[str, dict]) -> None:
+    """Every target's array folder and document (idempotent, so a resumed run can repeat it): the stage tasks
+    then write their chunks into folders that exist."""
+    for name, meta in arrays.items():
+        create_array(tmp / name, meta)
+
+
+def group_document(arrays: Mapping[str, dict], identity: Mapping[str, object]) -> dict:
+    """The entry's root `zarr.json`: every array document consolidated, and the identity as `gr00t_cache`."""
+    return group_metadata(arrays, {"gr00t_cache": dict(identity)})
+
+
+def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> None:
+    """One chunk of target `name` (a bank: the chunk of `slot`), into an entry being built."""
+    _write_chunk(entry / name, chunk_coords(data.ndim, slot), data)
+
+
+def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
+    """What one array's bytes are a function of: its sources' bytes, its transform and device format, the
+    converter version and the cache format. Equal ids mean equal bytes, whichever entry they sit in."""
+    doc = [list(source_xxh3), attributes["transform"], attributes.get("transform_params", []),
+           attributes["device_dtype"], attributes["device_layout"], attributes["logical_shape"], converter,
+           CACHE_FORMAT]  # the same bytes stored another way are another content
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A chunk written into an entry being built: which one, and its record (one JSON line of a progress log)."""
+    name: str
+    slot: int | None
+    record: ChunkRecord
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "slot": self.slot, **self.record.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "Staged":
+        return cls(doc["name"], doc["slot"], ChunkRecord.from_json(doc))
+
+    def numerics(self) -> dict:
+        """The summary's line for this chunk: what the device dtype costs against the bf16 source."""
+        return {"name": self.name, "slot": self.slot, "nbytes": self.record.nbytes, "max_abs_err": self.record.max_abs_err,
+                "pcc": self.record.pcc}
+
+
+T = TypeVar("T")
+
+
+def in_folder(path: Path, act: Callable[[], T]) -> T:
+    """`act()`, which creates `path`; the first file of its folder (device files, progress logs) makes the folder.
+    Trying first spares a mkdir per file."""
+    try:
+        return act()
+    except FileNotFoundError:
+        path.parent.mkdir(exist_ok=True)
+        return act()
+
+
+def record_progress(entry: Path, staged: Staged) -> None:
+    """Append the record to this thread's progress log, after its chunk is in place. A line torn by a kill is
+    skipped on resume, and its chunk converted again."""
+    log = progress_log(entry, f"{os.getpid()}-{threading.get_ident()}")
+    fd = in_folder(log, lambda: os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    try:
+        os.write(fd, (json.dumps(staged.to_json()) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def staged_records(entry: Path) -> dict[tuple[str, int | None], Staged]:
+    """Every progress record a killed run left in `entry` (later lines win)."""
+    records = {}
+    for log in sorted((entry / PROGRESS_DIR).glob("*.jsonl")):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                staged = Staged.from_json(json.loads(line))
+            except (ValueError, TypeError, KeyError):
+                continue  # torn by the kill
+            records[(staged.name, staged.slot)] = staged
+    return records
+
+
+def already_staged(entry: Path, staged: Staged, ndim: int) -> bool:
+    """Whether the chunk (and device file) a killed run recorded still hold the bytes the record describes."""
+    record = staged.record
+    try:
+        data = chunk_file(entry, staged.name, ndim, staged.slot).read_bytes()
+        packed = packed_path(entry, staged.name, staged.slot).read_bytes() if record.tensorbin else None
+    except OSError:
+        return False
+    return record.matches(data) and (packed is None or record.tensorbin.matches(packed))
+
+
+def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], tensor_xxh3: Mapping[str, str],
+                    converter: object) -> dict[str, ArrayRecord]:
+    """Per array: its metadata, content id, and per chunk (slot or whole array) byte count and xxh3.
+    Does not perform I/O."""
+    chunks: dict[str, dict[int | None, ChunkRecord]] = {name: {} for name in array_meta}
+    for s in staged:
+        chunks[s.name][s.slot] = s.record
+    arrays = {}
+    for name, meta in array_meta.items():
+        sources = {k: tensor_xxh3[k] for k in meta["attributes"]["sources"]}
+        arrays[name] = ArrayRecord(meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"],
+                                   meta["attributes"], sources,
+                                   content_id(list(sources.values()), meta["attributes"], converter), chunks[name])
+    return arrays
 
 
 # -- a published entry, read through a Store ----------------------------------------------------------------------

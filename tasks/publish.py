@@ -10,20 +10,18 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import hashlib
-import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
-from tasks.entry import CACHE_FORMAT, MANIFEST, PROGRESS_DIR, ArrayRecord, ChunkRecord, FileRecord, Manifest
-from tasks.stage import Staged, Uploaded
-from tasks.zarr_v3 import group_metadata, write_json_atomic
+from tasks.bulk_write import write_json_atomic
+from tasks.entry import MANIFEST, PROGRESS_DIR, Manifest, Staged, group_document, manifest_arrays
+from tasks.device import Uploaded
 
 
 @dataclass(frozen=True)
@@ -84,32 +82,6 @@ def _libc() -> object:
         return None
 
 
-def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
-    """What one array's bytes are a function of: its sources' bytes, its transform and device format, the
-    converter version and the cache format. Equal ids mean equal bytes, whichever entry they sit in. Does not perform I/O."""
-    doc = [list(source_xxh3), attributes["transform"], attributes.get("transform_params", []),
-           attributes["device_dtype"], attributes["device_layout"], attributes["logical_shape"], converter,
-           CACHE_FORMAT]  # the same bytes stored another way are another content
-    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
-
-
-def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], tensor_xxh3: Mapping[str, str],
-                    converter: object) -> dict[str, ArrayRecord]:
-    """Per array: its metadata, content id, and per chunk (slot or whole array) byte count and xxh3.
-    Does not perform I/O."""
-    chunks: dict[str, dict[int | None, ChunkRecord]] = {name: {} for name in array_meta}
-    for s in staged:
-        packed = None if s.packed_xxh3 is None else FileRecord(s.packed_nbytes, s.packed_xxh3)
-        chunks[s.name][s.slot] = ChunkRecord(s.nbytes, s.xxh3, s.max_abs_err, s.pcc, packed)
-    arrays = {}
-    for name, meta in array_meta.items():
-        sources = {k: tensor_xxh3[k] for k in meta["attributes"]["sources"]}
-        arrays[name] = ArrayRecord(meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"],
-                                   meta["attributes"], sources,
-                                   content_id(list(sources.values()), meta["attributes"], converter), chunks[name])
-    return arrays
-
-
 def publish_entry(tmp: str, final: str, identity: Mapping[str, object], array_meta: Mapping[str, dict],
                   units: Sequence[UnitDone], verified: Sequence[VerifiedShard], replace: bool = False) -> dict:
     """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success.
@@ -122,12 +94,12 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], array_me
     if missing:
         raise CacheError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it; nothing was "
                          "published — convert again")
-    write_json_atomic(tmp_dir / "zarr.json", group_metadata(array_meta, {"gr00t_cache": dict(identity)}))
+    write_json_atomic(tmp_dir / "zarr.json", group_document(array_meta, identity))
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
     for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
         orphan.unlink(missing_ok=True)
     arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.get("converter"))
-    manifest = Manifest(**identity, published_unix=time.time(), arrays=arrays, bytes=sum(s.nbytes for s in staged),
+    manifest = Manifest(**identity, published_unix=time.time(), arrays=arrays, bytes=sum(s.record.nbytes for s in staged),
                         chunks=len(staged))
     _fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest.to_json(), durable=True)
@@ -144,5 +116,5 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], array_me
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
         won = False
-    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "chunks": manifest.chunks, "numerics": [asdict(s) for s in staged],
+    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "chunks": manifest.chunks, "numerics": [s.numerics() for s in staged],
             "device_tensors": {k: v for u in units for k, v in u.device.items()}}

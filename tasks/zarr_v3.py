@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tasks.bulk_write import write_bytes_atomic, write_bytes_in_place
+from tasks.bulk_write import write_bytes_in_place
 
 
 STORAGE_DTYPE = np.dtype("<u2")
@@ -48,10 +48,6 @@ def group_metadata(arrays: Mapping[str, dict], attributes: Mapping[str, object])
 
 def chunk_path(array_dir: Path, coords: Sequence[int]) -> Path:
     return array_dir / SEPARATOR.join(("c", *(str(c) for c in coords)))
-
-
-def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:
-    write_bytes_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), durable)
 
 
 def create_array(array_dir: Path, meta: Mapping[str, object]) -> None:
