@@ -337,6 +337,22 @@ def disk_bytes(store: Store) -> int:
     return sum(files.values())
 
 
+def _unfit(row: dict) -> tuple[str, bool] | None:
+    """Why gc removes an entry whatever its age, and whether its refs go too; None for a sound one (or a live
+    process's temporary)."""
+    name, state = row["entry"], row["state"]
+    if TMP_MARK in name:
+        owner = tmp_owner(name)
+        return ("temporary of a dead process", False) if owner is not None and not _pid_alive(owner) else None
+    if state == "broken":
+        return "no valid manifest", False
+    if state.startswith("cache format"):
+        return state.split(" (", 1)[0] + ", which this converter does not read", True
+    if state.startswith("CORRUPT"):
+        return f"corrupt: {state.split(': ', 1)[1]}", True
+    return None
+
+
 def collect_garbage(store: Store, older_than_days: float | None = None, max_bytes: int | None = None,
                     include_current: bool = False, dry_run: bool = False) -> list[dict]:
     """Remove temporaries of dead processes, broken and corrupt entries (a chunk that fails its checksum); then,
@@ -365,18 +381,10 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     rows = entry_rows(store, verify=True, totals=totals)
     own = {r["entry"]: r["unique_bytes"] for r in rows}
     for row in rows:
-        name, state = row["entry"], row["state"]
-        if TMP_MARK in name:
-            owner = tmp_owner(name)
-            if owner is not None and not _pid_alive(owner):
-                remove(name, "temporary of a dead process", row["bytes"])
-        elif state == "broken":
-            remove(name, "no valid manifest", row["bytes"])
-        elif state.startswith("cache format"):
-            remove(name, state.split(" (", 1)[0] + ", which this converter does not read", row["bytes"], drop_refs=True)
-        elif state.startswith("CORRUPT"):
-            remove(name, f"corrupt: {state.split(': ', 1)[1]}", row["bytes"], drop_refs=True)
-        elif state == "verified":
+        unfit = _unfit(row)
+        if unfit is not None:
+            remove(row["entry"], unfit[0], row["bytes"], drop_refs=unfit[1])
+        elif row["state"] == "verified":
             published.append(row)
     candidates = sorted((r for r in published if include_current or not r["refs"]), key=lambda r: r["published_unix"])
     if older_than_days is not None:

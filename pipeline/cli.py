@@ -346,6 +346,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
+    """Every command and option (long because it is the table of them, read top to bottom; no logic)."""
     p = _Parser(prog="python -m pipeline", description=__doc__)
     p.add_argument("-V", "--version", action="version", version=f"gr00t-tt-weights {_package_version()}")
     sub = p.add_subparsers(dest="command", required=True)

@@ -10,6 +10,7 @@ an error that names it. Pure: takes the key list and shapes, returns values.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 import tomllib
 from functools import cache
 from typing import Mapping
@@ -82,66 +83,92 @@ def _parity_ok(rule: dict, n: str | None) -> bool:
     return parity is None or (n is not None and int(n) % 2 == (1 if parity == "odd" else 0))
 
 
+@dataclass(frozen=True)
+class _Making:
+    """What every target of one plan is made with: the checkpoint's shapes and dims, the layout's kinds, the
+    profile."""
+    version: str
+    shapes: Mapping[str, tuple[int, ...]]
+    dims: Mapping[str, int]
+    kinds: Mapping[str, dict]
+    profile: str
+    profile_spec: Mapping[str, object]
+    min_pcc: Mapping[str, float]
+
+    def target(self, rule: dict, name: str, sources: tuple[str, ...]) -> Target:
+        kind = self.kinds[rule["kind"]]
+        dtype = kind["dtype"]
+        if dtype in ("rule", "profile"):  # a matmul weight: the profile's dtype, else the consumer's (the rule's)
+            dtype = self.profile_spec.get("matmul") or rule.get("dtype")
+            if dtype is None:
+                raise ConfigError(f"{RECIPES_PATH}: the rule for {sources[0]!r} gives no dtype and profile "
+                                  f"{self.profile!r} none either")
+        source_shapes = [self.shapes[s] for s in sources]
+        params = self._padding(rule, sources[0], source_shapes)
+        embodiment = bool(rule.get("embodiment", False))
+        return Target(name=name, sources=sources, transform=rule["transform"], kind=rule["kind"], device_dtype=dtype,
+                      layout=kind["layout"], shape=output_shape(rule["transform"], source_shapes, params),
+                      embodiment=embodiment,
+                      device_file=kind["layout"] != HOST and (bool(self.profile_spec.get("device_files", False))
+                                                              or dtype != "bfloat16"),
+                      min_pcc=float(self.min_pcc[dtype]), params=params,
+                      bank_slots=source_shapes[0][0] if embodiment else 0, mirrors=rule.get("mirrors", ""))
+
+    def _padding(self, rule: dict, key: str, source_shapes: list) -> tuple[int, ...]:
+        """(heads, head_dim, padded_head_dim) of a head-padding rule, checked against the key's shape; else ()."""
+        if "padded_head_dim" not in rule:
+            return ()
+        params = (int(self.dims[rule["heads"]]), int(self.dims[rule["head_dim"]]), int(rule["padded_head_dim"]))
+        split = padded_dim(rule["transform"], source_shapes)
+        if split != params[0] * params[1] or params[2] < params[1]:
+            raise RecipeError(f"{self.version}: {key!r} has shape {list(source_shapes[0])}, but the rule pads "
+                              f"{params[0]} heads of {params[1]} to {params[2]} (expected a dim of "
+                              f"{params[0] * params[1]}); the checkpoint does not have {self.version}'s attention shapes")
+        return params
+
+
+def _rules(version: str, layout: str) -> list[dict]:
+    """The layout's rules for this version, its rule sets in order."""
+    book, rules = recipes(), []
+    for name in load_config(version).rule_sets(layout):
+        if name not in book["rules"]:
+            raise ConfigError(f"configs/{version}.toml names rule set {name!r}, which {RECIPES_PATH} does not define")
+        rules += book["rules"][name]
+    return rules
+
+
+def _fused(making: _Making, rules: list[dict], containers: Mapping[str, str], consumed: dict) -> list[Target]:
+    """The targets of the rules that fuse several keys (they claim their keys first, whatever their position)."""
+    targets = []
+    for rule in (r for r in rules if "sources" in r):
+        first = _pattern(rule["sources"][0], containers)
+        for key in making.shapes:
+            m = first.match(key)
+            if not m or key in consumed or not _parity_ok(rule, m.groupdict().get("n")):
+                continue
+            sources = tuple(_fill(s, containers, m.groupdict()) for s in rule["sources"])
+            missing = [s for s in sources if s not in making.shapes]
+            if missing:
+                raise RecipeError(f"rule for {rule['target']!r} fuses {key!r} with {missing[0]!r}, which the checkpoint lacks")
+            name = _fill(rule["target"], {}, m.groupdict())
+            targets.append(making.target(rule, name, sources))
+            consumed.update({s: name for s in sources})
+    return targets
+
+
 def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str | None = None,
                layout: str | None = None) -> Plan:
     """Targets for a checkpoint whose keys and shapes are `shapes` (state-dict order is kept)."""
     layout, profile = resolve(version, layout, profile)
     cfg, book = load_config(version), recipes()
-    spec, prof = book["layouts"][layout], book["profiles"][profile]
-    dims = dims_of(version, shapes)
-    rules = []
-    for name in cfg.rule_sets(layout):
-        if name not in book["rules"]:
-            raise ConfigError(f"configs/{version}.toml names rule set {name!r}, which {RECIPES_PATH} does not define")
-        rules += book["rules"][name]
-    consumed: dict[str, str] = {}
-    targets: list[Target] = []
-    skipped: dict[str, str] = {}
+    spec = book["layouts"][layout]
+    making = _Making(version, shapes, dims_of(version, shapes), spec["kinds"], profile, book["profiles"][profile],
+                     book["min_pcc"])
     names = "components" if spec["naming"] == "component" else "containers"
-
-    def make_target(rule: dict, name: str, sources: tuple[str, ...]) -> Target:
-        kind = spec["kinds"][rule["kind"]]
-        dtype = kind["dtype"]
-        if dtype in ("rule", "profile"):  # a matmul weight: the profile's dtype, else the consumer's (the rule's)
-            dtype = prof.get("matmul") or rule.get("dtype")
-            if dtype is None:
-                raise ConfigError(f"{RECIPES_PATH}: the rule for {sources[0]!r} gives no dtype and profile "
-                                  f"{profile!r} none either")
-        source_shapes = [shapes[s] for s in sources]
-        params: tuple[int, ...] = ()
-        if "padded_head_dim" in rule:
-            params = (int(dims[rule["heads"]]), int(dims[rule["head_dim"]]), int(rule["padded_head_dim"]))
-            split = padded_dim(rule["transform"], source_shapes)
-            if split != params[0] * params[1] or params[2] < params[1]:
-                raise RecipeError(f"{version}: {sources[0]!r} has shape {list(source_shapes[0])}, but the rule pads "
-                                  f"{params[0]} heads of {params[1]} to {params[2]} (expected a dim of "
-                                  f"{params[0] * params[1]}); the checkpoint does not have {version}'s attention shapes")
-        shape = output_shape(rule["transform"], source_shapes, params)
-        keep = kind["layout"] != HOST and (bool(prof.get("device_files", False)) or dtype != "bfloat16")
-        embodiment = bool(rule.get("embodiment", False))
-        return Target(name, sources, rule["transform"], rule["kind"], dtype, kind["layout"], shape, embodiment,
-                      keep, float(book["min_pcc"][dtype]), params, source_shapes[0][0] if embodiment else 0,
-                      rule.get("mirrors", ""))
-
-    for rule in rules:  # fused rules claim keys first, whatever their position
-        if "sources" not in rule:
-            continue
-        first = _pattern(rule["sources"][0], cfg.containers)
-        for key in shapes:
-            m = first.match(key)
-            if not m or key in consumed or not _parity_ok(rule, m.groupdict().get("n")):
-                continue
-            sources = tuple(_fill(s, cfg.containers, m.groupdict()) for s in rule["sources"])
-            missing = [s for s in sources if s not in shapes]
-            if missing:
-                raise RecipeError(f"rule for {rule['target']!r} fuses {key!r} with {missing[0]!r}, which the checkpoint lacks")
-            name = _fill(rule["target"], {}, m.groupdict())
-            targets.append(make_target(rule, name, sources))
-            consumed.update({s: name for s in sources})
+    rules, consumed, skipped = _rules(version, layout), {}, {}
+    targets = _fused(making, rules, cfg.containers, consumed)
     compiled = [(_pattern(r["match"], cfg.containers), r) for r in rules if "match" in r]
-    for key in shapes:
-        if key in consumed:
-            continue
+    for key in (k for k in shapes if k not in consumed):  # then one key per target: the first rule that matches
         m, rule = next(((m, r) for p, r in compiled if (m := p.match(key))), (None, None))
         if rule is None:
             raise RecipeError(f"{version}: no {layout} recipe rule consumes {key!r} (shape {list(shapes[key])}); add "
@@ -150,7 +177,7 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
             skipped[key] = rule["skip"]
         else:
             name = _fill(rule["target"], {}, m.groupdict()) if "target" in rule else short_key(version, key, names)
-            targets.append(make_target(rule, name, (key,)))
+            targets.append(making.target(rule, name, (key,)))
         consumed[key] = rule.get("skip", "")
     order = {k: i for i, k in enumerate(shapes)}
     targets.sort(key=lambda t: order[t.sources[0]])
