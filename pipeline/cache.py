@@ -22,9 +22,8 @@ from pipeline.recipe import RECIPES_PATH
 from tasks import source
 from tasks.checkpoint import Checkpoint
 from tasks.bulk_write import write_json_atomic
-from tasks.entry import (CACHE_FORMAT, ENTRIES, TMP_MARK, Entry, OldFormatError, entry_key, list_entries,
+from tasks.entry import (CACHE_FORMAT, ENTRIES, TMP_MARK, Entry, Identity, OldFormatError, entry_key, list_entries,
                          manifest_key, open_entry, read_ref, ref_key, ref_object, refs, tmp_name, tmp_owner)
-from tasks.entry import entry_name as make_entry_name
 from tasks.errors import CacheError
 from tasks.plan import Plan
 from tasks.store import LocalStore, Store, open_store
@@ -80,7 +79,7 @@ def source_sha256(root: Path, ck: Checkpoint) -> dict[str, str]:
 
 
 def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...],
-             source_shapes: Mapping[str, tuple[int, ...]]) -> dict:
+             source_shapes: Mapping[str, tuple[int, ...]]) -> Identity:
     """Everything that determines the entry's bytes, and its fingerprint (sha256 of the canonical JSON); plus
     `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed beyond
     the revision and the synthetic mark: the same bytes in another folder are the same entry. `source_shapes`
@@ -93,12 +92,8 @@ def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, s
            "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
                        for t in plan.targets]}
     fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, "source": dict(source),
-            "source_shapes": {k: list(v) for k, v in sorted(source_shapes.items())}}
-
-
-def entry_name(ident: Mapping[str, object]) -> str:
-    return make_entry_name(str(ident["version"]), str(ident["layout"]), str(ident["profile"]), str(ident["fingerprint"]))
+    return Identity(fingerprint=fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, source=dict(source),
+                    source_shapes={k: list(v) for k, v in sorted(source_shapes.items())})
 
 
 def entries_dir(root: Path) -> Path:

@@ -19,7 +19,7 @@ from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
-from tasks.entry import (Entry, already_staged, array_attributes, array_documents, create_arrays, entry_key, push,
+from tasks.entry import (Entry, Identity, already_staged, array_attributes, array_documents, create_arrays, entry_key, push,
                          scratch_name, staged_records, write_ref)
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
@@ -93,12 +93,12 @@ class Prepared:
     checkpoint: Checkpoint
     plan: Plan
     slots: tuple[int, ...]
-    identity: dict           # cache.identity(): the manifest's identity fields and the fingerprint
+    identity: Identity       # what the entry's bytes are a function of, and its fingerprint
     root: Path
 
     @property
     def name(self) -> str:
-        return cache.entry_name(self.identity)
+        return self.identity.name
 
 
 @dataclass(frozen=True)
@@ -138,9 +138,9 @@ def convert(opts: ConvertOptions) -> dict:
     writable_folder(cache.build_root(store), "cache")
     prep = prepare(opts, cache.build_root(store))
     ck, plan, slots, ident, root, name = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root, prep.name
-    summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident["fingerprint"],
+    summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident.fingerprint,
                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
-               "skipped": dict(plan.skipped), "source": ident["source"]}
+               "skipped": dict(plan.skipped), "source": ident.source}
     existing = cache.find_entry(store, name) if not opts.force else None
     if opts.check_against_cache:
         if existing is None:
@@ -151,7 +151,7 @@ def convert(opts: ConvertOptions) -> dict:
         return {**summary, **checked, "seconds": time.perf_counter() - t0}
     if existing is not None:
         ck.close()
-        write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident["synthetic"]))
+        write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident.synthetic))
         hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
         if opts.device is not None:  # nothing to convert: upload straight from the cache
             slot = slots[0] if len(slots) == 1 else None
@@ -164,7 +164,7 @@ def convert(opts: ConvertOptions) -> dict:
     pushed = {}
     if not store.can_rename:
         pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
-    write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident["synthetic"]))
+    write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident.synthetic))
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
             "hashed_shards_before_graph": sorted(set(reused.verified) - reused.identified), "tasks": len(graph),
@@ -184,11 +184,11 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
     try:
         arrays = array_documents(plan, slots)
         create_arrays(tmp, arrays)
-        expected_sha = dict(ident["shards"])  # each shard's HF blob sha256, or its hash remembered in sources/
+        expected_sha = dict(ident.shards)  # each shard's HF blob sha256, or its hash remembered in sources/
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
             attrs = {t.name: array_attributes(t, slots) for t in plan.targets}
-            reused = plan_reuse(root, plan, slots, ck, ident["shards"], expected_sha, tmp, attrs)
+            reused = plan_reuse(root, plan, slots, ck, ident.shards, expected_sha, tmp, attrs)
         done = {}
         records = staged_records(tmp)  # a killed run's (and the reuse links') progress
         for t, slot in work_units(plan.targets, slots):

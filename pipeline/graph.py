@@ -29,7 +29,7 @@ from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
 from tasks.publish import publish_entry, unit_done
 from tasks.source import index_shard, read_slot, read_tensor, verify_shard
-from tasks.entry import Staged
+from tasks.entry import Identity, Staged
 from tasks.stage import stage_target
 from tasks.transforms import apply
 
@@ -46,7 +46,7 @@ class GraphInputs:
     entry_final: Path
     expected_sha256: Mapping[str, str | None]     # shard -> content identity to verify against
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
-    identity: Mapping[str, object]                 # identity fields the publish step records
+    identity: Identity                             # what the publish step records the entry as
     arrays: Mapping[str, dict]                     # target -> its `zarr.json` document (created before the run)
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
     prehashed: Mapping[str, object] = field(default_factory=dict)  # shard -> VerifiedShard hashed before the graph
@@ -110,7 +110,7 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
         verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)
     graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
-                           dict(inputs.identity), dict(inputs.arrays), List(*(TaskRef(("unit", u)) for u in units)),
+                           DataNode(None, inputs.identity), dict(inputs.arrays), List(*(TaskRef(("unit", u)) for u in units)),
                            List(*(TaskRef(("verify", s)) for s in sorted(ck.headers))), inputs.replace)
     return graph
 

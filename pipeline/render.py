@@ -28,7 +28,7 @@ def graph_inputs(opts) -> GraphInputs:
 
     p = prepare(opts)
     return GraphInputs(p.plan, p.checkpoint, p.slots, cache.entries_dir(p.root) / tmp_name(p.name, 0, "graph"),
-                       cache.entries_dir(p.root) / p.name, dict(p.identity["shards"]), {}, p.identity,
+                       cache.entries_dir(p.root) / p.name, dict(p.identity.shards), {}, p.identity,
                        array_documents(p.plan, p.slots))
 
 

@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -216,6 +216,33 @@ class ArrayRecord:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """What an entry's bytes are a function of, and its fingerprint: the manifest's first fields, the group
+    metadata's `gr00t_cache`, and the entry's name."""
+
+    fingerprint: str
+    cache_format: int
+    converter: str
+    version: str
+    revision: str | None
+    synthetic: str | None
+    layout: str
+    profile: str
+    shards: Mapping[str, str]          # shard file -> sha256
+    recipes_sha256: str
+    slots: list[int]
+    source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
+    source_shapes: Mapping[str, list[int]]
+
+    @property
+    def name(self) -> str:
+        return entry_name(self.version, self.layout, self.profile, self.fingerprint)
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class Manifest:
     """`MANIFEST.json`: the entry's identity (what its bytes are a function of), then every array and chunk."""
 
@@ -244,6 +271,11 @@ class Manifest:
                 "recipes_sha256": self.recipes_sha256, "slots": list(self.slots), "source": dict(self.source),
                 "source_shapes": dict(self.source_shapes), "published_unix": self.published_unix, "arrays": {n: a.to_json() for n, a in self.arrays.items()},
                 "bytes": self.bytes, "chunks": self.chunks}
+
+    @classmethod
+    def published(cls, identity: Identity, arrays: Mapping[str, ArrayRecord], nbytes: int, chunks: int) -> "Manifest":
+        """The manifest of an entry being published now."""
+        return cls(**identity.to_json(), published_unix=time.time(), arrays=arrays, bytes=nbytes, chunks=chunks)
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "Manifest":
@@ -293,9 +325,9 @@ def create_arrays(tmp: Path, arrays: Mapping[str, dict]) -> None:
         create_array(tmp / name, meta)
 
 
-def group_document(arrays: Mapping[str, dict], identity: Mapping[str, object]) -> dict:
+def group_document(arrays: Mapping[str, dict], identity: Identity) -> dict:
     """The entry's root `zarr.json`: every array document consolidated, and the identity as `gr00t_cache`."""
-    return group_metadata(arrays, {"gr00t_cache": dict(identity)})
+    return group_metadata(arrays, {"gr00t_cache": identity.to_json()})
 
 
 def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> None:

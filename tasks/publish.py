@@ -12,7 +12,6 @@ import errno
 import functools
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -20,7 +19,7 @@ from typing import Mapping, Sequence
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.bulk_write import write_json_atomic
-from tasks.entry import MANIFEST, PROGRESS_DIR, Manifest, Staged, group_document, manifest_arrays
+from tasks.entry import MANIFEST, PROGRESS_DIR, Identity, Manifest, Staged, group_document, manifest_arrays
 from tasks.device import Uploaded
 
 
@@ -82,7 +81,7 @@ def _libc() -> object:
         return None
 
 
-def publish_entry(tmp: str, final: str, identity: Mapping[str, object], array_meta: Mapping[str, dict],
+def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[str, dict],
                   units: Sequence[UnitDone], verified: Sequence[VerifiedShard], replace: bool = False) -> dict:
     """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success.
     `replace` (--force): a published `final` is moved aside only now, once the new entry is complete, and
@@ -98,9 +97,8 @@ def publish_entry(tmp: str, final: str, identity: Mapping[str, object], array_me
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
     for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
         orphan.unlink(missing_ok=True)
-    arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.get("converter"))
-    manifest = Manifest(**identity, published_unix=time.time(), arrays=arrays, bytes=sum(s.record.nbytes for s in staged),
-                        chunks=len(staged))
+    arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.converter)
+    manifest = Manifest.published(identity, arrays, sum(s.record.nbytes for s in staged), len(staged))
     _fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest.to_json(), durable=True)
     _fsync(tmp_dir)

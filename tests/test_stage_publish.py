@@ -15,7 +15,7 @@ import zarr
 
 from tasks import publish
 from tasks.convert import Converted
-from tasks.entry import CACHE_FORMAT, MANIFEST, PROGRESS_DIR, already_staged, content_id, open_entry, packed_path, staged_records
+from tasks.entry import CACHE_FORMAT, MANIFEST, Identity, PROGRESS_DIR, already_staged, content_id, open_entry, packed_path, staged_records
 from tasks.errors import CacheError
 from tasks.stage import stage_target
 from tasks.store import LocalStore
@@ -107,9 +107,9 @@ def test_a_content_id_changes_with_the_cache_format(monkeypatch):
     assert content_id(["a"], BASE, "1") != before
 
 
-IDENTITY = {"fingerprint": "ab" * 10 + "0" * 44, "cache_format": CACHE_FORMAT, "converter": "1",
-            "version": "n16", "revision": None, "synthetic": None, "layout": "tt-n16", "profile": "port",
-            "shards": {"s": "0" * 64}, "recipes_sha256": "0" * 64, "slots": [5], "source": {}, "source_shapes": {}}
+IDENTITY = Identity(fingerprint="ab" * 10 + "0" * 44, cache_format=CACHE_FORMAT, converter="1", version="n16",
+                    revision=None, synthetic=None, layout="tt-n16", profile="port", shards={"s": "0" * 64},
+                    recipes_sha256="0" * 64, slots=[5], source={}, source_shapes={})
 NAME = "n16-tt-n16-port-" + "ab" * 10
 VERIFIED = [SimpleNamespace(tensor_xxh3={"k1": "h1", "k2": "h2"}, header=SimpleNamespace(path=Path("s")))]
 
@@ -133,7 +133,7 @@ def test_publishing_writes_the_manifest_and_renames_the_whole_entry(tmp_path):
     assert entry.manifest.arrays["t"].source_xxh3 == {"k1": "h1"}
     assert entry.manifest.arrays["t"].content_id == content_id(["h1"], entry.manifest.arrays["t"].attributes, "1")
     group = zarr.open_group(str(final), mode="r")  # the consolidated group metadata, read by zarr-python
-    assert sorted(group.array_keys()) == ["b", "t"] and group.attrs["gr00t_cache"]["fingerprint"] == IDENTITY["fingerprint"]
+    assert sorted(group.array_keys()) == ["b", "t"] and group.attrs["gr00t_cache"]["fingerprint"] == IDENTITY.fingerprint
 
 
 def test_losing_the_race_to_an_identical_entry_is_success_and_replace_swaps_it_whole(tmp_path):
