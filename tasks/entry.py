@@ -243,39 +243,24 @@ class Identity:
 
 
 @dataclass(frozen=True)
-class Manifest:
-    """`MANIFEST.json`: the entry's identity (what its bytes are a function of), then every array and chunk."""
+class Manifest(Identity):
+    """`MANIFEST.json`: the entry's identity (what its bytes are a function of: `Identity`'s fields, first), then
+    every array and chunk. Entries of format 3 have no `source_shapes` (read as {})."""
 
-    fingerprint: str
-    cache_format: int
-    converter: str
-    version: str
-    revision: str | None
-    synthetic: str | None
-    layout: str
-    profile: str
-    shards: Mapping[str, str]          # shard file -> sha256
-    recipes_sha256: str
-    slots: list[int]
-    source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
-    source_shapes: Mapping[str, list[int]] = field(default_factory=dict)  # every checkpoint key (format 4 on)
     published_unix: float = 0.0
     arrays: Mapping[str, ArrayRecord] = field(default_factory=dict)
     bytes: int = 0
     chunks: int = 0
 
     def to_json(self) -> dict:
-        return {"fingerprint": self.fingerprint, "cache_format": self.cache_format, "converter": self.converter,
-                "version": self.version, "revision": self.revision, "synthetic": self.synthetic,
-                "layout": self.layout, "profile": self.profile, "shards": dict(self.shards),
-                "recipes_sha256": self.recipes_sha256, "slots": list(self.slots), "source": dict(self.source),
-                "source_shapes": dict(self.source_shapes), "published_unix": self.published_unix, "arrays": {n: a.to_json() for n, a in self.arrays.items()},
-                "bytes": self.bytes, "chunks": self.chunks}
+        return {**{f.name: getattr(self, f.name) for f in fields(Identity)}, "published_unix": self.published_unix,
+                "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks}
 
     @classmethod
     def published(cls, identity: Identity, arrays: Mapping[str, ArrayRecord], nbytes: int, chunks: int) -> "Manifest":
         """The manifest of an entry being published now."""
-        return cls(**identity.to_json(), published_unix=time.time(), arrays=arrays, bytes=nbytes, chunks=chunks)
+        return cls(**{f.name: getattr(identity, f.name) for f in fields(Identity)}, published_unix=time.time(),
+                   arrays=arrays, bytes=nbytes, chunks=chunks)
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "Manifest":
