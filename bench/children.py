@@ -162,10 +162,10 @@ def _targets_only(a: dict):
     (what tt-metal model code does with `cache_file_name` and dummy weights)."""
     import torch
 
-    from pipeline.layout import layout
+    from pipeline.state_dict import tensor_specs
     from pipeline.recipe import build_plan
 
-    plan = build_plan(a["version"], {s.key: s.shape for s in layout(a["version"], a["scale"])}, a["profile"], "generic")
+    plan = build_plan(a["version"], {s.key: s.shape for s in tensor_specs(a["version"], a["scale"])}, a["profile"], "generic")
     empty = torch.empty(0, dtype=torch.bfloat16)
     for t in plan.targets:
         yield t, empty
@@ -206,7 +206,7 @@ def _child_plain_loop(a: dict) -> dict:
 def _port_tensors(a: dict):
     """The port's own load path (tests/port_oracle.py, written from its files): `load_file` every shard, then its
     preprocessing of every weight, all 32 slots; yields (file name, tensor, dtype)."""
-    from pipeline.layout import dims_of
+    from pipeline.state_dict import dims_of
     from pipeline.recipe import build_plan
     from tests.port_oracle import hf_state, port_oracle
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline import cache
 from pipeline.convert import ConvertOptions, convert, writable_folder
-from pipeline.layout import straddling_unit
+from pipeline.state_dict import straddling_unit
 from pipeline.load import load
 from pipeline.render import write_graph
 from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache

@@ -70,10 +70,10 @@ def recognise(version: str, keys: list[str], where: Path) -> None:
     version's (a fine-tune's odd extra key is left to the recipe, which names it)."""
     from collections import Counter
 
-    from pipeline.layout import layout
+    from pipeline.state_dict import tensor_specs
     from pipeline.versions import VERSIONS
 
-    known = {v: {s.key for s in layout(v, "full")} for v in VERSIONS}
+    known = {v: {s.key for s in tensor_specs(v, "full")} for v in VERSIONS}
     share = {v: sum(k in known[v] for k in keys) / max(1, len(keys)) for v in VERSIONS}
     if share[version] >= 0.9:
         return

@@ -22,7 +22,7 @@ from typing import Callable, Hashable, Mapping
 
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
 
-from pipeline.layout import unit_of
+from pipeline.state_dict import unit_of
 from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from pipeline import cache
-from pipeline.layout import dims_of
+from pipeline.state_dict import dims_of
 from pipeline.recipe import RECIPES_PATH, build_plan
 from pipeline.versions import load_config
 from tasks import device as tt
@@ -657,7 +657,7 @@ def _shapes_of(snapshot: Path) -> dict[str, list[int]]:
 def serving_layout(code: PortCode) -> str:
     """The layout revision whose targets this port's constructors ask for, found by listing what they build for
     the published N1.6 shapes (no bytes: a fraction of a second)."""
-    from pipeline.layout import layout as key_specs
+    from pipeline.state_dict import tensor_specs as key_specs
 
     shapes = {s.key: list(s.shape) for s in key_specs(VERSION, "full")}
     listing = _Listing()

@@ -15,7 +15,7 @@ import tomllib
 from functools import cache
 from typing import Mapping
 
-from pipeline.layout import dims_of, short_key
+from pipeline.state_dict import dims_of, short_key
 from pipeline.versions import CONFIG_DIR, load_config
 from tasks.errors import ConfigError, RecipeError
 from tasks.plan import HOST, Plan, Target

@@ -22,7 +22,7 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from pipeline.layout import TensorSpec, layout
+from pipeline.state_dict import TensorSpec, tensor_specs
 from pipeline.snapshot import repo_folder, synthetic_repo_id
 from pipeline.versions import load_config
 from tasks.checkpoint import INDEX_NAME, SYNTHETIC_MARK
@@ -69,7 +69,7 @@ def synthesize(version: str, hf_cache: Path, scale: str = "tiny", seed: int = 0,
 
     `mutate` names keys whose values are drawn from another seed: a synthetic fine-tune of the same checkpoint."""
     cfg = load_config(version)
-    specs = layout(version, scale)
+    specs = tensor_specs(version, scale)
     mark = f"synthetic {version} ({scale} scale, seed {seed}{', a fine-tune' if mutate else ''}), not NVIDIA weights"
     revision = hashlib.sha1(json.dumps([version, scale, seed, sorted(mutate)]).encode()).hexdigest()
     repo = repo_folder(synthetic_repo_id(cfg, scale), hf_cache)

@@ -198,11 +198,11 @@ def test_gc_removes_orphans_of_dead_processes_and_broken_entries(n17_cache):
 
 
 def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tmp_path):
-    from pipeline.layout import layout
+    from pipeline.state_dict import tensor_specs
     from pipeline.reuse import shared_bytes
     from pipeline.synth import synthesize
 
-    head = frozenset(s.key for s in layout("n16", "tiny") if s.key.startswith("action_head."))
+    head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
     tuned_hf = tmp_path / "tuned-hf"
     synthesize("n16", tuned_hf, "tiny", mutate=head)
     root = tmp_path / "cache"
@@ -211,12 +211,12 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
     fresh = convert(_opts("n16", tmp_path / "fresh", hf_cache=tuned_hf, synthetic="tiny", reuse=False))
     assert tuned["fingerprint"] == fresh["fingerprint"] != base["fingerprint"]
     assert _chunks(Path(tuned["cache_path"])) == _chunks(Path(fresh["cache_path"]))  # reuse changes no byte
-    plan = recipe_mod.build_plan("n16", {s.key: s.shape for s in layout("n16", "tiny")})
+    plan = recipe_mod.build_plan("n16", {s.key: s.shape for s in tensor_specs("n16", "tiny")})
     changed = [t for t in plan.targets if any(k in head for k in t.sources)]
     unchanged = [t for t in plan.targets if t not in changed]
     assert tuned["reused_chunks"] == len(unchanged)
     assert tuned["stage_tasks"]["stage"] == sum(32 if t.embodiment else 1 for t in changed)
-    per_key = {s.key: s.nbytes for s in layout("n16", "tiny")}
+    per_key = {s.key: s.nbytes for s in tensor_specs("n16", "tiny")}
     assert tuned["bytes_read"] == sum(per_key[k] for t in changed for k in t.sources)  # only the changed targets
     assert shared_bytes(Path(tuned["cache_path"])) == tuned["reused_bytes"] > 0
     assert cache_mod.entry_at(Path(base["cache_path"])).verify() == []

@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from pipeline.cache import entries_dir
 from pipeline.convert import ConvertOptions, convert
-from pipeline.layout import layout
+from pipeline.state_dict import tensor_specs
 from pipeline.recipe import build_plan
 from pipeline.versions import load_config
 from tasks.errors import RecipeError
@@ -78,7 +78,7 @@ LAYOUTS = [(v, layout) for v in ("n15", "n16", "n17") for layout in load_config(
 
 @pytest.mark.parametrize("version,layout_name", LAYOUTS, ids=[f"{v}-{n}" for v, n in LAYOUTS])
 def test_every_source_key_is_consumed_once_or_skipped_with_a_reason(version, layout_name):
-    keys = {s.key: s.shape for s in layout(version)}
+    keys = {s.key: s.shape for s in tensor_specs(version)}
     plan = build_plan(version, keys, layout=layout_name)
     used = [k for t in plan.targets for k in t.sources]
     assert len(used) == len(set(used))
@@ -91,12 +91,12 @@ def test_every_source_key_is_consumed_once_or_skipped_with_a_reason(version, lay
 
 def test_the_entry_holds_one_array_per_target(n17_entry):
     summary, entry = n17_entry
-    plan = build_plan("n17", {s.key: s.shape for s in layout("n17")}, layout="generic")
+    plan = build_plan("n17", {s.key: s.shape for s in tensor_specs("n17")}, layout="generic")
     assert summary["targets"] == len(plan.targets) == len(list(zarr.open_group(str(entry), mode="r").array_keys()))
 
 
 def test_a_key_no_rule_consumes_fails_naming_it():
-    shapes = {s.key: s.shape for s in layout("n16", "tiny")} | {"backbone.model.extra_module.x": (3,)}
+    shapes = {s.key: s.shape for s in tensor_specs("n16", "tiny")} | {"backbone.model.extra_module.x": (3,)}
     with pytest.raises(RecipeError) as err:
         build_plan("n16", shapes)
     assert str(err.value).startswith("n16: no tt-n16 recipe rule consumes 'backbone.model.extra_module.x' (shape [3])")

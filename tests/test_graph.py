@@ -12,7 +12,7 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.recipe import build_plan
 from tasks.checkpoint import Checkpoint
 from pipeline.graph import PUBLISH, ancestors
-from pipeline.layout import straddling_unit
+from pipeline.state_dict import straddling_unit
 from pipeline.render import graph_for, graph_json, unit_summary
 from pipeline.versions import VERSIONS
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.convert import ConvertOptions, convert
-from pipeline.layout import layout
+from pipeline.state_dict import tensor_specs
 from pipeline.load import load
 from pipeline.recipe import build_plan, recipes, resolve
 from tasks.errors import ConfigError
@@ -41,7 +41,7 @@ def test_unknown_layout_and_a_profile_the_layout_lacks_are_one_sentence_errors()
 
 @pytest.mark.parametrize("version", ["n15", "n16", "n17"])
 def test_every_default_target_cites_the_port_file_it_mirrors(version):
-    plan = build_plan(version, {s.key: s.shape for s in layout(version)})
+    plan = build_plan(version, {s.key: s.shape for s in tensor_specs(version)})
     assert plan.layout == ("tt-n16" if version == "n16" else "tt-port")
     port_files = ("tt/ttnn_siglip2.py", "tt/ttnn_qwen3.py", "tt/ttnn_dit.py", "tt/ttnn_dit_optimized.py",
                   "tt/ttnn_embodiment.py", "tt/ttnn_groot_n16_model.py", "tt/ttnn_common.py")

@@ -185,10 +185,10 @@ def test_only_the_slots_asked_for_and_a_clear_error_for_the_others(attn):
 
 
 def test_the_config_at_the_published_dims_is_the_ports_default():
-    from pipeline.layout import layout
+    from pipeline.state_dict import tensor_specs
 
     code = port_n16.PortCode.find(PORT)
-    shapes = {s.key: list(s.shape) for s in layout("n16", "full")}
+    shapes = {s.key: list(s.shape) for s in tensor_specs("n16", "full")}
     default = code.attr("common.configs:Gr00tN16Config").default()
     assert port_n16.differences(port_n16.port_config(code, shapes), default) == []
     assert vars(port_n16.port_config(code, shapes).backbone.language) == vars(default.backbone.language)

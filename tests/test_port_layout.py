@@ -279,8 +279,8 @@ def test_the_hidden_traps_hold_in_the_default_layout(version):
 
 
 def _full_shapes(version: str) -> dict[str, tuple[int, ...]]:
-    from pipeline.layout import layout
-    return {s.key: s.shape for s in layout(version)}
+    from pipeline.state_dict import tensor_specs
+    return {s.key: s.shape for s in tensor_specs(version)}
 
 
 def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots, tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.layout import layout, straddling_unit
+from pipeline.state_dict import tensor_specs, straddling_unit
 from pipeline.versions import load_config
 from tasks.safetensors_file import frame_header
 
@@ -20,7 +20,7 @@ FACTS = {  # tensors, shards, total_size, straddling unit — literal reference 
 @pytest.mark.parametrize("version", FACTS)
 def test_counts_shards_total_size_and_straddle(version):
     tensors, shards, total, unit = FACTS[version]
-    specs = layout(version)
+    specs = tensor_specs(version)
     assert len(specs) == tensors
     assert len({s.shard for s in specs}) == shards
     assert sum(s.nbytes for s in specs) == total
@@ -29,7 +29,7 @@ def test_counts_shards_total_size_and_straddle(version):
 
 @pytest.mark.parametrize("version", FACTS)
 def test_tiny_keeps_keys_order_shards_and_slot_count(version):
-    full, tiny = layout(version, "full"), layout(version, "tiny")
+    full, tiny = tensor_specs(version, "full"), tensor_specs(version, "tiny")
     assert [(s.key, s.shard) for s in full] == [(s.key, s.shard) for s in tiny]
     assert sum(s.nbytes for s in tiny) < 50e6
     cfg = load_config(version)
@@ -40,7 +40,7 @@ def test_tiny_keeps_keys_order_shards_and_slot_count(version):
 def _straddle_split(version):
     unit = FACTS[version][3] + "."
     split = {}
-    for s in layout(version):
+    for s in tensor_specs(version):
         if s.key.startswith(unit):
             split.setdefault(s.shard[:11], []).append(s.key[len(unit):])
     return split
@@ -61,7 +61,7 @@ def test_dit_straddle_attention_in_shard1_ff_in_shard2(version):
 
 @pytest.mark.parametrize("version", FACTS)
 def test_embodiment_tensors_and_traps(version):
-    cfg, specs = load_config(version), {s.key: s.shape for s in layout(version)}
+    cfg, specs = load_config(version), {s.key: s.shape for s in tensor_specs(version)}
     banks = [k for k, shape in specs.items() if k.startswith("action_head.") and len(shape) >= 2 and shape[0] == 32
              and k.endswith((".W", ".b"))]
     assert sorted(banks) == sorted(cfg.embodiment_keys) and len(banks) == 14
@@ -72,7 +72,7 @@ def test_embodiment_tensors_and_traps(version):
 
 
 def test_n16_full_layout_reproduces_published_file_sizes():
-    specs = layout("n16")
+    specs = tensor_specs("n16")
     sizes = []
     for shard in sorted({s.shard for s in specs}):
         head, plan = frame_header([(s.key, "BF16", s.shape) for s in specs if s.shard == shard], {"format": "pt"})

@@ -1,4 +1,5 @@
-"""Checkpoint layouts derived from a version's dims: every `(key, shape)` in state-dict order, and the key → shard map.
+"""A version's state dict derived from its dims: every `(key, shape)` in state-dict order, and the key → shard map.
+(Not a target layout: those are tt-n16, tt-port and generic, configs/recipes.toml.)
 
 Each architecture family is one small generator of `(suffix, shape)` relative to its container prefix, in the
 order the model registers its parameters (../shared/reference/gr00t-checkpoints.md). Shards follow Hugging Face's
@@ -202,7 +203,7 @@ def _assign_shards(entries: list[tuple[str, Shape]], max_bytes: int) -> list[int
 
 
 @cache
-def layout(version: str, scale: str = "full") -> tuple[TensorSpec, ...]:
+def tensor_specs(version: str, scale: str = "full") -> tuple[TensorSpec, ...]:
     """The ordered tensor list of `version` at `scale`, each with its shard file name: the shard its key has at
     full scale (a scale with fewer layers keeps a subset of the keys)."""
     cfg = load_config(version)
@@ -219,7 +220,7 @@ def dims_of(version: str, shapes: Mapping[str, Shape]) -> Mapping[str, int]:
     synthetic stand-in), else the real ones. Recipes read head counts and head sizes from them."""
     cfg = load_config(version)
     for scale in SCALES[1:]:
-        specs = layout(version, scale)
+        specs = tensor_specs(version, scale)
         if all(tuple(shapes.get(s.key, ())) == s.shape for s in specs):  # extra keys: the recipe names them
             return cfg.dims_for(scale)
     return cfg.dims
@@ -255,7 +256,7 @@ def short_key(version: str, key: str, table: str) -> str:
 def straddling_unit(version: str) -> str:
     """The unit whose tensors sit in two shards, as derived from the layout (checked against the config)."""
     shards_by_unit: dict[str, set[str]] = {}
-    for spec in layout(version):
+    for spec in tensor_specs(version):
         shards_by_unit.setdefault(unit_of(version, spec.key), set()).add(spec.shard)
     split = [u for u, s in shards_by_unit.items() if len(s) > 1]
     if len(split) != 1:
