@@ -1,4 +1,4 @@
-"""The derived layouts reproduce every published/reference fact (../shared/reference/gr00t-checkpoints.md)."""
+"""The derived state dicts (tensor_specs) reproduce every published/reference fact (../shared/reference/gr00t-checkpoints.md)."""
 
 from __future__ import annotations
 
