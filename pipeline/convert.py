@@ -19,7 +19,7 @@ from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
-from tasks.entry import (Entry, Identity, already_staged, array_attributes, array_documents, create_arrays, entry_key, push,
+from tasks.entry import (Entry, Identity, already_staged, array_documents, create_arrays, entry_key, push,
                          scratch_name, staged_records, write_ref)
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
@@ -187,8 +187,8 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         expected_sha = dict(ident.shards)  # each shard's HF blob sha256, or its hash remembered in sources/
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
-            attrs = {t.name: array_attributes(t, slots) for t in plan.targets}
-            reused = plan_reuse(root, plan, slots, ck, ident.shards, expected_sha, tmp, attrs)
+            attrs = {name: doc["attributes"] for name, doc in arrays.items()}
+            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp, attrs)
         done = {}
         records = staged_records(tmp)  # a killed run's (and the reuse links') progress
         for t, slot in work_units(plan.targets, slots):

@@ -56,7 +56,7 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str],
-               expected_sha: dict[str, str | None], tmp: Path, array_attrs: dict[str, dict]) -> Reuse:
+               tmp: Path, array_attrs: dict[str, dict]) -> Reuse:
     """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
     reuse = Reuse()
     entries = _published(root, plan.version)
@@ -70,7 +70,7 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
             reuse.verified[shard] = VerifiedShard(header, shard_sha[shard], {k: known[k] for k in header.entries})
             reuse.identified.add(shard)
         else:
-            reuse.verified[shard] = verify_shard(header, expected_sha[shard])  # the verify pass, done first
+            reuse.verified[shard] = verify_shard(header, shard_sha[shard])  # the verify pass, done first
             hashes.update(reuse.verified[shard].tensor_xxh3)
     by_id: dict[str, tuple[Entry, str]] = {}
     for e in reversed(entries):  # newest wins
