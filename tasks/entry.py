@@ -239,7 +239,7 @@ class Identity:
         return entry_name(self.version, self.layout, self.profile, self.fingerprint)
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(Identity)}  # (a Manifest's identity part, too)
 
 
 @dataclass(frozen=True)
@@ -253,14 +253,13 @@ class Manifest(Identity):
     chunks: int = 0
 
     def to_json(self) -> dict:
-        return {**{f.name: getattr(self, f.name) for f in fields(Identity)}, "published_unix": self.published_unix,
+        return {**Identity.to_json(self), "published_unix": self.published_unix,
                 "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks}
 
     @classmethod
     def published(cls, identity: Identity, arrays: Mapping[str, ArrayRecord], nbytes: int, chunks: int) -> "Manifest":
         """The manifest of an entry being published now."""
-        return cls(**{f.name: getattr(identity, f.name) for f in fields(Identity)}, published_unix=time.time(),
-                   arrays=arrays, bytes=nbytes, chunks=chunks)
+        return cls(**Identity.to_json(identity), published_unix=time.time(), arrays=arrays, bytes=nbytes, chunks=chunks)
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "Manifest":
