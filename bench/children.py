@@ -51,7 +51,7 @@ def _child_load(a: dict) -> dict:
 
     t0 = time.perf_counter()
     w = load(a["version"], a["cache"], embodiment=a.get("embodiment"), profile=a.get("profile", "bf16"),
-             ttnn_host=a.get("ttnn_host", False), layout=a.get("layout", "generic"))
+             into="ttnn" if a.get("ttnn_host") else "torch", layout=a.get("layout", "generic"))
     return {"seconds": time.perf_counter() - t0, "bytes": w.stats["bytes_read"], "tensors": w.stats["tensors"]}
 
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -176,33 +177,47 @@ def resolve_ref(store: Store, version: str, layout: str, profile: str) -> Entry:
                      f"PROFILE={profile}` first")
 
 
-def choose_entry(store: Store, version: str, layout: str, profile: str, entry: str | None = None,
-                 revision: str | None = None, slot: int | None = None, source: str | Path | None = None) -> Entry:
-    """The entry `load` opens: `entry` (a name or a fingerprint prefix) when given; else the one the ref names, if
-    it matches `revision` and holds `slot`; else the newest published entry of this version, layout and profile
-    that does. An entry converted from a release always wins over a synthetic one (whose refs are their own). An
-    error lists what there is."""
-    unreadable, current = None, None
-    if entry is None and any(read_ref(store, version, layout, profile, s) for s in (False, True)):
+@dataclass(frozen=True)
+class Wanted:
+    """Which entry a reload asks for: a version, layout and profile (resolved), the slot it must hold (None: every
+    slot), and what may narrow it: an entry name or fingerprint prefix, the source revision, the snapshot folder
+    that was converted."""
+    version: str
+    layout: str
+    profile: str
+    slot: int | None = None
+    entry: str | None = None
+    revision: str | None = None
+    source: str | Path | None = None
+
+    def fits(self, e: Entry) -> bool:
+        snapshot = e.manifest.source.get("snapshot")
+        return e.manifest.holds_slot(self.slot) and (self.revision is None or e.manifest.revision == self.revision) \
+            and (self.source is None or (snapshot is not None and
+                                         Path(str(snapshot)).resolve() == Path(self.source).resolve()))
+
+    def kind(self) -> tuple[str, str, str]:
+        return self.version, self.layout, self.profile
+
+
+def choose_entry(store: Store, wanted: Wanted) -> Entry:
+    """The entry `load` opens: `wanted.entry` (a name or a fingerprint prefix) when given; else the one the ref
+    names, if it fits (revision, slot, source); else the newest published entry of this version, layout and
+    profile that does. An entry converted from a release always wins over a synthetic one (whose refs are their
+    own). An error lists what there is."""
+    unreadable, current, kind = None, None, wanted.kind()
+    if wanted.entry is None and any(read_ref(store, *kind, s) for s in (False, True)):
         try:  # a ref that names a missing or broken entry is said, never stepped over
-            current = resolve_ref(store, version, layout, profile)
+            current = resolve_ref(store, *kind)
         except OldFormatError as e:  # (after an upgrade: the newest entry of this format, if any, else this)
             unreadable = e
-        if current is not None and not current.manifest.is_synthetic and _fits(current, revision, slot, source):
+        if current is not None and not current.manifest.is_synthetic and wanted.fits(current):
             return current  # the common case: one manifest read, no listing
     published = [e for _, e, state in list_entries(store) if state == "published"]
-    if entry is not None:
-        found = [e for e in published if e.name == entry or e.manifest.fingerprint.startswith(entry)]
-        if len(found) != 1:
-            names = ", ".join(e.name for e in (found or published)) or "none"
-            raise CacheError(f"{store.describe(ENTRIES)}: {'no' if not found else 'more than one'} entry matches "
-                             f"{entry!r} ({'candidates' if found else 'entries'}: {names})")
-        if found[0].manifest.version != version:
-            raise CacheError(f"{found[0].describe()}: is a {found[0].manifest.version} entry, not {version}; pass "
-                             f"--version {found[0].manifest.version}, or an entry of {version}")
-        return found[0]
-    same = [e for e in published if (e.manifest.version, e.manifest.layout, e.manifest.profile) == (version, layout, profile)]
-    match = sorted((e for e in same if _fits(e, revision, slot, source)),
+    if wanted.entry is not None:
+        return _named_entry(store, published, wanted)
+    same = [e for e in published if (e.manifest.version, e.manifest.layout, e.manifest.profile) == kind]
+    match = sorted((e for e in same if wanted.fits(e)),
                    key=lambda e: (not e.manifest.is_synthetic, current is not None and e.name == current.name,
                                   e.manifest.published_unix), reverse=True)
     if match:
@@ -210,14 +225,27 @@ def choose_entry(store: Store, version: str, layout: str, profile: str, entry: s
     if unreadable is not None:
         raise unreadable  # what the ref names is of an older format: say so, not "convert first"
     if current is None and not same:
-        return resolve_ref(store, version, layout, profile)  # the "convert first" error
+        return resolve_ref(store, *kind)  # the "convert first" error
+    slot, revision = wanted.slot, wanted.revision
     want = " and ".join(x for x in (f"slot {slot}" if slot is not None else "every slot",
                                     f"revision {revision}" if revision else "",
-                                    f"source {source}" if source else "") if x)
+                                    f"source {wanted.source}" if wanted.source else "") if x)
     have = "; ".join(f"{e.name}: slots {e.manifest.slots}, revision {e.manifest.revision}" for e in same)
-    raise CacheError(f"{store.describe(ENTRIES)}: no published {version} ({layout}, {profile}) entry holds {want} "
-                     f"({have}); convert with --embodiments {slot if slot is not None else 'all'}"
+    raise CacheError(f"{store.describe(ENTRIES)}: no published {wanted.version} ({wanted.layout}, {wanted.profile}) "
+                     f"entry holds {want} ({have}); convert with --embodiments {slot if slot is not None else 'all'}"
                      f"{f' --revision {revision}' if revision else ''}")
+
+
+def _named_entry(store: Store, published: list[Entry], wanted: Wanted) -> Entry:
+    found = [e for e in published if e.name == wanted.entry or e.manifest.fingerprint.startswith(wanted.entry)]
+    if len(found) != 1:
+        names = ", ".join(e.name for e in (found or published)) or "none"
+        raise CacheError(f"{store.describe(ENTRIES)}: {'no' if not found else 'more than one'} entry matches "
+                         f"{wanted.entry!r} ({'candidates' if found else 'entries'}: {names})")
+    if found[0].manifest.version != wanted.version:
+        raise CacheError(f"{found[0].describe()}: is a {found[0].manifest.version} entry, not {wanted.version}; pass "
+                         f"--version {found[0].manifest.version}, or an entry of {wanted.version}")
+    return found[0]
 
 
 def warn_if_synthetic(opened: Entry, acknowledged: bool) -> None:
@@ -228,12 +256,6 @@ def warn_if_synthetic(opened: Entry, acknowledged: bool) -> None:
         warnings.warn(SyntheticWeightsWarning(
             f"{opened.name} holds SYNTHETIC weights ({opened.manifest.source.get('synthetic') or opened.manifest.synthetic}),"
             " not a GR00T release; pass synthetic=True to load them without this warning"), stacklevel=3)
-
-
-def _fits(e: Entry, revision: str | None, slot: int | None, source: str | Path | None) -> bool:
-    snapshot = e.manifest.source.get("snapshot")
-    return e.manifest.holds_slot(slot) and (revision is None or e.manifest.revision == revision) and \
-        (source is None or (snapshot is not None and Path(str(snapshot)).resolve() == Path(source).resolve()))
 
 
 LEASES = "leases"  # `leases/<entry>@<pid>-<random>`: a local reader of that entry, alive while its process is

@@ -193,8 +193,9 @@ def cmd_graph(a: argparse.Namespace) -> dict:
 
 def cmd_load(a: argparse.Namespace) -> dict:
     with opened_device(a.device) as dev:
-        loaded = load(a.version, a.cache, a.embodiment, a.profile, device=dev, layout=a.layout, entry=a.entry,
-                      revision=a.revision, source=a.source, synthetic=True)  # (it prints SYNTHETIC itself)
+        loaded = load(a.version, a.cache, a.embodiment, into="torch" if dev is None else dev, profile=a.profile,
+                      layout=a.layout, entry=a.entry, revision=a.revision, source=a.source,
+                      synthetic=True)  # (it prints SYNTHETIC itself)
     result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source, **loaded.stats}
     if not a.json:
         if loaded.source.get("synthetic"):
@@ -288,7 +289,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
     print_convert(convert(replace(opts, progress=False)))
-    loaded = load("n17", a.cache, embodiment="new_embodiment", ttnn_host=True, synthetic=True)
+    loaded = load("n17", a.cache, embodiment="new_embodiment", into="ttnn", synthetic=True)
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
           f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read, as the "
           "ttnn host tensors a device takes:")
@@ -300,7 +301,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     port = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=demo_hf, synthetic="tiny",
                                   cache_root=a.cache, progress=False))
     print_convert(port)
-    host = load("n16", a.cache, "gr1", ttnn_host=True, synthetic=True)
+    host = load("n16", a.cache, "gr1", into="ttnn", synthetic=True)
     _print_targets(host.tensors, ("vision.encoder.layers.0.self_attn.qkv_padded.weight",
                                   "language.model.layers.0.self_attn.q_proj.weight", "language.model.embed_tokens.weight"))
     return summary

@@ -155,7 +155,7 @@ def convert(opts: ConvertOptions) -> dict:
         hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
         if opts.device is not None:  # nothing to convert: upload straight from the cache
             slot = slots[0] if len(slots) == 1 else None
-            hit["device_tensors"] = load(opts.version, store, slot, plan.profile, device=opts.device,
+            hit["device_tensors"] = load(opts.version, store, slot, into=opts.device, profile=plan.profile,
                                         layout=plan.layout, entry=name, synthetic=True).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     final = cache.entries_dir(root) / name

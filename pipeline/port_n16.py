@@ -40,8 +40,7 @@ from pipeline import cache
 from pipeline.state_dict import dims_of
 from pipeline.recipe import RECIPES_PATH, build_plan
 from pipeline.versions import load_config
-from tasks import device as tt
-from tasks.bulk_write import nbytes
+from tasks import reload
 from tasks.entry import Entry
 from tasks.errors import CacheError, PipelineError
 
@@ -429,7 +428,7 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
     opened = None
     for layout in layouts if entry is None else ["tt-n16"]:
         try:
-            opened = cache.choose_entry(store, VERSION, layout, profile, entry, slot=slot)
+            opened = cache.choose_entry(store, cache.Wanted(VERSION, layout, profile, slot, entry))
             break
         except CacheError:
             if entry is not None or layout == layouts[-1]:
@@ -446,7 +445,7 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
         if opened.manifest.layout in fits or not fits or entry is not None:
             return opened, listing, model, traced  # (a layout that does not fit is explained by _match)
         try:
-            opened = cache.choose_entry(store, VERSION, fits[0], profile, slot=slot)
+            opened = cache.choose_entry(store, cache.Wanted(VERSION, fits[0], profile, slot))
         except CacheError as e:
             raise CacheError(f"port revision {code.revision} at {code.root} takes layout {fits[0]}: {e}") from None
     return opened, listing, model, traced
@@ -454,60 +453,19 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
 
 def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):
     """The device files asked for and the host tables (float32 torch tensors), every byte read and checked
-    against its record. On a device every file is checked before the first upload; on the host each is checked
-    where ttnn maps it (it maps a `.tensorbin` lazily: hashing the mapping reads each byte once, into memory, and
-    checks the very bytes the tensor holds)."""
-    import torch
-
+    against its record (tasks/reload.py), and the bytes read."""
     arrays = entry.manifest.arrays
     missing = [(n, s) for n, s in needed if arrays[n].chunks[s].tensorbin is None]
     if missing:
         raise CacheError(f"{entry.describe()}: {missing[0][0]} has no device file (profile "
                          f"{entry.manifest.profile} keeps none); convert with --profile port or bfp8")
-
-    def widen(name: str):  # bf16 -> float32 (exact), block by block as the chunk is read and checked
-        out = torch.empty(arrays[name].logical_shape, dtype=torch.float32)
-        flat, at = out.view(-1), 0
-        for block in entry.chunk_blocks(name, None):
-            n = len(block) // 2
-            flat[at:at + n].copy_(torch.frombuffer(block, dtype=torch.bfloat16))
-            at += n
-        return out
-
     with ThreadPoolExecutor(threads) as pool:
-        host_tables = {n: pool.submit(widen, n) for n in host_arrays}
-        if device is not None:
-            files = list(pool.map(lambda k: entry.device_file(*k), needed))
-            tensors = [tt.load_packed(f, device) for f in files]  # one upload at a time into one device
-        else:
-            tensors = _host_device_files(entry, needed, pool)
+        host_tables = {n: pool.submit(reload.host_table, entry, n) for n in host_arrays}
+        tensors = reload.device_tensors(entry, needed, pool, device)
         host = {n: f.result() for n, f in host_tables.items()}
-    read = sum(arrays[n].chunks[s].tensorbin.nbytes for n, s in needed) + \
-        sum(nbytes(arrays[n].logical_shape) for n in host_arrays)
-    return dict(zip(needed, tensors)), host, read
-
-
-def _host_device_files(entry: Entry, needed: list[tuple[str, int | None]], pool: ThreadPoolExecutor) -> list:
-    """Host tensors of the device files, each checked where ttnn maps it; a file it does not map (or one that
-    fails) is read and checked, or refused in one sentence, by the entry itself."""
-    arrays = entry.manifest.arrays
-    paths = []
-    for key in needed:
-        path = entry.store.local_file(entry.device_object(*key))
-        paths.append(path if path is not None else entry.device_file(*key))  # (which refuses a missing one)
-    tensors = [tt.load_packed(p) for p in paths]
-    folders = {p.parent for p in paths}
-    real_folder = {f: os.path.realpath(f) for f in folders}  # one realpath per folder, not per file
-    real = [os.path.join(real_folder[p.parent], p.name) for p in paths]
-    mapped = tt.mapped_files(real)
-
-    def check(i: int) -> None:
-        record, view = arrays[needed[i][0]].chunks[needed[i][1]].tensorbin, mapped.get(real[i])
-        if view is None or len(view) < record.nbytes or not record.matches(view[:record.nbytes]):
-            entry.device_file(*needed[i])  # read and checked here: a bad file is refused by name
-
-    list(pool.map(check, range(len(needed))))
-    return tensors
+    nbytes = reload.read_bytes(entry, needed, from_device_files=True) + \
+        reload.read_bytes(entry, [(n, None) for n in host_arrays])
+    return dict(zip(needed, tensors)), host, nbytes
 
 
 # -- comparing two builds -----------------------------------------------------------------------------------------

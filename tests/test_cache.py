@@ -327,7 +327,7 @@ def test_a_damaged_device_file_is_refused_on_reload(hf_cache, tmp_path, damage):
         data = data[:-1]
     victim.write_bytes(bytes(data))
     with pytest.raises(CacheError, match=f"{victim.name}: packed tensor does not match its manifest checksum"):
-        load("n16", tmp_path, embodiment="gr1", profile="port", layout="tt-n16", ttnn_host=True)
+        load("n16", tmp_path, embodiment="gr1", profile="port", layout="tt-n16", into="ttnn")
 
 
 def test_a_ref_naming_a_broken_entry_is_said_and_never_stepped_over(hf_cache, tmp_path):

@@ -203,6 +203,10 @@ def test_load_finds_the_entry_holding_the_slot_and_takes_an_entry_or_revision(tw
         load("n17", root, "all")  # never slot 0 in disguise
     with pytest.raises(ConfigError, match="load takes one embodiment"):
         load("n17", root, "10,0")
+    with pytest.raises(ConfigError, match=r"load\(into='numpy'\): expected one of torch, ttnn, or an open device"):
+        load("n17", root, 0, into="numpy")
+    with pytest.raises(CacheError, match="device tensors hold one embodiment slot"):
+        load("n17", root, "all", into="ttnn", entry=old)
     proc = _cli("load", "--version", "n17", "--embodiment", "10", "--entry", old, "--cache", str(root), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["entry"] == old
 

@@ -85,7 +85,7 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
 
     summary = convert(ConvertOptions("n17", "bfp8", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=tmp_path, progress=False, layout="generic"))  # (norms ROW_MAJOR)
-    loaded = load("n17", tmp_path, embodiment="new_embodiment", profile="bfp8", ttnn_host=True, layout="generic")
+    loaded = load("n17", tmp_path, embodiment="new_embodiment", profile="bfp8", into="ttnn", layout="generic")
     assert len(loaded.tensors) == summary["targets"]
     w2 = loaded.tensors["action_head.action_encoder.W2.W"]
     assert str(w2.dtype) == "DataType.BFLOAT8_B" and str(w2.layout) == "Layout.TILE"

@@ -126,7 +126,7 @@ def test_an_unreadable_manifest_is_one_sentence(tmp_path, manifest, expected):
 
 def test_another_format_or_a_fingerprint_of_another_name_is_refused(tmp_path):
     _write_entry(tmp_path, cache_format=2)
-    with pytest.raises(fmt.OldFormatError, match=f"written in cache format 2, which this converter does not read") as err:
+    with pytest.raises(fmt.OldFormatError, match="written in cache format 2, which this converter does not read") as err:
         fmt.open_entry(LocalStore(tmp_path), NAME)
     assert err.value.cache_format == 2 and f"cache rm {NAME} --include-current" in str(err.value)
     other = "n16-tt-n16-port-" + "cd" * 10

@@ -79,7 +79,7 @@ def _conformance(c: Converted) -> int:
     oracle = port_oracle(hf_state(c.snapshot), dict(load_config(c.version).dims_for(c.scale)), slots, c.version)
     manifest = json.loads((c.entry / "MANIFEST.json").read_text())["arrays"]
     assert sorted(manifest) == sorted(oracle)  # the same tensors, no more and no fewer
-    host = load(c.version, c.root, embodiment=slot, ttnn_host=True)
+    host = load(c.version, c.root, embodiment=slot, into="ttnn")
     group = zarr.open_group(str(c.entry), mode="r")
     assert sorted(host.tensors) == sorted(oracle)
     for name, (expected, dtype) in oracle.items():
@@ -287,7 +287,7 @@ def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots,
     """The bf16 plan keeps no .tensorbin: a reload builds the ttnn host tensors from the bf16 chunks. Each must
     hold the plain reload's values, and equal ttnn's own `from_torch` of them, serialized byte for byte."""
     convert(ConvertOptions("n16", "bf16", embodiments="gr1", snapshot=snapshots["n16"], cache_root=tmp_path, progress=False))
-    host = load("n16", tmp_path, "gr1", profile="bf16", ttnn_host=True)
+    host = load("n16", tmp_path, "gr1", profile="bf16", into="ttnn")
     values = load("n16", tmp_path, "gr1", profile="bf16").tensors
     checked = 0
     for name, mine in host.tensors.items():

@@ -66,7 +66,7 @@ def port_entry(hf_cache, tmp_path_factory):
 def test_load_to_device_comes_from_the_device_files(simulated_device, port_entry, monkeypatch):
     root, name = port_entry
     monkeypatch.setattr(tt, "upload_array", lambda *a, **k: pytest.fail("a packed target was re-converted"))
-    loaded = load("n16", root, embodiment="gr1", device=simulated_device)
+    loaded = load("n16", root, embodiment="gr1", into=simulated_device)
     files = entry_files(root, name)
     device_targets = {n for n, _ in files}
     assert set(loaded.tensors) - device_targets == {n for n in loaded.tensors if "_norm." in n or "embed_tokens" in n}
@@ -86,7 +86,7 @@ def test_one_embodiment_on_device_is_that_slot_of_the_source(simulated_device, p
     from safetensors import safe_open
 
     root, _ = port_entry
-    loaded = load("n16", root, embodiment="gr1", device=simulated_device)
+    loaded = load("n16", root, embodiment="gr1", into=simulated_device)
     shard = next(p for p in snapshots["n16"].glob("*.safetensors")
                  if "action_head.action_encoder.W2.W" in safe_open(str(p), "pt").keys())
     with safe_open(str(shard), "pt") as f:
@@ -110,7 +110,7 @@ def test_a_device_file_damaged_after_publish_is_refused_before_any_upload(simula
     real = tt.load_packed
     monkeypatch.setattr(tt, "load_packed", lambda path, device=None: uploads.append(path) or real(path, device))
     with pytest.raises(CacheError, match="packed tensor does not match its manifest checksum"):
-        load("n16", copy, embodiment="gr1", device=simulated_device)
+        load("n16", copy, embodiment="gr1", into=simulated_device)
     assert uploads == []
 
 

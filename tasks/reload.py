@@ -1,0 +1,123 @@
+"""An entry's chunks as tensors, in each form a consumer takes: torch on the host, ttnn on the host, ttnn on a device.
+
+Every byte is checked against its manifest record before it is used. This module knows nothing of which entry,
+or why: the caller (pipeline/load.py, pipeline/port_n16.py) chooses the entry, holds its lease and owns the pool.
+Uncompressed Zarr v3 chunks are raw bytes, so a local chunk is memory-mapped copy-on-write (the page cache's pages;
+writes stay private) and an object-store chunk is fetched on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from tasks import device as tt
+from tasks import tensorbin
+from tasks.entry import STORAGE_DTYPE, Entry, Manifest
+from tasks.errors import CacheError
+
+Chunk = tuple[str, "int | None"]  # (array, slot): slot None is the whole array
+
+
+def plan_reads(manifest: Manifest, slot: int | None) -> list[Chunk]:
+    """Every chunk to read, in the manifest's order: whole arrays, and of each bank the slot asked for (None: every
+    slot, each of which the entry must hold). For one embodiment a bank contributes about 1/32 of its bytes."""
+    reads: list[Chunk] = []
+    for name, arr in manifest.arrays.items():
+        if not arr.bank:
+            reads.append((name, None))
+            continue
+        for s in [slot] if slot is not None else range(arr.shape[0]):
+            if s not in arr.chunks:
+                have = ", ".join(str(k) for k in sorted(arr.chunks))
+                raise CacheError(f"{name}: embodiment slot {s} was not converted into this entry (it holds slots "
+                                 f"{have}); convert with --embodiments {s} or all")
+            reads.append((name, s))
+    return reads
+
+
+def read_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = False) -> int:
+    """What reading these chunks reads: each chunk's bytes, or its `.tensorbin`'s where one is read instead."""
+    records = (entry.manifest.arrays[n].chunks[s] for n, s in chunks)
+    return sum(r.tensorbin.nbytes if from_device_files and r.tensorbin is not None else r.nbytes for r in records)
+
+
+def torch_tensors(entry: Entry, chunks: list[Chunk], every_slot: bool, pool: ThreadPoolExecutor) -> dict:
+    """torch bf16 tensors by array name. `every_slot`: a bank becomes one `[slots, ...]` tensor, its slots read
+    straight into one buffer (no stacking copy); else each chunk is its own tensor."""
+    import torch  # lazy: 1-2 s to import, and `cache`/`convert` never need it
+
+    arrays = entry.manifest.arrays
+    banks = {n: np.empty([len(arrays[n].chunks)] + arrays[n].logical_shape, STORAGE_DTYPE)
+             for n, _ in chunks if every_slot and arrays[n].bank}
+    read = pool.map(lambda c: entry.read_chunk(*c, banks[c[0]][c[1]] if c[0] in banks else None), chunks)
+    buffers = {n: data for (n, _), data in zip(chunks, read) if n not in banks} | banks
+    return {n: torch.from_numpy(buf).view(torch.bfloat16) for n, buf in buffers.items()}
+
+
+def host_table(entry: Entry, name: str):
+    """A host-only array (tt-n16: q_norm, k_norm, embed_tokens) as the port keeps it: a torch float32 tensor,
+    widened from bf16 (exact) block by block as the chunk is read and checked, so a 622 MB table needs 8 MB besides
+    its result, not a second copy."""
+    import torch
+
+    out = torch.empty(entry.manifest.arrays[name].logical_shape, dtype=torch.float32)
+    flat, at = out.view(-1), 0
+    for block in entry.chunk_blocks(name, None):
+        n = len(block) // 2
+        flat[at:at + n].copy_(torch.frombuffer(block, dtype=torch.bfloat16))
+        at += n
+    return out
+
+
+def takes_device_files(device) -> bool:
+    """Whether chunks with a `.tensorbin` come from it (ttnn's own file, as it stored it): on the host and on one
+    device. A mesh takes everything from the bf16 chunks through `upload_array`, the one place that decides which
+    targets are split across its devices."""
+    return device is None or tt.mesh_size(device) == 1
+
+
+def ttnn_tensors(entry: Entry, chunks: list[Chunk], pool: ThreadPoolExecutor, device=None) -> dict:
+    """ttnn tensors by chunk in their device dtype and layout, on the host (`device` None) or on `device`: those
+    with a `.tensorbin` straight from it (`device_tensors`), the rest converted from their bf16 chunk."""
+    arrays = entry.manifest.arrays
+    from_file = takes_device_files(device)
+    packed = [c for c in chunks if from_file and arrays[c[0]].chunks[c[1]].tensorbin is not None]
+    plain = [c for c in chunks if not (from_file and arrays[c[0]].chunks[c[1]].tensorbin is not None)]
+    out = dict(zip(packed, device_tensors(entry, packed, pool, device)))
+    for (name, slot), data in zip(plain, pool.map(lambda c: entry.read_chunk(*c), plain)):
+        arr = arrays[name]
+        out[(name, slot)] = tensorbin.host_tensor(data, arr.device_dtype, arr.device_layout) if device is None else \
+            tt.upload_array(data, arr.device_dtype, arr.device_layout, str(arr.attributes["kind"]), device)
+    return {c: out[c] for c in chunks}
+
+
+def device_tensors(entry: Entry, chunks: list[Chunk], pool: ThreadPoolExecutor, device=None) -> list:
+    """ttnn's `load_tensor` of each chunk's `.tensorbin`, on the host or on `device`. On a device every file is
+    read and checked before the first upload, and they go up one at a time. On the host each is checked where
+    ttnn maps it (it maps a `.tensorbin` lazily: hashing the mapping reads each byte once, into memory, and checks
+    the very bytes the tensor holds); a file it does not map is read and checked, or refused by name, by the entry."""
+    if device is not None:
+        files = list(pool.map(lambda c: entry.device_file(*c), chunks))  # every one checked first
+        return [tt.load_packed(f, device) for f in files]
+    arrays = entry.manifest.arrays
+    paths = []
+    for name, slot in chunks:  # a missing file, or one of another size, is refused by the entry before ttnn opens it
+        path = entry.store.local_file(entry.device_object(name, slot))
+        if path is None or path.stat().st_size != arrays[name].chunks[slot].tensorbin.nbytes:
+            path = entry.device_file(name, slot)
+        paths.append(path)
+    tensors = [tt.load_packed(p) for p in paths]
+    real_folder = {f: os.path.realpath(f) for f in {p.parent for p in paths}}  # one realpath per folder
+    real = [os.path.join(real_folder[p.parent], p.name) for p in paths]
+    mapped = tt.mapped_files(real)
+
+    def check(i: int) -> None:
+        record, view = arrays[chunks[i][0]].chunks[chunks[i][1]].tensorbin, mapped.get(real[i])
+        if view is None or len(view) < record.nbytes or not record.matches(view[:record.nbytes]):
+            entry.device_file(*chunks[i])  # read and checked here: a bad file is refused by name
+
+    list(pool.map(check, range(len(chunks))))
+    return tensors
