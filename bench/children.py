@@ -206,13 +206,14 @@ def _child_plain_loop(a: dict) -> dict:
 def _port_tensors(a: dict):
     """The port's own load path (tests/port_oracle.py, written from its files): `load_file` every shard, then its
     preprocessing of every weight, all 32 slots; yields (file name, tensor, dtype)."""
-    from pipeline.state_dict import dims_of
     from pipeline.recipe import build_plan
+    from pipeline.state_dict import dims_of
+    from pipeline.versions import load_config
     from tests.port_oracle import hf_state, port_oracle
 
     state = hf_state(Path(a["snapshot"]))
     shapes = {k: tuple(v.shape) for k, v in state.items()}
-    dims = dict(dims_of(a["version"], shapes))
+    dims = dict(dims_of(load_config(a["version"]), shapes))
     plan = a.get("plan", "port")  # another dtype plan: each tensor in the dtype our plan gives it (same names)
     dtype_of = {t.name: t.device_dtype for t in build_plan(a["version"], shapes, plan, "tt-n16").targets}
     for name, (x, dtype) in port_oracle(state, dims, range(dims["embodiments"])).items():

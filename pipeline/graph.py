@@ -22,7 +22,6 @@ from typing import Callable, Hashable, Mapping
 
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
 
-from pipeline.state_dict import unit_of
 from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
@@ -94,9 +93,8 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     units: dict[str, list[TaskRef]] = {}
     unit_shards: dict[str, set[str]] = {}
     for t, slot in work_units(inputs.plan.targets, inputs.slots):
-        name = unit_of(inputs.plan.version, t.sources[0])
-        unit = units.setdefault(name, [])
-        unit_shards.setdefault(name, set()).update(ck.shard_of(k) for k in t.sources)
+        in_unit = units.setdefault(t.unit, [])
+        unit_shards.setdefault(t.unit, set()).update(ck.shard_of(k) for k in t.sources)
         reads = []
         for key in t.sources:
             indexed = TaskRef(("index", ck.shard_of(key)))
@@ -105,7 +103,7 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
                 graph[read_key] = (_task(read_key, read_tensor, indexed, key) if slot is None
                                    else _task(read_key, read_slot, indexed, key, slot))
             reads.append(TaskRef(read_key))
-        unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
+        in_unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
     for unit, staged in units.items():
         verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)

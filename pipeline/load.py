@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.recipe import resolve
-from pipeline.versions import load_config
+from pipeline.recipe import layout_and_profile
+from pipeline.versions import VersionConfig, load_config
 from tasks import reload
 from tasks.errors import CacheError, ConfigError
 from tasks.store import Store
@@ -72,8 +72,9 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     t0 = time.perf_counter()
     if isinstance(into, str) and into not in FORMS:
         raise ConfigError(f"load(into={into!r}): expected one of {', '.join(FORMS)}, or an open device")
-    wanted = cache.Wanted(version, *resolve(version, layout, profile), _slot(version, embodiment), entry, revision,
-                          source)
+    cfg = load_config(version)
+    wanted = cache.Wanted(version, *layout_and_profile(cfg, layout, profile), _slot(cfg, embodiment), entry,
+                          revision, source)
     opened = cache.choose_entry(cache.cache_store(cache_dir), wanted)
     cache.warn_if_synthetic(opened, synthetic)
     for what, asked, held in (("layout", layout, opened.manifest.layout), ("profile", profile, opened.manifest.profile)):
@@ -94,10 +95,10 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
                   dict(opened.manifest.source))
 
 
-def _slot(version: str, embodiment: str | int | None) -> int | None:
+def _slot(cfg: VersionConfig, embodiment: str | int | None) -> int | None:
     if embodiment is None or str(embodiment).strip() == "all":
         return None
-    ids = load_config(version).slot_ids(str(embodiment))
+    ids = cfg.slot_ids(str(embodiment))
     if len(ids) != 1:
         raise ConfigError(f"load takes one embodiment (a tag or slot id) or all, not {embodiment!r}: slots {list(ids)}")
     return ids[0]

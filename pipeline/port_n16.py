@@ -45,6 +45,7 @@ from tasks.entry import Entry
 from tasks.errors import CacheError, PipelineError
 
 VERSION = "n16"
+N16 = load_config(VERSION)  # configs/n16.toml: its [port] table names the port's classes and layouts
 TT_METAL_ENV = "TT_METAL_HOME"
 
 
@@ -63,7 +64,7 @@ class PortCode:
 
     @classmethod
     def find(cls, tt_metal: str | Path | None = None) -> "PortCode":
-        spec = load_config(VERSION).port
+        spec = N16.port
         where = tt_metal or os.environ.get(TT_METAL_ENV)
         if not where:
             raise PortError(f"no tt-metal tree given: pass tt_metal= (--tt-metal DIR) or set {TT_METAL_ENV} to the "
@@ -248,7 +249,7 @@ def _match(requests: list[Request], entry: Entry, code: PortCode) -> dict[tuple[
                 "no target of it has those sources")
         fits = _layouts_serving(requests, entry.manifest.source_shapes, entry.manifest.profile)
         remedy = (f"convert with --layout {fits[0]} for this port revision" if fits else
-                  f"no supported layout revision ({', '.join(load_config(VERSION).port['layouts'])}) has it; "
+                  f"no supported layout revision ({', '.join(N16.port['layouts'])}) has it; "
                   "this port revision is not supported")
         raise PortError(f"{code.root} (port revision {code.revision}) builds {r.describe()}, but entry "
                         f"{entry.name} ({entry.manifest.layout}) cannot hand it over: {have}; {remedy}")
@@ -259,7 +260,7 @@ def _layouts_serving(requests: list[Request], source_shapes: Mapping[str, list[i
     """The layout revisions whose plan, for this checkpoint, has a target for every request."""
     shapes = {k: tuple(v) for k, v in source_shapes.items()}
     fits = []
-    for layout in load_config(VERSION).port["layouts"]:
+    for layout in N16.port["layouts"]:
         plan = build_plan(VERSION, shapes, profile, layout)
         targets = {t.sources: t for t in plan.targets}
         if all(_serves(targets.get(r.sources), r) for r in requests):
@@ -276,9 +277,9 @@ def _serves(target, request: Request) -> bool:
 def port_config(code: PortCode, source_shapes: Mapping[str, list[int]]):
     """The port's own Gr00tN16Config, default but for the fields configs/n16.toml [port.fields] derives from
     this checkpoint's dims (at the published dims: the default exactly)."""
-    spec = load_config(VERSION).port
+    spec = N16.port
     config = code.attr(str(spec["config"]))()
-    dims = dict(dims_of(VERSION, {k: tuple(v) for k, v in source_shapes.items()}))
+    dims = dict(dims_of(N16, {k: tuple(v) for k, v in source_shapes.items()}))
     for path, expression in spec["fields"].items():
         *parents, leaf = path.split(".")
         owner = config
@@ -294,7 +295,7 @@ def _traced_loader(code: PortCode, source_shapes: Mapping[str, list[int]], banks
     import torch
 
     traced = _traced_class()
-    loader = code.attr(str(load_config(VERSION).port["loader"]))()
+    loader = code.attr(str(N16.port["loader"]))()
     loader._state_dict = {k: traced.make(torch.empty(shape, dtype=torch.bfloat16, device="meta"), (k,),
                                          bank=k in banks) for k, shape in source_shapes.items()}
     return loader, traced
@@ -317,7 +318,7 @@ def _wanted_slots(entry: Entry, embodiments: str | int | None) -> tuple[int, ...
     held = sorted({s for a in entry.manifest.arrays.values() if a.bank for s in a.chunks})
     if embodiments is None or str(embodiments).strip() == "all":
         return tuple(held)
-    wanted = load_config(VERSION).slot_ids(str(embodiments))
+    wanted = N16.slot_ids(str(embodiments))
     missing = [s for s in wanted if s not in held]
     if missing:
         raise CacheError(f"{entry.describe()}: embodiment slot(s) {missing} were not converted into this entry (it "
@@ -328,8 +329,8 @@ def _wanted_slots(entry: Entry, embodiments: str | int | None) -> tuple[int, ...
 def _construct(code: PortCode, config, source_shapes: Mapping[str, list[int]], device, listing: _Listing):
     """Run the port's own constructor on traced weights, each `from_torch` of one listed and answered with a
     placeholder."""
-    loader, traced = _traced_loader(code, source_shapes, set(load_config(VERSION).embodiment_keys))
-    model_class = code.attr(str(load_config(VERSION).port["model"]))
+    loader, traced = _traced_loader(code, source_shapes, set(N16.embodiment_keys))
+    model_class = code.attr(str(N16.port["model"]))
     with _intercepted(listing, traced):
         try:
             model = model_class(config, loader, device)
@@ -393,7 +394,7 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
     code = PortCode.find(tt_metal)
     store = cache.cache_store(cache_dir)
     asked = None if embodiments is None or str(embodiments).strip() == "all" else \
-        load_config(VERSION).slot_ids(str(embodiments))
+        N16.slot_ids(str(embodiments))
     opened, listing, model, traced = _serving_entry(code, store, entry, profile or "port", asked, config, device)
     cache.warn_if_synthetic(opened, synthetic)
     if check:
@@ -424,7 +425,7 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
     they ask for is listed; no bytes are read): `entry` when named, else the last conversion in the layout
     revision that serves this port (tt-n16 first)."""
     slot = asked[0] if asked else None
-    layouts = list(load_config(VERSION).port["layouts"])
+    layouts = list(N16.port["layouts"])
     opened = None
     for layout in layouts if entry is None else ["tt-n16"]:
         try:
@@ -554,8 +555,8 @@ def differences(ours, theirs, limit: int = 20, counts: dict | None = None) -> li
 
 def build_with_port(code: PortCode, snapshot: Path, config, device=None):
     """The port's own way, for comparison: its weight loader reads the snapshot and its constructors preprocess."""
-    loader_class = code.attr(str(load_config(VERSION).port["loader"]))
-    model_class = code.attr(str(load_config(VERSION).port["model"]))
+    loader_class = code.attr(str(N16.port["loader"]))
+    model_class = code.attr(str(N16.port["model"]))
     return model_class(config, loader_class(model_path=str(snapshot)), device)
 
 
@@ -623,9 +624,9 @@ def serving_layout(code: PortCode) -> str:
     fits = _layouts_serving(listing.requests, shapes, "port")
     if not fits:
         plan = {t.sources: t for t in build_plan(VERSION, {k: tuple(v) for k, v in shapes.items()}, "port",
-                                                  load_config(VERSION).port["layouts"][0]).targets}
+                                                  N16.port["layouts"][0]).targets}
         first = next(r for r in listing.requests if not _serves(plan.get(r.sources), r))
         raise PortError(f"{code.root} (port revision {code.revision}) builds {first.describe()}: no supported "
-                        f"layout revision ({', '.join(load_config(VERSION).port['layouts'])}) has it; this port "
+                        f"layout revision ({', '.join(N16.port['layouts'])}) has it; this port "
                         "revision is not supported")
     return fits[0]

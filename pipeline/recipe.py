@@ -15,8 +15,8 @@ import tomllib
 from functools import cache
 from typing import Mapping
 
-from pipeline.state_dict import dims_of, short_key
-from pipeline.versions import CONFIG_DIR, load_config
+from pipeline.state_dict import dims_of, short_key, unit_of
+from pipeline.versions import CONFIG_DIR, VersionConfig, load_config
 from tasks.errors import ConfigError, RecipeError
 from tasks.plan import HOST, Plan, Target
 from tasks.transforms import output_shape, padded_dim
@@ -36,7 +36,12 @@ def recipes() -> dict:
 
 def resolve(version: str, layout: str | None = None, profile: str | None = None) -> tuple[str, str]:
     """The layout (default: the version's) and profile (default: the layout's) a request means, both checked."""
-    cfg, layouts = load_config(version), recipes()["layouts"]
+    return layout_and_profile(load_config(version), layout, profile)
+
+
+def layout_and_profile(cfg: VersionConfig, layout: str | None, profile: str | None) -> tuple[str, str]:
+    """`resolve`, for a caller that holds the version's config already."""
+    layouts = recipes()["layouts"]
     layout = layout or cfg.default_layout
     cfg.rule_sets(layout)  # unknown for this version: an error listing the known ones
     known = layouts[layout]["profiles"]
@@ -87,7 +92,7 @@ def _parity_ok(rule: dict, n: str | None) -> bool:
 class _Making:
     """What every target of one plan is made with: the checkpoint's shapes and dims, the layout's kinds, the
     profile."""
-    version: str
+    cfg: VersionConfig
     shapes: Mapping[str, tuple[int, ...]]
     dims: Mapping[str, int]
     kinds: Mapping[str, dict]
@@ -112,7 +117,8 @@ class _Making:
                       device_file=kind["layout"] != HOST and (bool(self.profile_spec.get("device_files", False))
                                                               or dtype != "bfloat16"),
                       min_pcc=float(self.min_pcc[dtype]), params=params,
-                      bank_slots=source_shapes[0][0] if embodiment else 0, mirrors=rule.get("mirrors", ""))
+                      bank_slots=source_shapes[0][0] if embodiment else 0, mirrors=rule.get("mirrors", ""),
+                      unit=unit_of(self.cfg, sources[0]))
 
     def _padding(self, rule: dict, key: str, source_shapes: list) -> tuple[int, ...]:
         """(heads, head_dim, padded_head_dim) of a head-padding rule, checked against the key's shape; else ()."""
@@ -121,18 +127,18 @@ class _Making:
         params = (int(self.dims[rule["heads"]]), int(self.dims[rule["head_dim"]]), int(rule["padded_head_dim"]))
         split = padded_dim(rule["transform"], source_shapes)
         if split != params[0] * params[1] or params[2] < params[1]:
-            raise RecipeError(f"{self.version}: {key!r} has shape {list(source_shapes[0])}, but the rule pads "
+            raise RecipeError(f"{self.cfg.version}: {key!r} has shape {list(source_shapes[0])}, but the rule pads "
                               f"{params[0]} heads of {params[1]} to {params[2]} (expected a dim of "
-                              f"{params[0] * params[1]}); the checkpoint does not have {self.version}'s attention shapes")
+                              f"{params[0] * params[1]}); the checkpoint does not have {self.cfg.version}'s attention shapes")
         return params
 
 
-def _rules(version: str, layout: str) -> list[dict]:
+def _rules(cfg: VersionConfig, layout: str) -> list[dict]:
     """The layout's rules for this version, its rule sets in order."""
     book, rules = recipes(), []
-    for name in load_config(version).rule_sets(layout):
+    for name in cfg.rule_sets(layout):
         if name not in book["rules"]:
-            raise ConfigError(f"configs/{version}.toml names rule set {name!r}, which {RECIPES_PATH} does not define")
+            raise ConfigError(f"configs/{cfg.version}.toml names rule set {name!r}, which {RECIPES_PATH} does not define")
         rules += book["rules"][name]
     return rules
 
@@ -159,13 +165,13 @@ def _fused(making: _Making, rules: list[dict], containers: Mapping[str, str], co
 def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str | None = None,
                layout: str | None = None) -> Plan:
     """Targets for a checkpoint whose keys and shapes are `shapes` (state-dict order is kept)."""
-    layout, profile = resolve(version, layout, profile)
-    cfg, book = load_config(version), recipes()
+    cfg, book = load_config(version), recipes()  # the one lookup: everything below takes cfg
+    layout, profile = layout_and_profile(cfg, layout, profile)
     spec = book["layouts"][layout]
-    making = _Making(version, shapes, dims_of(version, shapes), spec["kinds"], profile, book["profiles"][profile],
+    making = _Making(cfg, shapes, dims_of(cfg, shapes), spec["kinds"], profile, book["profiles"][profile],
                      book["min_pcc"])
     names = "components" if spec["naming"] == "component" else "containers"
-    rules, consumed, skipped = _rules(version, layout), {}, {}
+    rules, consumed, skipped = _rules(cfg, layout), {}, {}
     targets = _fused(making, rules, cfg.containers, consumed)
     compiled = [(_pattern(r["match"], cfg.containers), r) for r in rules if "match" in r]
     for key in (k for k in shapes if k not in consumed):  # then one key per target: the first rule that matches
@@ -176,7 +182,7 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
         if "skip" in rule:
             skipped[key] = rule["skip"]
         else:
-            name = _fill(rule["target"], {}, m.groupdict()) if "target" in rule else short_key(version, key, names)
+            name = _fill(rule["target"], {}, m.groupdict()) if "target" in rule else short_key(cfg, key, names)
             targets.append(making.target(rule, name, (key,)))
         consumed[key] = rule.get("skip", "")
     order = {k: i for i, k in enumerate(shapes)}

@@ -215,12 +215,11 @@ def tensor_specs(version: str, scale: str = "full") -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(k, s, shard_of[k]) for k, s in entries)
 
 
-def dims_of(version: str, shapes: Mapping[str, Shape]) -> Mapping[str, int]:
+def dims_of(cfg: VersionConfig, shapes: Mapping[str, Shape]) -> Mapping[str, int]:
     """The dims a checkpoint was made with: those of the scale whose every key has these shapes (a
     synthetic stand-in), else the real ones. Recipes read head counts and head sizes from them."""
-    cfg = load_config(version)
     for scale in SCALES[1:]:
-        specs = tensor_specs(version, scale)
+        specs = tensor_specs(cfg.version, scale)
         if all(tuple(shapes.get(s.key, ())) == s.shape for s in specs):  # extra keys: the recipe names them
             return cfg.dims_for(scale)
     return cfg.dims
@@ -229,12 +228,12 @@ def dims_of(version: str, shapes: Mapping[str, Shape]) -> Mapping[str, int]:
 _NUMBERED_UNIT = re.compile(r"^(.*?\.(?:layers|blocks|transformer_blocks|deepstack_merger_list)\.\d+)\.")
 
 
-def unit_of(version: str, key: str) -> str:
+def unit_of(cfg: VersionConfig, key: str) -> str:
     """The unit a key belongs to: a numbered layer/block, else the first module below its container."""
     numbered = _NUMBERED_UNIT.match(key)
     if numbered:
         return numbered.group(1)
-    for prefix in sorted(load_config(version).containers.values(), key=len, reverse=True):
+    for prefix in sorted(cfg.containers.values(), key=len, reverse=True):
         if key.startswith(prefix):
             parts = key[len(prefix):].split(".")
             depth = 2 if parts[0] == "model" else 1  # the DiT sits under `model.`: split it into its modules
@@ -242,22 +241,23 @@ def unit_of(version: str, key: str) -> str:
     return key.rsplit(".", 1)[0]
 
 
-def short_key(version: str, key: str, table: str) -> str:
+def short_key(cfg: VersionConfig, key: str, table: str) -> str:
     """`<name>.<the key below it>`: the longest prefix of configs/<version>.toml `[table]` that the key starts with,
     replaced by its name. `containers`: role names (`vision.`, `llm.`: the generic layout); `components`: the N1.6
     port's weight groups (`vision.`, `language.`, `dit.`: the Tenstorrent layouts)."""
-    prefixes: Mapping[str, str] = getattr(load_config(version), table)
+    prefixes: Mapping[str, str] = getattr(cfg, table)
     for name, prefix in sorted(prefixes.items(), key=lambda np_: len(np_[1]), reverse=True):
         if key.startswith(prefix):
             return f"{name}.{key[len(prefix):]}"
-    raise ConfigError(f"key {key!r} is under none of {version}'s {table} ({', '.join(prefixes.values())})")
+    raise ConfigError(f"key {key!r} is under none of {cfg.version}'s {table} ({', '.join(prefixes.values())})")
 
 
 def straddling_unit(version: str) -> str:
     """The unit whose tensors sit in two shards, as derived from the layout (checked against the config)."""
+    cfg = load_config(version)
     shards_by_unit: dict[str, set[str]] = {}
     for spec in tensor_specs(version):
-        shards_by_unit.setdefault(unit_of(version, spec.key), set()).add(spec.shard)
+        shards_by_unit.setdefault(unit_of(cfg, spec.key), set()).add(spec.shard)
     split = [u for u, s in shards_by_unit.items() if len(s) > 1]
     if len(split) != 1:
         raise ConfigError(f"{version}: expected exactly one straddling unit, found {split}")

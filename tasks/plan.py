@@ -27,6 +27,7 @@ class Target:
     params: tuple[int, ...] = ()  # (heads, head_dim, padded_head_dim) of a head-padding transform
     bank_slots: int = 0        # slots in the source bank (embodiment targets)
     mirrors: str = ""          # the consumer's file@commit and function this target reproduces
+    unit: str = ""             # the layer, block or module its first source belongs to: one ("unit", ...) task each
 
     @property
     def host(self) -> bool:
