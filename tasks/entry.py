@@ -99,8 +99,10 @@ def tmp_name(name: str, pid: int, token: str) -> str:
 
 
 def scratch_name(name: str, pid: int) -> str:
-    """A throwaway entry that `--check-against-cache` converts into beside `name`, deleted either way."""
-    return f"check-{pid}-{name}"
+    """A throwaway entry that `--check-against-cache` converts into beside `name`, deleted either way:
+    `.tmp-<pid>-check-<name>`. A temporary by its name, so nothing lists or opens it as published, and a kill
+    before it is deleted leaves what gc removes once its process is dead (`tmp_owner`)."""
+    return f"{TMP_MARK}{pid}-check-{name}"
 
 
 def tmp_owner(folder: str) -> int | None:

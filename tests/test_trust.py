@@ -295,3 +295,27 @@ def test_an_entry_of_an_older_format_is_one_sentence_and_never_reused(hf_cache, 
     assert load("n16", root, embodiment="gr1").entry == Path(summary["cache_path"]).name
     gc = _cli("cache", "gc", "--cache", str(root))
     assert gc.returncode == 0 and f"removed {old.name} (cache format 2, which this converter does not read" in gc.stdout
+
+
+def test_a_check_killed_before_its_cleanup_leaves_nothing_that_passes_for_an_entry(two_n16, hf_cache):
+    """`--check-against-cache` publishes a fresh conversion beside the cached entry, compares the two, then deletes
+    the fresh one. Killed in between (here: it exits where the delete would run), what stays behind is never
+    listed, chosen or counted as an entry, and gc removes it once its process is dead."""
+    root, _, current = two_n16
+    exit_at_cleanup = ("import os, sys, types, pipeline.convert as c; "
+                       "c.shutil = types.SimpleNamespace(rmtree=lambda *a, **k: os._exit(9)); "
+                       "from pipeline.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", exit_at_cleanup, "convert", "--version", "n16", "--embodiments",
+                           "gr1,new_embodiment", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache",
+                           str(root), "--check-against-cache"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    left = [p for p in (root / "entries").iterdir() if p.name.endswith(current) and p.name != current]
+    assert len(left) == 1 and (left[0] / "MANIFEST.json").is_file()  # the fresh conversion, complete, left behind
+    fingerprint = json.loads((root / "entries" / current / "MANIFEST.json").read_text())["fingerprint"]
+    assert load("n16", root, "gr1", entry=fingerprint[:12], synthetic=True).entry == current  # the one match
+    listed = {r["entry"]: r["state"] for r in json.loads(_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]}
+    assert listed[left[0].name] == "incomplete" and listed[current] == "published"
+    gc = _cli("cache", "gc", "--cache", str(root))
+    assert gc.returncode == 0 and f"removed {left[0].name} (temporary of a dead process" in gc.stdout, gc.stdout
+    assert not left[0].exists() and (root / "entries" / current).is_dir()
