@@ -9,6 +9,7 @@ later process can load without touching the source checkpoint.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -258,14 +259,39 @@ def warn_if_synthetic(opened: Entry, acknowledged: bool) -> None:
             " not a GR00T release; pass synthetic=True to load them without this warning"), stacklevel=3)
 
 
-LEASES = "leases"  # `leases/<entry>@<pid>-<random>`: a local reader of that entry, alive while its process is
+LEASES = "leases"  # `leases/<entry>.lock` (the lock) and `leases/<entry>@<pid>-<random>` (who reads it)
+
+
+def _lock_path(store: LocalStore, name: str) -> Path:
+    return store.root / LEASES / f"{name}.lock"
+
+
+def _locked(store: LocalStore, name: str, mode: int):
+    """The entry's lock file, open and flock()ed in `mode`, or None when it is busy (LOCK_NB). Retried when a
+    remover unlinked the file while this process waited on it, so that the lock held is always the one the
+    path names."""
+    while True:
+        lock = open(_lock_path(store, name), "a")
+        try:
+            fcntl.flock(lock, mode)
+        except BlockingIOError:
+            lock.close()
+            return None
+        try:
+            if os.fstat(lock.fileno()).st_ino == os.stat(_lock_path(store, name)).st_ino:
+                return lock
+        except FileNotFoundError:
+            pass
+        lock.close()
 
 
 @contextlib.contextmanager
 def reading(store: Store, name: str):
-    """Hold a lease on entry `name` while reading it: `gc` and `rm` leave an entry alone while a live process
-    holds one (a lease of a dead process counts for nothing). Local caches only: a pid means nothing to another
-    machine, so an object-store entry has no lease."""
+    """Hold a lease on entry `name` while reading it: a shared lock on `leases/<name>.lock`, which `gc` and `rm`
+    must hold exclusively to delete the entry (the kernel drops it with the process, so a dead reader holds
+    nothing), and `leases/<name>@<pid>-<random>`, which names the reader in their messages. Once the lock is held
+    the entry must still be there: one removed after it was chosen is said, never half read. Local caches only: a
+    pid means nothing to another machine, so an object-store entry has no lease."""
     if not isinstance(store, LocalStore):
         yield
         return
@@ -273,13 +299,40 @@ def reading(store: Store, name: str):
     try:
         lease.parent.mkdir(parents=True, exist_ok=True)
         lease.touch()
+        lock = _locked(store, name, fcntl.LOCK_SH)  # waits while a remover deletes the entry
     except OSError:  # a read-only cache: nothing can remove the entry either
+        lease.unlink(missing_ok=True)
         yield
         return
     try:
+        if not store.path(manifest_key(name)).is_file():
+            raise CacheError(f"{store.describe(entry_key(name))}: was removed (`cache rm` or `cache gc`) while it was "
+                             "being opened; load again")
         yield
     finally:
+        lock.close()
         lease.unlink(missing_ok=True)
+
+
+def _delete_unread(store: Store, name: str) -> bool:
+    """Delete entry `name` unless a process is reading it; False (and nothing deleted) if one is. Locally the
+    entry's lock is taken exclusively first, so no reader can start on it meanwhile, and its lock file goes with
+    it: a reader that waited on it then finds the entry gone."""
+    if not isinstance(store, LocalStore):
+        store.delete(entry_key(name))
+        return True
+    try:
+        _lock_path(store, name).parent.mkdir(parents=True, exist_ok=True)
+        lock = _locked(store, name, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        raise CacheError(f"{store.describe(LEASES)}: cannot take the lock of entry {name} ({e.strerror}); check the "
+                         "cache folder's permissions") from None
+    if lock is None:
+        return False
+    with lock:
+        store.delete(entry_key(name))
+        _lock_path(store, name).unlink(missing_ok=True)
+    return True
 
 
 def readers(store: Store, name: str) -> list[int]:
@@ -382,12 +435,16 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     in_use = refs(store)
 
     def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> None:
-        busy = readers(store, name)
+        busy = bool(readers(store, name))
+        if not busy and not dry_run:
+            if TMP_MARK in name:  # a dead process's temporary: nothing reads one
+                store.delete(entry_key(name))
+            else:
+                busy = not _delete_unread(store, name)
         if busy:  # a live reader's entry stays (cache/README.md, "Leases")
-            kept.append({"entry": name, "reason": f"{reason}, but being read by process {busy[0]}", "bytes": size})
+            kept.append({"entry": name, "reason": f"{reason}, but {_being_read(readers(store, name))}", "bytes": size})
             return
         if not dry_run:
-            store.delete(entry_key(name))
             for ref in in_use.get(name, []) if drop_refs else []:
                 store.delete(ref_object(ref))
         removed.append({"entry": name, "reason": reason, "bytes": size, "freed_bytes": own.get(name, size),
@@ -420,22 +477,30 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     return removed + [{**k, "kept": True, "freed_bytes": 0, "refs": []} for k in kept]
 
 
+def _being_read(pids: list[int]) -> str:
+    return f"being read by process {pids[0]}" if pids else "being read by another process"
+
+
+def _busy(store: Store, name: str) -> CacheError:
+    return CacheError(f"{store.describe(entry_key(name))}: {_being_read(readers(store, name))} (a live lease in "
+                      f"{store.describe(LEASES)}); remove it when that process is done")
+
+
 def remove_entry(store: Store, name: str, include_current: bool = False, dry_run: bool = False) -> dict:
     """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
     and then its refs go too. `dry_run` says what would go and removes nothing."""
     if TMP_MARK in name or name not in store.children(ENTRIES):
         raise _no_such_entry(store, name)
-    busy = readers(store, name)
-    if busy:
-        raise CacheError(f"{store.describe(entry_key(name))}: being read by process {busy[0]} (a live lease in "
-                         f"{store.describe(LEASES)}); remove it when that process is done")
+    if readers(store, name):
+        raise _busy(store, name)
     in_use = refs(store).get(name, [])
     if in_use and not include_current:
         raise CacheError(f"{store.describe(entry_key(name))}: refs/{', refs/'.join(in_use)} point to this entry (it "
                          "is what `load` opens); pass --include-current to remove it and those refs")
     size, freed, _ = store.usage(entry_key(name))
     if not dry_run:
-        store.delete(entry_key(name))
+        if not _delete_unread(store, name):
+            raise _busy(store, name)
         for ref in in_use:
             store.delete(ref_object(ref))
     return {"entry": name, "reason": "removed on request", "bytes": size, "freed_bytes": freed, "refs": in_use}

@@ -124,15 +124,8 @@ def test_an_entry_of_another_version_layout_or_profile_is_refused(hf_cache, tmp_
 
 def test_a_live_reader_keeps_its_entry_from_gc_and_rm(two_n16):
     root, older, current = two_n16
-    holder = subprocess.Popen([sys.executable, "-c", f"""
-import time
-from pipeline import cache
-with cache.reading(cache.cache_store({str(root)!r}), {older!r}):
-    print("holding", flush=True)
-    time.sleep(60)
-"""], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = _holding(root, older)
     try:
-        assert holder.stdout.readline().strip() == "holding"
         proc = _cli("cache", "gc", "--older-than-days", "0", "--include-current", "--cache", str(root), "--json")
         removed = {r["entry"]: r for r in json.loads(proc.stdout)["removed"]}
         assert removed[older].get("kept") and f"being read by process {holder.pid}" in removed[older]["reason"]
@@ -319,3 +312,52 @@ def test_a_check_killed_before_its_cleanup_leaves_nothing_that_passes_for_an_ent
     gc = _cli("cache", "gc", "--cache", str(root))
     assert gc.returncode == 0 and f"removed {left[0].name} (temporary of a dead process" in gc.stdout, gc.stdout
     assert not left[0].exists() and (root / "entries" / current).is_dir()
+
+
+def _holding(root: Path, name: str) -> subprocess.Popen:
+    """A process that reads entry `name` (holds its lease) until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from pipeline import cache
+with cache.reading(cache.cache_store({str(root)!r}), {name!r}):
+    print("holding", flush=True)
+    time.sleep(60)
+"""], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_a_reader_that_starts_after_the_check_for_readers_still_keeps_its_entry(two_n16, monkeypatch):
+    """gc and rm look for readers, then delete. A reader that starts in between (here: the look finds none) still
+    keeps its entry: deleting takes the entry's lock, which every reader holds while it reads."""
+    root, older, current = two_n16
+    store = cache.cache_store(root)
+    holder = _holding(root, older)
+    try:
+        monkeypatch.setattr(cache, "readers", lambda store, name: [])
+        removed = {r["entry"]: r for r in cache.collect_garbage(store, older_than_days=0, include_current=True)}
+        assert removed[older].get("kept") and "being read by another process" in removed[older]["reason"]
+        assert (root / "entries" / older / "MANIFEST.json").is_file() and not (root / "entries" / current).exists()
+        with pytest.raises(CacheError, match="being read by another process"):
+            cache.remove_entry(store, older, include_current=True)
+        assert (root / "entries" / older / "MANIFEST.json").is_file()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cache.remove_entry(store, older, include_current=True)["entry"] == older  # the kernel dropped its lock
+    assert not (root / "entries" / older).exists()
+
+
+def test_an_entry_removed_after_it_was_chosen_is_said_and_not_half_read(two_n16, monkeypatch):
+    root, _, current = two_n16
+    chosen_by = cache.choose_entry
+
+    def chosen_then_removed(store, wanted):  # `cache rm` runs between load's choice and its first read
+        chosen = chosen_by(store, wanted)
+        cache.remove_entry(store, chosen.name, include_current=True)
+        return chosen
+
+    monkeypatch.setattr(cache, "choose_entry", chosen_then_removed)
+    with pytest.raises(CacheError, match=f"{current}: was removed \\(`cache rm` or `cache gc`\\) while it was being "
+                                         "opened; load again"):
+        load("n16", root, embodiment="gr1", synthetic=True)
