@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import numpy as np
 from tasks.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError
 from tasks.safetensors_file import read_into
+
+_DOWNLOADS_MADE = threading.Lock()
 
 
 class Store(ABC):
@@ -77,8 +80,9 @@ class Store(ABC):
         data = self.get(key)
         if data is None:
             return None
-        if not hasattr(self, "_downloads"):
-            self._downloads = tempfile.TemporaryDirectory(prefix="gr00t-store-")
+        with _DOWNLOADS_MADE:  # once per store: a second folder would replace (and delete) the first
+            if not hasattr(self, "_downloads"):
+                self._downloads = tempfile.TemporaryDirectory(prefix="gr00t-store-")
         path = Path(self._downloads.name) / key.replace("/", "%")
         path.write_bytes(data)
         return path

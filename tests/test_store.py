@@ -100,3 +100,20 @@ def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store,
                                                               "(tampered or corrupt)"]
     with pytest.raises(CacheError, match=f"{bank}: chunk {slot} does not match its manifest checksum"):
         entry.read_chunk(bank, slot)
+
+
+def test_local_files_asked_for_by_many_threads_at_once_all_stay(store, monkeypatch):
+    """The load path asks for local files from a thread pool (ttnn loads from a path); an object store downloads
+    each into one folder of its own, which must be made once, not once per thread that found it missing."""
+    import tempfile
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    made = tempfile.TemporaryDirectory
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", lambda **kw: time.sleep(0.05) or made(**kw))  # a wider window
+    for i in range(32):
+        store.put(f"objects/{i}", bytes([i]) * (i + 1))
+    fresh = open_store(store.root) if isinstance(store, LocalStore) else open_store(store.url)  # nothing made yet
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda i: fresh.local_file(f"objects/{i}"), range(32)))
+    assert [p.read_bytes() for p in paths] == [bytes([i]) * (i + 1) for i in range(32)]
