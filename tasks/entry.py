@@ -577,6 +577,21 @@ def refs(store: Store) -> dict[str, list[str]]:
     return out
 
 
+PUSH_BATCH = (64, 256 << 20)  # objects sent together (and held in memory): at most this many, or this many bytes
+
+
+def _batches(keys: Sequence[str], sizes: Mapping[str, int]) -> Iterator[list[str]]:
+    batch, held = [], 0
+    for key in keys:
+        if batch and (len(batch) == PUSH_BATCH[0] or held + sizes[key] > PUSH_BATCH[1]):
+            yield batch
+            batch, held = [], 0
+        batch.append(key)
+        held += sizes[key]
+    if batch:
+        yield batch
+
+
 def push(local: LocalStore, name: str, store: Store, progress: bool = False) -> int:
     """Copy a published local entry to a store that cannot rename: every object, then the manifest last, so a
     reader (which accepts an entry only through its manifest) never sees half of it. Objects already there with
@@ -584,14 +599,13 @@ def push(local: LocalStore, name: str, store: Store, progress: bool = False) -> 
     prefix = entry_key(name)
     there = store.sizes(prefix)
     files = {k: n for k, n in local.sizes(prefix).items() if k != manifest_key(name)}
+    missing = [k for k, n in files.items() if there.get(k) != n]
     total, sent, t0 = sum(files.values()), 0, time.perf_counter()
     last = t0
-    for key, size in files.items():
-        if there.get(key) == size:
-            continue
-        data = local.path(key).read_bytes()
-        store.put(key, data)
-        sent += len(data)
+    for keys in _batches(missing, files):
+        batch = {key: local.path(key).read_bytes() for key in keys}
+        store.put_many(batch)
+        sent += sum(map(len, batch.values()))
         if progress and time.perf_counter() - last >= 5:
             last = time.perf_counter()
             print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe(prefix)}, "

@@ -16,6 +16,7 @@ import tempfile
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -62,6 +63,11 @@ class Store(ABC):
     @abstractmethod
     def describe(self, key: str) -> str:
         """The key as the user knows it (a path or a URL), for messages."""
+
+    def put_many(self, objects: Mapping[str, bytes]) -> None:
+        """Write several objects, each one whole as `put` writes it; a store may send them concurrently."""
+        for key, data in objects.items():
+            self.put(key, data)
 
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Fill `out` with the object, which must hold exactly `out.nbytes` bytes."""
@@ -219,6 +225,9 @@ class FsspecStore(Store):
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         self.fs.pipe_file(self._path(key), bytes(data))  # one PUT: atomic per object
+
+    def put_many(self, objects: Mapping[str, bytes]) -> None:
+        self.fs.pipe({self._path(k): bytes(v) for k, v in objects.items()})  # s3fs: the PUTs run concurrently
 
     def sizes(self, prefix: str) -> dict[str, int]:
         try:

@@ -31,6 +31,8 @@ def test_objects_round_trip_whole_and_missing_ones_are_none(store):
     store.put("a/b.bin", b"first")
     store.put("a/b.bin", b"second, longer")  # a whole object is replaced, never mixed
     assert store.get("a/b.bin") == b"second, longer"
+    store.put_many({"m/1": b"one", "m/2/3": b"two", "a/b.bin": b"third"})
+    assert [store.get(k) for k in ("m/1", "m/2/3", "a/b.bin")] == [b"one", b"two", b"third"]
     store.put_json("refs/x.json", {"entry": "e"})
     assert store.get_json("refs/x.json") == {"entry": "e"} and store.get_json("refs/none.json") is None
     store.put("refs/bad.json", b"{not json")
