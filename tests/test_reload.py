@@ -128,9 +128,12 @@ def test_ttnn_host_tensors_come_from_the_device_file_or_the_chunk(written):
     assert reload.read_bytes(entry, [("w", None), ("b", 3)]) == values["w"].nbytes + values["b"][3].nbytes
 
 
+@pytest.mark.parametrize("check_mapped", [False, True], ids=["read-then-loaded", "checked-where-mapped"])
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
-def test_a_damaged_device_file_is_refused_by_name_before_ttnn_uses_it(written, damage):
-    entry, _, pool = written
+def test_a_damaged_device_file_is_refused_by_name_before_ttnn_uses_it(written, damage, check_mapped):
+    entry, values, pool = written
+    (sound,) = reload.device_tensors(entry, [("w", None)], pool, check_mapped=check_mapped)
+    assert torch.equal(ttnn.to_torch(sound), _plain(values["w"]))
     path = entry.path / "tensorbin" / "w.tensorbin"
     data = bytearray(path.read_bytes())
     if damage == "flipped":
@@ -142,7 +145,7 @@ def test_a_damaged_device_file_is_refused_by_name_before_ttnn_uses_it(written, d
         path.unlink()
     with pytest.raises(CacheError, match="w.tensorbin: packed tensor (does not match its manifest checksum|listed in "
                                          "the manifest is missing)"):
-        reload.device_tensors(entry, [("w", None)], pool)
+        reload.device_tensors(entry, [("w", None)], pool, check_mapped=check_mapped)
 
 
 def test_a_damaged_chunk_is_refused_in_every_form(written):
