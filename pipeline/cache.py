@@ -192,10 +192,10 @@ class Wanted:
     source: str | Path | None = None
 
     def fits(self, e: Entry) -> bool:
-        snapshot = e.manifest.source.get("snapshot")
-        return e.manifest.holds_slot(self.slot) and (self.revision is None or e.manifest.revision == self.revision) \
-            and (self.source is None or (snapshot is not None and
-                                         Path(str(snapshot)).resolve() == Path(self.source).resolve()))
+        m, snapshot = e.manifest, e.manifest.source.get("snapshot")
+        same_source = self.source is None or (snapshot is not None and
+                                              Path(str(snapshot)).resolve() == Path(self.source).resolve())
+        return m.holds_slot(self.slot) and self.revision in (None, m.revision) and same_source
 
     def kind(self) -> tuple[str, str, str]:
         return self.version, self.layout, self.profile
