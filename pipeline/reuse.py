@@ -10,6 +10,7 @@ untouched, so only the action-head shard is hashed and only the changed targets 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pipeline import cache
 from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
 from tasks.entry import Entry, Staged, chunk_file, content_id, list_entries, packed_path, record_progress
+from tasks.errors import CacheError
 from tasks.source import VerifiedShard, verify_shard
 from tasks.store import LocalStore
 
@@ -79,22 +81,37 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
                 by_id[arr.content_id] = (e, name)
     holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], cache.CONVERTER_VERSION))
               for t in plan.targets}
-    for t, slot in work_units(plan.targets, slots):
-        if holder[t.name] is None:
-            continue
-        entry, name = holder[t.name]
-        rec = entry.manifest.arrays[name].chunks.get(slot)
-        if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
-            continue
-        _link(chunk_file(entry.path, name, len(t.shape), slot), chunk_file(tmp, t.name, len(t.shape), slot))
-        packed = rec.tensorbin
-        if packed:
-            _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
-        staged = Staged(t.name, slot, rec)
-        record_progress(tmp, staged)
-        reuse.records[(t.name, slot)] = staged
-        reuse.linked_bytes += rec.nbytes + (packed.nbytes if packed else 0)  # chunk and device file
+    with contextlib.ExitStack() as leases:  # gc and rm leave the entries linked from alone meanwhile
+        held: dict[str, bool] = {}
+        for t, slot in work_units(plan.targets, slots):
+            if holder[t.name] is None:
+                continue
+            entry, name = holder[t.name]
+            rec = entry.manifest.arrays[name].chunks.get(slot)
+            if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
+                continue
+            if entry.name not in held:
+                held[entry.name] = _lease(leases, root, entry)
+            if not held[entry.name]:  # removed since it was listed: convert these instead
+                continue
+            _link(chunk_file(entry.path, name, len(t.shape), slot), chunk_file(tmp, t.name, len(t.shape), slot))
+            packed = rec.tensorbin
+            if packed:
+                _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
+            staged = Staged(t.name, slot, rec)
+            record_progress(tmp, staged)
+            reuse.records[(t.name, slot)] = staged
+            reuse.linked_bytes += rec.nbytes + (packed.nbytes if packed else 0)  # chunk and device file
     return reuse
+
+
+def _lease(leases: contextlib.ExitStack, root: Path, entry: Entry) -> bool:
+    """Hold a lease on `entry` until the links are made (a link outlives its source); False if it is gone."""
+    try:
+        leases.enter_context(cache.reading(LocalStore(root), entry.name))
+    except CacheError:
+        return False
+    return True
 
 
 def shared_bytes(entry: Path) -> int:

@@ -361,3 +361,29 @@ def test_an_entry_removed_after_it_was_chosen_is_said_and_not_half_read(two_n16,
     with pytest.raises(CacheError, match=f"{current}: was removed \\(`cache rm` or `cache gc`\\) while it was being "
                                          "opened; load again"):
         load("n16", root, embodiment="gr1", synthetic=True)
+
+
+def test_a_fine_tune_holds_a_lease_on_the_entry_it_links_from(hf_cache, tmp_path, monkeypatch):
+    """Reuse hard-links chunks out of an earlier entry; gc or rm running meanwhile must leave that entry alone."""
+    from pipeline import reuse
+
+    root = tmp_path / "cache"
+    first = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+                                   progress=False))
+    source, linked, outcome = Path(first["cache_path"]).name, reuse._link, []
+
+    def link_while_rm_runs(src: Path, dst: Path) -> None:
+        if not outcome:
+            try:
+                cache.remove_entry(cache.cache_store(root), source, include_current=True)
+                outcome.append("removed")
+            except CacheError as e:
+                outcome.append(str(e))
+        linked(src, dst)
+
+    monkeypatch.setattr(reuse, "_link", link_while_rm_runs)
+    second = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+                                    cache_root=root, progress=False))
+    assert second["reused_chunks"] > 0 and f"being read by process {os.getpid()}" in outcome[0], outcome
+    assert (root / "entries" / source / "MANIFEST.json").is_file()
+    assert cache.remove_entry(cache.cache_store(root), source, include_current=True)["entry"] == source  # after: free
