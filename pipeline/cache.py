@@ -335,6 +335,18 @@ def _delete_unread(store: Store, name: str) -> bool:
     return True
 
 
+def _removed_unless_read(store: Store, name: str, dry_run: bool) -> bool:
+    """gc's removal of one entry: False, and nothing removed, while a live process reads it."""
+    if readers(store, name):
+        return False
+    if dry_run:
+        return True
+    if TMP_MARK in name:  # a dead process's temporary: nothing reads one
+        store.delete(entry_key(name))
+        return True
+    return _delete_unread(store, name)
+
+
 def readers(store: Store, name: str) -> list[int]:
     """The live processes holding a lease on entry `name`."""
     if not isinstance(store, LocalStore) or not (store.root / LEASES).is_dir():
@@ -435,13 +447,7 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     in_use = refs(store)
 
     def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> None:
-        busy = bool(readers(store, name))
-        if not busy and not dry_run:
-            if TMP_MARK in name:  # a dead process's temporary: nothing reads one
-                store.delete(entry_key(name))
-            else:
-                busy = not _delete_unread(store, name)
-        if busy:  # a live reader's entry stays (cache/README.md, "Leases")
+        if not _removed_unless_read(store, name, dry_run):  # a live reader's entry stays (cache/README.md, "Leases")
             kept.append({"entry": name, "reason": f"{reason}, but {_being_read(readers(store, name))}", "bytes": size})
             return
         if not dry_run:
