@@ -188,7 +188,7 @@ def _child_plain_loop(a: dict) -> dict:
     tmp = cache.claim_tmp(root, "plain-loop")
     arrays = entry.array_documents(plan, slots)
     entry.create_arrays(tmp, arrays)
-    headers = {s: source.index_shard(h.path, frozenset(h.entries)) for s, h in ck.headers.items()}
+    headers = {s: source.index_shard(h.path, ck.stored_keys(s), ck.stored_names(s)) for s, h in ck.headers.items()}
     verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
     staged = []
     for t, slot in work_units(plan.targets, slots):

@@ -67,9 +67,9 @@ def cmd_synth(a: argparse.Namespace) -> dict:
 
 
 def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,
-                   synthetic: str | None = None) -> dict:
+                   synthetic: str | None = None, model: str | None = None) -> dict:
     cfg = load_config(version)
-    with Checkpoint(resolve_snapshot(cfg, snapshot, hf_cache, revision, synthetic)) as ck:
+    with Checkpoint(resolve_snapshot(cfg, snapshot, hf_cache, revision, synthetic, model)) as ck:
         unit = straddling_unit(version)
         straddle = {s: [k[len(unit) + 1:] for k in ck.keys_with_prefix(unit + ".") if ck.shard_of(k) == s]
                     for s in ck.shards_for_prefix(unit + ".")}
@@ -98,7 +98,7 @@ def print_inspect(r: dict) -> None:
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
     hf = a.hf_cache or (synthetic_hf_cache(a.cache) if a.synthetic else None)
-    report = inspect_report(a.version, a.snapshot, hf, a.revision, a.synthetic)
+    report = inspect_report(a.version, a.snapshot, hf, a.revision, a.synthetic, a.model)
     if not a.json:
         print_inspect(report)
     return report
@@ -107,7 +107,7 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
 def _convert_options(a: argparse.Namespace, device=None):
     return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
                           a.force, progress=not a.json, check_against_cache=a.check_against_cache, device=device,
-                          layout=a.layout, revision=a.revision, synthetic=a.synthetic)
+                          layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model)
 
 
 @contextlib.contextmanager
@@ -142,11 +142,18 @@ def print_convert(s: dict) -> None:
     done = ("checked: the cached entry equals a fresh conversion, " + f"{s['arrays_compared']} arrays compared,"
             if s.get("checked_against_fresh_conversion") else
             "cache hit, nothing converted" if s["cache_hit"] else "converted")
-    print(f"\n{s['version']} ({s['layout']}, {s['profile']}): {done} in {s['seconds']:.2f} s")
+    found = " (found from its keys)" if s.get("version_found") else ""
+    print(f"\n{s['version']}{found} ({s['layout']}, {s['profile']}): {done} in {s['seconds']:.2f} s")
     src = s.get("source", {})
-    print(f"  source        {src.get('snapshot')} (revision {src.get('revision') or 'unknown'})")
+    print(f"  source        {src.get('model') or src.get('snapshot')} (revision {src.get('revision') or 'unknown'})")
     if src.get("synthetic"):
         print(f"  SYNTHETIC     {src['synthetic']}")
+    if src.get("key_prefix"):
+        print(f"  key prefix    {src['key_prefix']!r} stripped from every key")
+    for key, twin in (src.get("tied") or {}).items():
+        print(f"  tied          {key} read from {twin} (the checkpoint dropped it; its config ties them)")
+    if src.get("trained_embodiments"):
+        print(f"  trained for   {', '.join(src['trained_embodiments'])} (experiment_cfg/metadata.json)")
     print(f"  cache entry   {s['cache_path']}")
     print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
     if s["cache_hit"]:
@@ -183,7 +190,7 @@ def cmd_convert(a: argparse.Namespace) -> dict:
 
 def cmd_graph(a: argparse.Namespace) -> dict:
     opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache,
-                          layout=a.layout, revision=a.revision, synthetic=a.synthetic)
+                          layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model)
     result = write_graph(opts, Path(a.out))
     if not a.json:
         extra = f", {result['units']} units, straddling: {', '.join(result['straddling'])}" if "units" in result else ""
@@ -352,21 +359,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-V", "--version", action="version", version=f"gr00t-tt-weights {_package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, fn, help_: str, version: bool = True) -> argparse.ArgumentParser:
+    def add(name: str, fn, help_: str, version: bool = True, found: bool = False) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".")
         sp.set_defaults(fn=fn)
-        if version:
-            sp.add_argument("--version", required=True, help=f"one of {', '.join(VERSIONS)}")
+        if version:  # `found`: may be left out with --snapshot or --model (found from the keys)
+            sp.add_argument("--version", required=not found,
+                            help=f"one of {', '.join(VERSIONS)}" + ("; with --snapshot or --model it may be left out "
+                                                                   "(found from the checkpoint's keys)" if found else ""))
         sp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
         sp.add_argument("--cache", help=f"cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE, "
                                         f"else {cache.DEFAULT_ROOT})")
         return sp
 
     def source_args(sp: argparse.ArgumentParser, verb: str) -> None:
-        sp.add_argument("--snapshot", type=Path, help="a snapshot folder (overrides the HF cache lookup)")
+        sp.add_argument("--snapshot", type=Path, help="a checkpoint folder (sharded with its index, or *.safetensors "
+                                                      "without one: a fine-tune, a trainer's checkpoint-N, a LeRobot "
+                                                      "export) or one .safetensors file")
+        sp.add_argument("--model", help="a Hugging Face repo id (a fine-tune's own repo), resolved through the HF "
+                                        "cache or huggingface_hub; with --revision")
         sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
                                                       "with --synthetic, hf/ under the cache root)")
-        sp.add_argument("--revision", help="the release's revision (default: the one pinned in configs/<version>.toml)")
+        sp.add_argument("--revision", help="the revision to read: of the release (default: the one pinned in "
+                                           "configs/<version>.toml) or of --model (default: main)")
         sp.add_argument("--synthetic", choices=SCALES, help=f"{verb} the project's synthetic stand-in of this scale "
                                                             "(made by `synth`), never the real release")
 
@@ -380,11 +394,12 @@ def parser() -> argparse.ArgumentParser:
     source_args(sp, "inspect")
     for name, fn, help_ in (("convert", cmd_convert, "convert a snapshot into a cache entry"),
                             ("graph", cmd_graph, "render the conversion graph (SVG/PNG/DOT) or write it as JSON")):
-        sp = add(name, fn, help_)
+        sp = add(name, fn, help_, found=True)
         source_args(sp, name)
         sp.add_argument("--layout", help=LAYOUT_HELP)
         sp.add_argument("--profile", help=PROFILE_HELP)
-        sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas")
+        sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas; 'trained': "
+                                                             "the tags of the fine-tune's experiment_cfg/metadata.json")
         if name == "convert":
             sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
             sp.add_argument("--force", action="store_true", help="convert even if a published entry exists")

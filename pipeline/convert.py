@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline import cache
+from pipeline import cache, finetune
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.load import load
 from pipeline.recipe import build_plan
@@ -28,7 +28,7 @@ from tasks.store import LocalStore
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    version: str
+    version: str | None  # None: found from the checkpoint's keys (with --snapshot or --model)
     profile: str | None = None  # default: the layout's (recipes.toml [layouts.<layout>] default_profile)
     embodiments: str = "all"
     scheduler: str = "threads"
@@ -45,6 +45,7 @@ class ConvertOptions:
     layout: str | None = None  # default: the version's (configs/<version>.toml default_layout)
     revision: str | None = None  # the release's revision to read (default: the pinned one)
     synthetic: str | None = None  # a scale: convert the project's synthetic stand-in instead of the release
+    model: str | None = None  # a hub repo id (a fine-tune's own repo): resolved through huggingface_hub
 
 
 def peak_rss_bytes() -> int:
@@ -63,27 +64,6 @@ def writable_folder(root: Path, what: str) -> None:
     except OSError as e:
         raise CacheError(f"{root}: cannot write to this {what} folder ({e.strerror}); pass one you can write "
                          f"({'--cache DIR or $GR00T_CACHE' if what == 'cache' else '--hf-cache DIR'})") from None
-
-
-def recognise(version: str, keys: list[str], where: Path) -> None:
-    """Refuse, in one sentence, a snapshot that is not this GR00T version: most of its keys are none of the
-    version's (a fine-tune's odd extra key is left to the recipe, which names it)."""
-    from collections import Counter
-
-    from pipeline.state_dict import tensor_specs
-    from pipeline.versions import VERSIONS
-
-    known = {v: {s.key for s in tensor_specs(v, "full")} for v in VERSIONS}
-    share = {v: sum(k in known[v] for k in keys) / max(1, len(keys)) for v in VERSIONS}
-    if share[version] >= 0.9:
-        return
-    prefixes = Counter(".".join(k.split(".")[:2]) for k in keys).most_common(3)
-    looks = [v for v in VERSIONS if share[v] >= 0.9]
-    like = f"; it is a GR00T {looks[0]} checkpoint: pass --version {looks[0]}" if looks else \
-        "; it matches no GR00T version this project converts"
-    raise ConfigError(f"{where}: not a GR00T {version} checkpoint: {len(keys)} tensors, "
-                      f"{share[version]:.0%} of them {version} keys, mostly under "
-                      f"{', '.join(f'{p}. ({n})' for p, n in prefixes)}{like}")
 
 
 @dataclass(frozen=True)
@@ -112,18 +92,33 @@ class Built:
     reused: Reuse
 
 
+def open_checkpoint(opts: ConvertOptions) -> tuple[Checkpoint, str]:
+    """The checkpoint `opts` names and its GR00T version (`opts.version`, else found from its keys), checked to be
+    that version, every tensor of a weight dtype, a dropped tied table read from its twin."""
+    hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
+    cfg = load_config(opts.version) if opts.version else None
+    ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic, opts.model))
+    version = opts.version or finetune.detect_version(ck.keys(), ck.where)
+    finetune.recognise(version, ck.keys(), ck.where)
+    finetune.check_dtypes(ck)
+    finetune.tie_embeddings(ck, load_config(version))
+    return ck, version
+
+
 def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     """Open and check the snapshot, plan the targets, name the entry. `root` is the local cache the entry is
     built in (default: the one `opts.cache_root` builds in)."""
-    cfg = load_config(opts.version)
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
-    hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
-    ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic))
+    ck, version = open_checkpoint(opts)
+    cfg = load_config(version)
     shapes = {k: ck.shape(k) for k in ck.keys()}
-    recognise(opts.version, list(shapes), ck.dir)
-    plan = build_plan(opts.version, shapes, opts.profile, opts.layout)
-    slots = cfg.slot_ids(opts.embodiments, shapes[cfg.embodiment_keys[0]][0] if cfg.embodiment_keys[0] in shapes else None)
-    source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic}
+    plan = build_plan(version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
+    tags = finetune.trained_tags(ck.dir)
+    wanted = finetune.selection(opts.embodiments, tags, ck.dir)
+    slots = cfg.slot_ids(wanted, shapes[cfg.embodiment_keys[0]][0] if cfg.embodiment_keys[0] in shapes else None)
+    source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic,
+              "model": opts.model, "key_prefix": ck.prefix or None, "tied": dict(ck.tied) or None,
+              "trained_embodiments": tags}
     ident = cache.identity(plan, source, cache.source_sha256(root, ck), slots, shapes)
     return Prepared(ck, plan, slots, ident, root)
 
@@ -138,7 +133,7 @@ def convert(opts: ConvertOptions) -> dict:
     writable_folder(cache.build_root(store), "cache")
     prep = prepare(opts, cache.build_root(store))
     ck, plan, slots, ident, root, name = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root, prep.name
-    summary = {"version": opts.version, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident.fingerprint,
+    summary = {"version": plan.version, "version_found": opts.version is None, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident.fingerprint,
                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
                "skipped": dict(plan.skipped), "source": ident.source}
     existing = cache.find_entry(store, name) if not opts.force else None
@@ -151,11 +146,11 @@ def convert(opts: ConvertOptions) -> dict:
         return {**summary, **checked, "seconds": time.perf_counter() - t0}
     if existing is not None:
         ck.close()
-        write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident.synthetic))
+        write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
         hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
         if opts.device is not None:  # nothing to convert: upload straight from the cache
             slot = slots[0] if len(slots) == 1 else None
-            hit["device_tensors"] = load(opts.version, store, slot, into=opts.device, profile=plan.profile,
+            hit["device_tensors"] = load(plan.version, store, slot, into=opts.device, profile=plan.profile,
                                         layout=plan.layout, entry=name, synthetic=True).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     final = cache.entries_dir(root) / name
@@ -164,12 +159,13 @@ def convert(opts: ConvertOptions) -> dict:
     pushed = {}
     if not store.can_rename:
         pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
-    write_ref(store, opts.version, plan.layout, plan.profile, name, bool(ident.synthetic))
+    write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
             "hashed_shards_before_graph": sorted(set(reused.verified) - reused.identified), "tasks": len(graph),
             "bytes_read": _source_bytes_read(plan, ck, slots, done),
-            "bytes_written": sum(n["nbytes"] for n in result["numerics"]),
+            "bytes_written": result["file_bytes"] - sum(r.record.nbytes + (r.record.tensorbin.nbytes if r.record.tensorbin else 0)
+                                                   for r in done.values()),
             "stage_seconds": timings["stage_seconds"],
             "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
             "published_here": result["published_here"], "device_tensors": result["device_tensors"],

@@ -27,7 +27,7 @@ from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
 from tasks.publish import publish_entry, unit_done
-from tasks.source import index_shard, read_slot, read_tensor, verify_shard
+from tasks.source import index_shard, read_weight, read_weight_slot, verify_shard
 from tasks.entry import Identity, Staged
 from tasks.stage import stage_target
 from tasks.transforms import apply
@@ -84,7 +84,8 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     """The whole conversion as `{key: task}`; run it for `PUBLISH`."""
     ck, graph = inputs.checkpoint, {}
     for shard, header in ck.headers.items():
-        graph[("index", shard)] = _task(("index", shard), index_shard, header.path, frozenset(header.entries))
+        graph[("index", shard)] = _task(("index", shard), index_shard, header.path, ck.stored_keys(shard),
+                                        ck.stored_names(shard))
         if shard in inputs.prehashed:  # a fine-tune's pre-pass already hashed (or identified) it
             graph[("verify", shard)] = DataNode(("verify", shard), inputs.prehashed[shard])
         else:
@@ -100,8 +101,8 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
             indexed = TaskRef(("index", ck.shard_of(key)))
             read_key = ("read", key) if slot is None else ("slot", key, slot)
             if read_key not in graph and ((t.name, slot) not in inputs.done or inputs.device is not None):
-                graph[read_key] = (_task(read_key, read_tensor, indexed, key) if slot is None
-                                   else _task(read_key, read_slot, indexed, key, slot))
+                graph[read_key] = (_task(read_key, read_weight, indexed, key, t.host) if slot is None
+                                   else _task(read_key, read_weight_slot, indexed, key, slot))
             reads.append(TaskRef(read_key))
         in_unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
     for unit, staged in units.items():

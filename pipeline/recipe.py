@@ -99,6 +99,7 @@ class _Making:
     profile: str
     profile_spec: Mapping[str, object]
     min_pcc: Mapping[str, float]
+    dtypes: Mapping[str, str]
 
     def target(self, rule: dict, name: str, sources: tuple[str, ...]) -> Target:
         kind = self.kinds[rule["kind"]]
@@ -118,7 +119,7 @@ class _Making:
                                                               or dtype != "bfloat16"),
                       min_pcc=float(self.min_pcc[dtype]), params=params,
                       bank_slots=source_shapes[0][0] if embodiment else 0, mirrors=rule.get("mirrors", ""),
-                      unit=unit_of(self.cfg, sources[0]))
+                      unit=unit_of(self.cfg, sources[0]), source_dtypes=tuple(self.dtypes.get(s, "BF16") for s in sources))
 
     def _padding(self, rule: dict, key: str, source_shapes: list) -> tuple[int, ...]:
         """(heads, head_dim, padded_head_dim) of a head-padding rule, checked against the key's shape; else ()."""
@@ -163,13 +164,14 @@ def _fused(making: _Making, rules: list[dict], containers: Mapping[str, str], co
 
 
 def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str | None = None,
-               layout: str | None = None) -> Plan:
-    """Targets for a checkpoint whose keys and shapes are `shapes` (state-dict order is kept)."""
+               layout: str | None = None, dtypes: Mapping[str, str] | None = None) -> Plan:
+    """Targets for a checkpoint whose keys and shapes are `shapes` (state-dict order is kept) and whose
+    safetensors dtypes are `dtypes` (default: BF16 throughout, as every release)."""
     cfg, book = load_config(version), recipes()  # the one lookup: everything below takes cfg
     layout, profile = layout_and_profile(cfg, layout, profile)
     spec = book["layouts"][layout]
     making = _Making(cfg, shapes, dims_of(cfg, shapes), spec["kinds"], profile, book["profiles"][profile],
-                     book["min_pcc"])
+                     book["min_pcc"], dtypes or {})
     names = "components" if spec["naming"] == "component" else "containers"
     rules, consumed, skipped = _rules(cfg, layout), {}, {}
     targets = _fused(making, rules, cfg.containers, consumed)

@@ -13,7 +13,7 @@ from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
 from pipeline.cache import cache_root
 from pipeline.versions import VersionConfig
-from tasks.checkpoint import INDEX_NAME
+from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, files_of
 from tasks.errors import CheckpointError, ConfigError
 
 def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
@@ -54,20 +54,51 @@ def _present(repo_id: str, cache_dir: Path) -> str:
     return f"revisions present: {', '.join(revs)}" if revs else "no revision of it is present"
 
 
-def resolve_snapshot(cfg: VersionConfig, snapshot: Path | None = None, hf_cache: Path | None = None,
-                     revision: str | None = None, synthetic: str | None = None) -> Path:
-    """The snapshot folder holding `model.safetensors.index.json`."""
-    if synthetic is not None and snapshot is not None:
-        raise ConfigError(f"--snapshot {snapshot} and --synthetic {synthetic} name two sources: pass one (a synthetic "
-                          "stand-in is found by its scale alone)")
+HUB_PATTERNS = [INDEX_NAME, "*.safetensors", "config.json", "experiment_cfg/*"]  # what a convert reads of a repo
+
+
+def _from_hub(repo_id: str, revision: str, cache_dir: Path, offline_hint: str = "") -> Path:
+    """A repo's snapshot from the HF cache, else fetched with huggingface_hub (unless offline); a miss names the
+    `hf download` command (and, offline, `offline_hint`)."""
+    for name in (INDEX_NAME, SINGLE_NAME):
+        found = try_to_load_from_cache(repo_id, name, cache_dir=str(cache_dir), revision=revision)
+        if isinstance(found, str):
+            return Path(found).parent
+    if not hub_offline():
+        try:
+            return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir), allow_patterns=HUB_PATTERNS))
+        except Exception as e:  # network, auth, unknown revision: say what failed and what to run
+            raise CheckpointError(repo_folder(repo_id, cache_dir), f"{repo_id} at revision {revision} is not "
+                                  f"in the Hugging Face cache and could not be fetched ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}); {_present(repo_id, cache_dir)}; "
+                                  "pass --snapshot DIR or --revision REV") from None
+    raise CheckpointError(
+        repo_folder(repo_id, cache_dir), f"{repo_id} at revision {revision} is not in the Hugging Face cache "
+        f"({_present(repo_id, cache_dir)}) and HF_HUB_OFFLINE is set. Fetch it with `hf download {repo_id} "
+        f"--revision {revision} --cache-dir {cache_dir}`, or pass --revision REV or --snapshot DIR{offline_hint}")
+
+
+def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf_cache: Path | None = None,
+                     revision: str | None = None, synthetic: str | None = None, model: str | None = None) -> Path:
+    """The checkpoint to read: a folder (sharded with an index, or `*.safetensors` without one) or one file.
+    `cfg` may be None with `snapshot` or `model` (the version is then found from the keys)."""
+    named = [f"--{n} {v}" for n, v in (("snapshot", snapshot), ("synthetic", synthetic), ("model", model)) if v is not None]
+    if len(named) > 1:
+        raise ConfigError(f"{' and '.join(named)} name {len(named)} sources: pass one (a synthetic stand-in is found "
+                          "by its scale alone)")
     if synthetic is not None and revision is not None:
         raise ConfigError(f"--revision {revision} does not apply to --synthetic {synthetic}: a synthetic stand-in has "
                           "the revision of what was synthesized; leave out --revision (or convert the release)")
     if snapshot is not None:
-        if not (Path(snapshot) / INDEX_NAME).is_file():
-            raise CheckpointError(Path(snapshot) / INDEX_NAME, "--snapshot folder has no index file: pass the folder "
-                                                                "that holds the shards and their index")
+        files_of(Path(snapshot))  # a folder with no checkpoint in it: one sentence now
         return Path(snapshot)
+    if model is not None:
+        if model.count("/") != 1 or not all(model.split("/")):
+            raise ConfigError(f"--model {model!r} is not a Hugging Face repo id: pass OWNER/NAME")
+        return _from_hub(model, revision or "main", Path(hf_cache or default_hf_cache()))
+    if cfg is None:
+        raise ConfigError("pass --version (one of n15, n16, n17) to convert a release, or --snapshot DIR or "
+                          "--model OWNER/NAME to convert a fine-tune")
     if synthetic is not None:
         repo_id, cache_dir = synthetic_repo_id(cfg, synthetic), Path(hf_cache or synthetic_hf_cache())
         found = try_to_load_from_cache(repo_id, INDEX_NAME, cache_dir=str(cache_dir), revision=revision or "main")
@@ -77,20 +108,5 @@ def resolve_snapshot(cfg: VersionConfig, snapshot: Path | None = None, hf_cache:
                               f"with `python -m pipeline synth --version {cfg.version} --scale {synthetic}"
                               f"{'' if hf_cache is None else f' --hf-cache {cache_dir}'}`")
     cache_dir, revision = Path(hf_cache or default_hf_cache()), revision or cfg.revision
-    found = try_to_load_from_cache(cfg.repo_id, INDEX_NAME, cache_dir=str(cache_dir), revision=revision)
-    if isinstance(found, str):
-        return Path(found).parent
-    if not hub_offline():
-        try:
-            return Path(snapshot_download(cfg.repo_id, revision=revision, cache_dir=str(cache_dir),
-                                          allow_patterns=[INDEX_NAME, "model-*.safetensors"]))
-        except Exception as e:  # network, auth, unknown revision: say what failed and what to run
-            raise CheckpointError(repo_folder(cfg.repo_id, cache_dir), f"{cfg.repo_id} at revision {revision} is not "
-                                  f"in the Hugging Face cache and could not be fetched ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}); {_present(cfg.repo_id, cache_dir)}; "
-                                  "pass --snapshot DIR or --revision REV") from None
-    raise CheckpointError(
-        repo_folder(cfg.repo_id, cache_dir), f"{cfg.repo_id} at revision {revision} is not in the Hugging Face cache "
-        f"({_present(cfg.repo_id, cache_dir)}) and HF_HUB_OFFLINE is set. Fetch it with `hf download {cfg.repo_id} "
-        f"--revision {revision} --cache-dir {cache_dir}`, or pass --revision REV or --snapshot DIR "
-        f"(for a synthetic stand-in instead: --synthetic tiny after `python -m pipeline synth --version {cfg.version}`)")
+    return _from_hub(cfg.repo_id, revision, cache_dir, f" (for a synthetic stand-in instead: --synthetic tiny after "
+                                                        f"`python -m pipeline synth --version {cfg.version}`)")

@@ -115,3 +115,84 @@ def _link(path: Path, sha: str) -> None:
     if path.is_symlink() or path.exists():
         path.unlink()
     path.symlink_to(Path("..") / ".." / "blobs" / sha)
+
+
+# -- fine-tunes as users have them (../shared/reference/fine-tunes.md), rewritten from a synthetic snapshot ----------
+FORMS = ("reshard", "trainer", "mixed", "half", "single", "lerobot")
+LEROBOT_PREFIX = "_groot_model."
+TRAINED_TAG = "new_embodiment"  # the tag a fine-tune's experiment_cfg/metadata.json names
+
+
+def _is_host_table(key: str) -> bool:
+    return key.endswith(("q_norm.weight", "k_norm.weight"))
+
+
+def _wide(values: np.ndarray, dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """bf16 values widened to `dtype` with detail below bf16's precision, so that rounding back is real work."""
+    wide = values.astype(np.float32)
+    wide *= (1 + rng.uniform(-2 ** -9, 2 ** -9, wide.shape)).astype(np.float32)
+    return wide.astype(dtype)
+
+
+def _write_shards(out: Path, tensors: dict[str, np.ndarray], shard_of: dict[str, str], mark: str,
+                  index: bool = True) -> None:
+    dtypes = {np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
+    out.mkdir(parents=True, exist_ok=True)
+    for shard in sorted(set(shard_of.values())):
+        keys = [k for k in tensors if shard_of[k] == shard]
+        with open(out / shard, "wb") as fh:
+            write_file(fh, [(k, dtypes[tensors[k].dtype], tensors[k].shape) for k in keys], lambda k: [tensors[k]],
+                       {"format": "pt", SYNTHETIC_MARK: mark})
+    if index:
+        doc = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values()), SYNTHETIC_MARK: mark},
+               "weight_map": dict(sorted(shard_of.items()))}
+        (out / INDEX_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int = 0) -> Path:
+    """A synthetic snapshot rewritten into a form fine-tunes come in; returns what to pass as `--snapshot`.
+
+    reshard: the same tensors in about twice as many shards (other straddling units); trainer: a `checkpoint-1000/`
+    folder with optimizer state, trainer state and `experiment_cfg/metadata.json` (trained for `new_embodiment`);
+    mixed: the action head and q_norm/k_norm stored F32, with detail below bf16's precision (Isaac-GR00T);
+    half: the vision tower stored F16 the same way; single: one `model.safetensors`; lerobot: one file, every key
+    under `_groot_model.`, `embed_tokens` dropped (tied to `lm_head`, which is kept)."""
+    from tasks.checkpoint import Checkpoint
+
+    cfg, rng = load_config(version), np.random.default_rng(seed)
+    with Checkpoint(snapshot) as ck:
+        tensors = {k: ck.get(k) for k in ck.keys()}
+        shard_of = {k: ck.shard_of(k) for k in ck.keys()}
+        mark = f"{ck.synthetic or 'synthetic'}; rewritten as a {form} fine-tune"
+    vision = cfg.containers["vision"]
+    if form == "reshard":
+        total, names = sum(t.nbytes for t in tensors.values()), list(tensors)
+        limit, used, n, shard_of = total // (2 * len(set(shard_of.values()))) + 1, 0, 1, {}
+        for k in names:
+            if used and used + tensors[k].nbytes > limit:
+                n, used = n + 1, 0
+            shard_of[k], used = n, used + tensors[k].nbytes
+        shard_of = {k: f"model-{i:05d}-of-{n:05d}.safetensors" for k, i in shard_of.items()}
+    elif form == "mixed":
+        tensors = {k: _wide(t, np.float32, rng) if k.startswith(cfg.containers["action_head"]) or _is_host_table(k)
+                   else t for k, t in tensors.items()}
+    elif form == "half":
+        tensors = {k: _wide(t, np.float16, rng) if k.startswith(vision) else t for k, t in tensors.items()}
+    elif form in ("single", "lerobot"):
+        shard_of = {k: "model.safetensors" for k in tensors}
+        if form == "lerobot":
+            tensors.pop(f"{cfg.containers['llm']}embed_tokens.weight")
+            tensors = {LEROBOT_PREFIX + k: t for k, t in tensors.items()}
+            shard_of = {k: "model.safetensors" for k in tensors}
+        _write_shards(out, tensors, shard_of, mark, index=False)
+        return out
+    elif form != "trainer":
+        raise ValueError(f"unknown fine-tune form {form!r}: expected one of {', '.join(FORMS)}")
+    folder = out / "checkpoint-1000" if form == "trainer" else out
+    _write_shards(folder, tensors, shard_of, mark)
+    if form == "trainer":
+        (folder / "optimizer.pt").write_bytes(rng.bytes(4096))
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": 1000}) + "\n")
+        (folder / "experiment_cfg").mkdir()
+        (folder / "experiment_cfg" / "metadata.json").write_text(json.dumps({TRAINED_TAG: {"statistics": {}}}) + "\n")
+    return folder

@@ -1,10 +1,15 @@
-"""A lazy, shard-aware view of one sharded-safetensors snapshot (`model.safetensors.index.json` + shards).
+"""A lazy, shard-aware view of one safetensors checkpoint, in any of the shapes it comes in: a sharded snapshot
+(`model.safetensors.index.json` + shards), a folder of `*.safetensors` without an index (one `model.safetensors`,
+as `save_pretrained` writes below the shard size; the N1.6 port's loader reads such a folder too), or one file.
 
-Opening reads only the index and the shard headers and cross-checks them: every key in exactly one shard, index and
-headers agreeing, byte accounting closing (`8 + header + data == file size` per shard, data sum == `total_size`).
-The shard is resolved per key, never per layer: in every GR00T release one unit is cut by a shard boundary.
-Reads go through tasks/source.py — the functions the conversion graph's read and slot tasks call — into fresh
-numpy arrays and are counted, so `slot()` and `rows()` provably read only what they return.
+Opening reads only the index (if any) and the shard headers and cross-checks them: every key in exactly one shard,
+index and headers agreeing, byte accounting closing (`8 + header + data == file size` per shard, data sum ==
+`total_size`). The shard is resolved per key, never per layer: in every GR00T release one unit is cut by a shard
+boundary. Keys are seen as GR00T names: a prefix that wraps every key (LeRobot's `_groot_model.`) is stripped,
+and a tied table a trainer dropped can be read from the tensor it is tied to (`tie`); the headers in `headers` are
+views under those names, so every reader resolves them alike. Reads go through tasks/source.py — the functions the
+conversion graph's read and slot tasks call — into fresh numpy arrays and are counted, so `slot()` and `rows()`
+provably read only what they return.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import re
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -22,6 +27,8 @@ from tasks import source
 from tasks.safetensors_file import ShardHeader, TensorEntry, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+GR00T_ROOTS = ("backbone.", "action_head.")  # every GR00T key starts with one of these
 SYNTHETIC_MARK = "gr00t_tt_synthetic"  # pipeline/synth.py writes it; read here so a copy is still recognised
 _SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
 
@@ -57,18 +64,56 @@ def _hf_blob_root(snapshot: Path) -> Path | None:
     return snapshot.parent.parent / "blobs" if snapshot.parent.name == "snapshots" else None
 
 
+def files_of(snapshot: Path) -> tuple[Path | None, list[str]]:
+    """(the index, or None) and the safetensors files a checkpoint is read from: the index's shards; else every
+    `*.safetensors` in the folder, sorted (the port's loader reads those); else the one file `snapshot` names."""
+    if snapshot.is_file():
+        return None, [snapshot.name]
+    if (snapshot / INDEX_NAME).is_file():
+        return snapshot / INDEX_NAME, []
+    found = sorted(p.name for p in snapshot.glob("*.safetensors")) if snapshot.is_dir() else []
+    if not found:
+        what = "does not exist" if not snapshot.exists() else f"holds no {INDEX_NAME} and no *.safetensors file"
+        raise CheckpointError(snapshot, f"{what}: pass the folder that holds the checkpoint's safetensors file(s) "
+                                        "(or one .safetensors file)")
+    return None, found
+
+
+def wrapper_prefix(where: object, keys: list[str]) -> str:
+    """The one prefix that wraps every GR00T key (LeRobot keeps the model in `_groot_model`), or "" when the keys
+    are GR00T's own. Keys wrapped by two prefixes, or partly wrapped, are refused: which is the model is unclear."""
+    if not keys or all(k.startswith(GR00T_ROOTS) for k in keys):
+        return ""
+    prefixes = set()
+    for k in keys:
+        at = min((i for i in (k.find("." + r) for r in GR00T_ROOTS) if i >= 0), default=-1)
+        prefixes.add(k[:at + 1] if at >= 0 and not k.startswith(GR00T_ROOTS) else None)
+    if len(prefixes) == 1 and None not in prefixes:
+        return prefixes.pop()
+    named = sorted(p for p in prefixes if p)
+    raise CheckpointError(where, f"the keys are not all GR00T keys under one prefix (found {', '.join(map(repr, named)) or 'no prefix'}"
+                                 f"{' and unprefixed keys' if None in prefixes else ''}); save the model's state dict "
+                                 "alone (keys starting backbone. and action_head.)")
+
+
 class Checkpoint:
-    """Header-indexed view of a snapshot folder. Thread-safe for reads."""
+    """Header-indexed view of a checkpoint folder or file. Thread-safe for reads."""
 
     def __init__(self, snapshot: Path | str):
-        self.dir = Path(snapshot)
-        self.index_path = self.dir / INDEX_NAME
-        self.weight_map, self.metadata = _read_index(self.index_path)
+        given = Path(snapshot)
+        self.dir = given.parent if given.is_file() else given
+        index, files = files_of(given)
+        self.index_path = index
+        self.where = index or given  # what errors about the whole checkpoint name
+        if index is not None:
+            self.weight_map, self.metadata = _read_index(index)
+            files = sorted(set(self.weight_map.values()))
+        else:
+            self.weight_map, self.metadata = {}, {}
         blob_root = _hf_blob_root(self.dir)
-        self.headers: dict[str, ShardHeader] = {}
-        self._entries: dict[str, TensorEntry] = {}
-        self._shard_of: dict[str, str] = {}
-        for name in sorted(set(self.weight_map.values())):
+        raw: dict[str, ShardHeader] = {}
+        shard_of: dict[str, str] = {}
+        for name in files:
             path = self.dir / name
             if not path.exists():
                 raise CheckpointError(path, f"shard listed in {INDEX_NAME} is missing; download the snapshot again")
@@ -76,25 +121,56 @@ class Checkpoint:
                 raise CheckpointError(path, f"symlink points to {path.resolve()}, outside the HF cache blobs folder "
                                             f"{blob_root}: refusing to read it")
             header = read_header(path)
-            for key, entry in header.entries.items():
-                if key in self._shard_of:
-                    raise CheckpointError(path, f"key is also stored in {self._shard_of[key]}: a key must live in one shard", key)
-                if self.weight_map.get(key) != name:
+            for key in header.entries:
+                if key in shard_of:
+                    raise CheckpointError(path, f"key is also stored in {shard_of[key]}: a key must live in one shard", key)
+                if index is not None and self.weight_map.get(key) != name:
                     listed = self.weight_map.get(key)
                     raise CheckpointError(path, f"header holds this key but {INDEX_NAME} "
                                                 f"{'does not list it' if listed is None else f'places it in {listed}'}", key)
-                self._entries[key], self._shard_of[key] = entry, name
-            self.headers[name] = header
-        missing = sorted(set(self.weight_map) - set(self._entries))
-        if missing:
-            raise CheckpointError(self.index_path, f"{len(missing)} key(s) listed in the index are in no shard header, "
-                                                   f"first {missing[0]!r} (index says {self.weight_map[missing[0]]})", missing[0])
-        total = sum(h.data_bytes for h in self.headers.values())
-        declared = self.metadata.get("total_size")
-        if declared is not None and declared != total:
-            raise CheckpointError(self.index_path, f"metadata.total_size is {declared} but the shards hold {total} data bytes")
+                shard_of[key] = name
+            raw[name] = header
+        if index is not None:
+            missing = sorted(set(self.weight_map) - set(shard_of))
+            if missing:
+                raise CheckpointError(index, f"{len(missing)} key(s) listed in the index are in no shard header, "
+                                             f"first {missing[0]!r} (index says {self.weight_map[missing[0]]})", missing[0])
+            total = sum(h.data_bytes for h in raw.values())
+            declared = self.metadata.get("total_size")
+            if declared is not None and declared != total:
+                raise CheckpointError(index, f"metadata.total_size is {declared} but the shards hold {total} data bytes")
+        self.prefix = wrapper_prefix(self.where, list(shard_of))
+        self.names: dict[str, dict[str, str]] = {  # per shard: key as seen -> key as stored
+            shard: {k[len(self.prefix):]: k for k in h.entries} for shard, h in raw.items()}
+        self.tied: dict[str, str] = {}  # a key read from the tensor it is tied to -> that key
+        self._raw = raw
+        self._view()
         self._lock = threading.Lock()
         self.bytes_read = 0
+
+    def _view(self) -> None:
+        self.headers = {s: h.renamed(self.names[s]) if self.prefix or self.tied else h for s, h in self._raw.items()}
+        self._entries: dict[str, TensorEntry] = {}
+        self._shard_of: dict[str, str] = {}
+        for shard, header in self.headers.items():
+            for key, entry in header.entries.items():
+                self._entries[key], self._shard_of[key] = entry, shard
+
+    def tie(self, key: str, to: str) -> None:
+        """Read `key`, which the checkpoint does not hold, from the bytes of `to` (a trainer's tie de-duplication
+        dropped one of two tied tables: LeRobot keeps `lm_head` and drops `embed_tokens`)."""
+        shard = self.shard_of(to)
+        self.names[shard][key] = self.names[shard][to]
+        self.tied[key] = to
+        self._view()
+
+    def stored_keys(self, shard: str) -> frozenset[str]:
+        """The keys the shard's header holds, as stored (what re-reading the header must find)."""
+        return frozenset(self._raw[shard].entries)
+
+    def stored_names(self, shard: str) -> Mapping[str, str] | None:
+        """How this view names the shard's keys (key -> stored key), or None when it uses the stored names."""
+        return self.names[shard] if self.prefix or self.tied else None
 
     # -- header-only queries ------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -111,7 +187,7 @@ class Checkpoint:
         try:
             return self._entries[key]
         except KeyError:
-            raise CheckpointError(self.index_path, "key is not in this checkpoint", key) from None
+            raise CheckpointError(self.where, "key is not in this checkpoint", key) from None
 
     def shape(self, key: str) -> tuple[int, ...]:
         return self.info(key).shape
@@ -130,7 +206,7 @@ class Checkpoint:
         """Keys under `prefix`, shard-then-name ordered; none is an error (a typo must not pass silently)."""
         keys = [k for k in self.keys() if k.startswith(prefix)]
         if not keys:
-            raise CheckpointError(self.index_path, f"no key starts with {prefix!r}")
+            raise CheckpointError(self.where, f"no key starts with {prefix!r}")
         return keys
 
     def shards_for_prefix(self, prefix: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from tasks import device, tensorbin
 from tasks.errors import CheckpointError
-from tasks.plan import Target
+from tasks.plan import HOST, Target
 
 _EXPONENT = np.uint16(0x7F80)  # bf16 exponent bits: all ones means Inf or NaN
 _BLOCK = 1 << 18               # elements per finite-check block: temporaries stay in L2
@@ -55,7 +55,11 @@ def _count_nonfinite(bits: np.ndarray) -> tuple[int, int]:
 def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin: str = "") -> None:
     """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys (checked on the
     bits). `origin` names the shard file(s) the sources came from."""
-    count, first = _count_nonfinite(array.reshape(-1).view(np.uint16))
+    if array.dtype.itemsize == 2:  # bf16: checked on the bits
+        count, first = _count_nonfinite(array.reshape(-1).view(np.uint16))
+    else:  # a host table kept at float32
+        bad = ~np.isfinite(array.reshape(-1))
+        count, first = int(np.count_nonzero(bad)), int(np.argmax(bad))
     if count:
         raise CheckpointError(origin or ", ".join(sources), f"{count} NaN/Inf value(s) in target {name!r} (first at flat index "
                                                   f"{first}); the checkpoint is corrupt or was saved mid-divergence", sources[0])
@@ -79,7 +83,7 @@ def convert_target(array: np.ndarray, target: Target, slot: int | None = None, c
     device_file, min_pcc = target.device_file, target.min_pcc
     check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
-    if layout == "HOST":  # kept on the host as float32: widening bf16 is exact, and nothing goes through ttnn
+    if layout == HOST:  # kept on the host as float32: widening bf16 is exact, and nothing goes through ttnn
         return Converted(name, slot, array, device_dtype, layout, expected, 0.0, 1.0)
     exact = device_dtype == "bfloat16"
     if exact and not check_bf16 and not device_file:

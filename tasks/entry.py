@@ -26,10 +26,11 @@ import xxhash
 from tasks.errors import CacheError
 from tasks.plan import Plan, Target
 from tasks.store import LocalStore, Store
-from tasks.zarr_v3 import STORAGE_DTYPE, array_metadata, chunk_path, create_array, group_metadata, write_chunk as _write_chunk
+from tasks.zarr_v3 import DATA_TYPES, STORAGE_DTYPE, array_metadata, chunk_path, create_array, group_metadata, write_chunk as _write_chunk
 
-CACHE_FORMAT = 4            # bump when the on-disk layout changes (cache/README.md, "Versioning")
-READABLE_FORMATS = (3, 4)   # 3: chunk keys c.0.0; 4: + source_shapes. Format 2 kept c/0/0 and is not read.
+CACHE_FORMAT = 5            # bump when the on-disk layout changes (cache/README.md, "Versioning")
+READABLE_FORMATS = (3, 4, 5)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32 host arrays.
+                              # Format 2 kept c/0/0 and is not read.
 MANIFEST = "MANIFEST.json"  # written last: present means complete
 ENTRIES, REFS = "entries", "refs"
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
@@ -203,6 +204,16 @@ class ArrayRecord:
         return str(self.attributes["device_dtype"])
 
     @property
+    def storage_dtype(self) -> np.dtype:
+        """The numpy dtype of the stored bytes: bf16 bits (uint16), or float32 for a host table of a wide source."""
+        return DATA_TYPES[str(self.attributes.get("dtype", "bfloat16"))][1]
+
+    @property
+    def source_dtypes(self) -> list[str]:
+        """Each source's safetensors dtype (entries before format 5: BF16, as every release)."""
+        return list(self.attributes.get("source_dtypes") or ["BF16"] * len(self.attributes["sources"]))
+
+    @property
     def device_layout(self) -> str:
         return str(self.attributes["device_layout"])
 
@@ -288,7 +299,8 @@ class Manifest(Identity):
 # -- building an entry: its documents, its chunks, its progress records ------------------------------------------
 def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
     """What a target's array records about itself (cache/README.md, "entries/")."""
-    return {"dtype": "bfloat16", "sources": list(t.sources), "transform": t.transform,
+    return {"dtype": t.stored_dtype, "sources": list(t.sources),
+            "source_dtypes": list(t.source_dtypes) or ["BF16"] * len(t.sources), "transform": t.transform,
             "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
             "device_layout": t.layout, "host_only": t.host, "logical_shape": list(t.shape),
             "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}
@@ -324,9 +336,9 @@ def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> N
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
     """What one array's bytes are a function of: its sources' bytes, its transform and device format, the
     converter version and the cache format. Equal ids mean equal bytes, whichever entry they sit in."""
-    doc = [list(source_xxh3), attributes["transform"], attributes.get("transform_params", []),
-           attributes["device_dtype"], attributes["device_layout"], attributes["logical_shape"], converter,
-           CACHE_FORMAT]  # the same bytes stored another way are another content
+    doc = [list(source_xxh3), attributes.get("source_dtypes"), attributes["dtype"], attributes["transform"],
+           attributes.get("transform_params", []), attributes["device_dtype"], attributes["device_layout"],
+           attributes["logical_shape"], converter, CACHE_FORMAT]  # the same bytes stored another way are another content
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
@@ -446,7 +458,7 @@ class Entry:
         arr = self.manifest.arrays[array]
         key = self.chunk_object(array, slot)
         if out is None:
-            out = self.store.map(key, STORAGE_DTYPE, tuple(arr.logical_shape))
+            out = self.store.map(key, arr.storage_dtype, tuple(arr.logical_shape))
         else:
             self.store.read_into(key, out)
         if not arr.chunks[slot].matches(out):

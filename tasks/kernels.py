@@ -20,9 +20,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 SOURCE = Path(__file__).with_name("kernels.c")
+_BF16_BITS = (np.dtype(np.uint16), np.dtype(ml_dtypes.bfloat16))  # the only element type the C loops take
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -118,15 +120,32 @@ def available() -> bool:
 
 
 def _rows(matrix: np.ndarray) -> tuple[int, int, int]:
-    """(rows, cols, row stride in elements) of a 2-D uint16 array whose rows are contiguous."""
-    if matrix.ndim != 2 or matrix.dtype.itemsize != 2 or (matrix.shape[1] > 1 and matrix.strides[1] != 2):
-        raise ValueError(f"expected a 2-D 16-bit array with contiguous rows, got {matrix.shape} strides {matrix.strides}")
-    return matrix.shape[0], matrix.shape[1], matrix.strides[0] // 2
+    """(rows, cols, row stride in elements) of a 2-D array of bf16 bits whose rows are contiguous: the one shape the
+    C loops read. Anything else is refused here, before a pointer crosses into C."""
+    if matrix.dtype not in _BF16_BITS or matrix.ndim != 2:
+        raise ValueError(f"expected a 2-D array of bf16 bits, got {matrix.dtype} {matrix.shape}")
+    rows, cols = matrix.shape
+    if (cols > 1 and matrix.strides[1] != 2) or (rows > 1 and (matrix.strides[0] < 2 * cols or matrix.strides[0] % 2)):
+        raise ValueError(f"expected rows of contiguous 16-bit values, got {matrix.shape} strides {matrix.strides}")
+    return rows, cols, (matrix.strides[0] // 2 if rows > 1 else cols)
+
+
+def _output(out: np.ndarray, nbytes: int, what: str) -> None:
+    """`out` is a writable, contiguous byte buffer that holds at least `nbytes`: C writes exactly that many."""
+    if not (isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(f"{what}: the output must be a writable contiguous numpy buffer")
+    if out.nbytes < nbytes:
+        raise ValueError(f"{what}: the output holds {out.nbytes} bytes, the result needs {nbytes}")
+
+
+def _tiles(rows: int, cols: int) -> int:
+    return -(-rows // 32) * -(-cols // 32)
 
 
 def tilize_bf16(matrix: np.ndarray, out: np.ndarray) -> None:
     """`out` (uint8, tiles * 2048 bytes) = the bfloat16 TILE buffer of one [rows, cols] matrix of bf16 bits."""
     rows, cols, stride = _rows(matrix)
+    _output(out, _tiles(rows, cols) * 2048, "tilize_bf16")
     _lib().tilize_bf16(matrix.ctypes.data, rows, cols, stride, out.ctypes.data)
 
 
@@ -134,14 +153,20 @@ def pack_bfp8(matrix: np.ndarray, out: np.ndarray, sums: np.ndarray, worst: np.n
     """`out` (uint8, tiles * 1088 bytes) = the bfloat8_b TILE buffer of one matrix; `sums` (float64[5]) and
     `worst` (float32[1]) accumulate the numerics of its read-back values (finite input: convert checks first)."""
     rows, cols, stride = _rows(matrix)
+    _output(out, _tiles(rows, cols) * 1088, "pack_bfp8")
+    if sums.dtype != np.float64 or sums.size < 5 or worst.dtype != np.float32 or worst.size < 1:
+        raise ValueError("pack_bfp8: sums must be float64[5] and worst float32[1]")
+    _output(sums, 40, "pack_bfp8 sums")
+    _output(worst, 4, "pack_bfp8 worst")
     _lib().pack_bfp8(matrix.ctypes.data, rows, cols, stride, out.ctypes.data, sums.ctypes.data, worst.ctypes.data)
 
 
 def transpose_into(out: np.ndarray, x: np.ndarray) -> None:
-    """`out[:] = x.T` for 2-D 16-bit arrays with contiguous rows (`out` may be a column slice of a wider array)."""
+    """`out[:] = x.T` for 2-D arrays of bf16 bits with contiguous rows (`out` may be a column slice of a wider array)."""
     rows, cols, stride = _rows(x)
     out_rows, out_cols, out_stride = _rows(out)
     if (out_rows, out_cols) != (cols, rows):
         raise ValueError(f"transpose of {x.shape} does not fit {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("transpose_into: the output is read-only")
     _lib().transpose_u16(x.ctypes.data, rows, cols, stride, out.ctypes.data, out_stride)
-

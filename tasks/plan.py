@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
+from tasks.precision import stored_dtype
+
 HOST = "HOST"  # the layout of host-only targets: kept on the host as float32, never uploaded
 
 
@@ -28,10 +30,16 @@ class Target:
     bank_slots: int = 0        # slots in the source bank (embodiment targets)
     mirrors: str = ""          # the consumer's file@commit and function this target reproduces
     unit: str = ""             # the layer, block or module its first source belongs to: one ("unit", ...) task each
+    source_dtypes: tuple[str, ...] = ()  # each source's safetensors dtype (BF16 | F16 | F32); () means BF16
 
     @property
     def host(self) -> bool:
         return self.layout == HOST
+
+    @property
+    def stored_dtype(self) -> str:
+        """What the cache stores it as: bfloat16, or float32 for a host table made from a wider source."""
+        return stored_dtype(self.host, self.source_dtypes)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from tasks import device as tt
 from tasks import tensorbin
-from tasks.entry import STORAGE_DTYPE, Entry, Manifest
+from tasks.entry import Entry, Manifest
 from tasks.errors import CacheError
 
 Chunk = tuple[str, "int | None"]  # (array, slot): slot None is the whole array
@@ -50,25 +50,28 @@ def torch_tensors(entry: Entry, chunks: list[Chunk], every_slot: bool, pool: Thr
     import torch  # lazy: 1-2 s to import, and `cache`/`convert` never need it
 
     arrays = entry.manifest.arrays
-    banks = {n: np.empty([len(arrays[n].chunks)] + arrays[n].logical_shape, STORAGE_DTYPE)
+    banks = {n: np.empty([len(arrays[n].chunks)] + arrays[n].logical_shape, arrays[n].storage_dtype)
              for n, _ in chunks if every_slot and arrays[n].bank}
     read = pool.map(lambda c: entry.read_chunk(*c, banks[c[0]][c[1]] if c[0] in banks else None), chunks)
     buffers = {n: data for (n, _), data in zip(chunks, read) if n not in banks} | banks
-    return {n: torch.from_numpy(buf).view(torch.bfloat16) for n, buf in buffers.items()}
+    return {n: torch.from_numpy(buf).view(torch.bfloat16) if buf.dtype.itemsize == 2 else torch.from_numpy(buf)
+            for n, buf in buffers.items()}
 
 
 def host_table(entry: Entry, name: str):
     """A host-only array (tt-n16: q_norm, k_norm, embed_tokens) as the port keeps it: a torch float32 tensor,
     widened from bf16 (exact) block by block as the chunk is read and checked, so a 622 MB table needs 8 MB besides
-    its result, not a second copy."""
+    its result, not a second copy. A table stored as float32 (a wide source's bits) is read as it is."""
     import torch
 
-    out = torch.empty(entry.manifest.arrays[name].logical_shape, dtype=torch.float32)
+    arr = entry.manifest.arrays[name]
+    out = torch.empty(arr.logical_shape, dtype=torch.float32)
     flat, at = out.view(-1), 0
-    for block in entry.chunk_blocks(name, None):
-        n = len(block) // 2
-        flat[at:at + n].copy_(torch.frombuffer(block, dtype=torch.bfloat16))
-        at += n
+    stored = torch.bfloat16 if arr.storage_dtype.itemsize == 2 else torch.float32
+    for block in entry.chunk_blocks(name, None):  # blocks of whole values (8 MiB)
+        values = torch.frombuffer(block, dtype=stored)
+        flat[at:at + values.numel()].copy_(values)
+        at += values.numel()
     return out
 
 

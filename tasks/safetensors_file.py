@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Mapping
 
@@ -65,7 +65,14 @@ class ShardHeader:
 
     @property
     def data_bytes(self) -> int:
-        return sum(e.nbytes for e in self.entries.values())
+        """Bytes after the header: the tensors tile them exactly (checked at parse), aliases or not."""
+        return self.file_size - self.data_start
+
+    def renamed(self, names: Mapping[str, str]) -> "ShardHeader":
+        """The same file seen under other key names: `names` maps each name to the stored key whose bytes it
+        reads (a stripped prefix, or a tied table read from the tensor it is tied to). Does not perform I/O."""
+        entries = {name: replace(self.entries[stored], key=name) for name, stored in names.items()}
+        return ShardHeader(self.path, self.header_len, self.metadata, entries, self.file_size)
 
 
 def _shape(path: Path, key: str, raw: object) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ import numpy as np
 import xxhash
 
 from tasks.errors import CheckpointError
-from tasks import safetensors_file
+from tasks import precision, safetensors_file
 from tasks.safetensors_file import ShardHeader, read_header
 
 HASH_BLOCK = 16 * 2**20
@@ -30,8 +30,9 @@ class VerifiedShard:
     tensor_xxh3: Mapping[str, str]  # per-tensor content identity: lets a fine-tune reuse what did not change
 
 
-def index_shard(path: Path, expected_keys: frozenset[str]) -> ShardHeader:
-    """Parse one shard header and check it still holds exactly the keys the plan was built from."""
+def index_shard(path: Path, expected_keys: frozenset[str], names: Mapping[str, str] | None = None) -> ShardHeader:
+    """Parse one shard header and check it still holds exactly the keys the plan was built from; `names` (the
+    checkpoint's view: key -> stored key) renames it as the plan sees it."""
     header = read_header(path)
     if set(header.entries) != expected_keys:
         extra = sorted(set(header.entries) - expected_keys)
@@ -39,7 +40,7 @@ def index_shard(path: Path, expected_keys: frozenset[str]) -> ShardHeader:
         key = (extra or gone)[0]
         raise CheckpointError(path, f"shard changed since the plan was made ({len(extra)} new, {len(gone)} missing keys); "
                                     "run the conversion again", key)
-    return header
+    return header if names is None else header.renamed(names)
 
 
 def file_sha256(path: Path) -> str:
@@ -56,7 +57,10 @@ def file_sha256(path: Path) -> str:
 def hash_shard(header: ShardHeader) -> tuple[str, dict[str, str]]:
     """One sequential pass: the file's sha256 and every tensor's xxh3-128, from the same blocks."""
     sha = hashlib.sha256()
-    spans = sorted((header.data_start + e.start, header.data_start + e.end, k) for k, e in header.entries.items())
+    aliases: dict[tuple[int, int], list[str]] = {}  # a tied table reads the bytes of another key: hashed once
+    for k, e in header.entries.items():
+        aliases.setdefault((e.start, e.end), []).append(k)
+    spans = sorted((header.data_start + lo, header.data_start + hi, keys[0]) for (lo, hi), keys in aliases.items())
     hashers = {k: xxhash.xxh3_128() for _, _, k in spans}
     buf = np.empty(HASH_BLOCK, np.uint8)
     view, pos, first = memoryview(buf), 0, 0
@@ -72,7 +76,8 @@ def hash_shard(header: ShardHeader) -> tuple[str, dict[str, str]]:
                 hashers[key].update(block[max(lo - pos, 0):min(hi - pos, n)])
                 i += 1
             pos += n
-    return sha.hexdigest(), {k: h.hexdigest() for k, h in hashers.items()}
+    digests = {keys[0]: hashers[keys[0]].hexdigest() for keys in aliases.values()}
+    return sha.hexdigest(), {k: digests[keys[0]] for keys in aliases.values() for k in keys}
 
 
 def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedShard:
@@ -110,3 +115,15 @@ def read_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
     if not 0 <= slot < shape[0]:
         raise CheckpointError(header.path, f"slot {slot} is out of range: the bank has slots 0..{shape[0] - 1}", key)
     return read_rows(header, key, slot, slot + 1)[0]
+
+
+def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray:
+    """A source tensor as its target is made from it: rounded to bf16 as the port's `.to(torch.bfloat16)` does,
+    or, for a host table (`host`), at its own precision (tasks/precision.py). The graph's read task."""
+    data = read_tensor(header, key)
+    return precision.to_float32(data) if host else precision.to_bf16(data, key, header.path)
+
+
+def read_weight_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
+    """`W[slot]` of a bank, rounded to bf16: the graph's slot task."""
+    return precision.to_bf16(read_slot(header, key, slot), key, header.path)

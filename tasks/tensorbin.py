@@ -141,9 +141,13 @@ def pack(array: np.ndarray, dtype: str, out: np.ndarray | None = None) -> Packed
     bfloat8_b's read-back values are measured in the same pass, without a round trip through ttnn."""
     if dtype not in TILE_BYTES:
         raise ValueError(f"no numpy packer for {dtype}")
+    if array.dtype.itemsize != 2:  # wider sources are rounded to bf16 when read (tasks/precision.py), never here
+        raise ValueError(f"pack takes bf16 values, got {array.dtype}")
     bits = np.ascontiguousarray(array).view(np.uint16)
     size = payload_size(bits.shape, dtype)
     out = np.empty(size, np.uint8) if out is None else out
+    if out.dtype != np.uint8 or out.size < size:
+        raise ValueError(f"pack needs a uint8 buffer of {size} bytes, got {out.dtype} x {out.size}")
     if kernels.available():
         return _pack_c(bits, dtype, out)
     pos, sums, worst = 0, np.zeros(5), 0.0

@@ -1,6 +1,7 @@
 """The slice of the Zarr v3 format the cache uses, written and read directly (https://zarr-specs.readthedocs.io/en/latest/v3/core/index.html).
 
-Arrays are `uint16` (bf16 bit patterns; `attributes.dtype == "bfloat16"`), regular chunk grid, default chunk key
+Arrays are `uint16` (bf16 bit patterns; `attributes.dtype == "bfloat16"`) or `float32` (a host table kept at a
+wider source's precision; `attributes.dtype == "float32"`), regular chunk grid, default chunk key
 encoding with `.` (a chunk is a file beside its `zarr.json`, not a directory per coordinate), one `bytes` codec (little endian) and nothing else: a chunk file is the chunk's raw C-order
 bytes. So a chunk can be written and read with one system call into a caller's buffer, with no per-array
 library overhead, and zarr-python (or any v3 reader) still opens the result. Chunk files are written in place,
@@ -26,13 +27,15 @@ from tasks.bulk_write import write_bytes_in_place
 
 
 STORAGE_DTYPE = np.dtype("<u2")
+# attributes.dtype -> (Zarr data_type, numpy dtype of the stored bytes)
+DATA_TYPES = {"bfloat16": ("uint16", STORAGE_DTYPE), "float32": ("float32", np.dtype("<f4"))}
 SEPARATOR = "."  # cache format 3 (2 used "/": a directory per coordinate, 3,800 per N1.6 entry instead of 990)
 
 
 def array_metadata(shape: Sequence[int], chunks: Sequence[int], attributes: Mapping[str, object]) -> dict:
-    """The `zarr.json` document of one uint16 array. Does not perform I/O."""
+    """The `zarr.json` document of one array of `attributes["dtype"]` (see DATA_TYPES). Does not perform I/O."""
     return {
-        "shape": list(shape), "data_type": "uint16",
+        "shape": list(shape), "data_type": DATA_TYPES[str(attributes["dtype"])][0],
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": SEPARATOR}},
         "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
@@ -57,7 +60,7 @@ def create_array(array_dir: Path, meta: Mapping[str, object]) -> None:
 
 
 def write_chunk(array_dir: Path, coords: Sequence[int], data: np.ndarray) -> None:
-    """Store one chunk into an array `create_array` made: `data` must already have the chunk's shape; bf16 is
-    stored as its uint16 bits."""
-    raw = np.ascontiguousarray(data).reshape(-1).view(STORAGE_DTYPE)
-    write_bytes_in_place(chunk_path(array_dir, coords), memoryview(raw.view(np.uint8)))
+    """Store one chunk into an array `create_array` made: `data` must already have the chunk's shape and its
+    array's dtype; bf16 is stored as its uint16 bits, little endian like everything here."""
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    write_bytes_in_place(chunk_path(array_dir, coords), memoryview(raw))
