@@ -102,9 +102,11 @@ def build() -> Path | None:
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
     path = build()
-    if path is None:
-        return None
-    lib = ctypes.CDLL(str(path))
+    return None if path is None else bind(ctypes.CDLL(str(path)))
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the kernels' signatures on a loaded build (this one, or a sanitizer build under test)."""
     lib.tilize_bf16.argtypes = [_PTR, _I64, _I64, _I64, _PTR]
     lib.pack_bfp8.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
     lib.transpose_u16.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64]

@@ -1,0 +1,211 @@
+"""Every safetensors dtype, odd shapes and short buffers, through each path that takes a checkpoint's bytes: the
+rounding to bf16 (held to torch's `.to(torch.bfloat16)`), the C kernels and the numpy packers (a sentence or the
+right bytes, never memory corruption), and the convert itself (one sentence naming the key and its dtype). The
+kernels also run once under AddressSanitizer, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pipeline.convert import ConvertOptions, convert
+from tasks import kernels, tensorbin
+from tasks.errors import CheckpointError
+from tasks.precision import to_bf16
+from tasks.safetensors_file import NUMPY_DTYPES, read_header
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _torch_bf16_bits(values: np.ndarray) -> np.ndarray:
+    import torch
+
+    return torch.from_numpy(values.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def test_f32_rounds_to_bf16_exactly_as_torch_does():
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 2 ** 32, 1 << 21, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values = values[np.isfinite(values) & (np.abs(values) < 3.38e38)]
+    ties = (np.arange(1 << 12, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # exactly half-way: to even
+    for batch in (values, ties[np.isfinite(ties)], np.array([0.0, -0.0, 1e-45, -1e-45, 1.17e-38], np.float32)):
+        assert np.array_equal(to_bf16(batch, "k", "f").view(np.uint16), _torch_bf16_bits(batch))
+
+
+def test_every_finite_f16_rounds_to_bf16_exactly_as_torch_does():
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    values = values[np.isfinite(values)]
+    assert np.array_equal(to_bf16(values, "k", "f").view(np.uint16), _torch_bf16_bits(values))
+
+
+@pytest.mark.parametrize("value", [3.3962e38, -3.4e38, 3.4028235e38])
+def test_a_finite_value_that_rounds_to_inf_is_named_with_its_key(value):
+    with pytest.raises(CheckpointError) as err:
+        to_bf16(np.array([0.5, value], np.float32), "action_head.vlln.weight", "model.safetensors")
+    msg = str(err.value)
+    assert msg.startswith("model.safetensors, key 'action_head.vlln.weight': value ") and "(flat index 1)" in msg
+    assert f"rounds to {'-' if value < 0 else '+'}Inf in bf16" in msg
+
+
+# -- the C kernels and the numpy packers at their boundary ---------------------------------------------------------
+ODD_SHAPES = [(1, 1), (1, 33), (31, 1), (33, 65), (70, 97)]
+
+
+def _bits(shape, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _needs_kernels():
+    if not kernels.available():
+        pytest.skip("no C compiler: the kernels were not built (the numpy packers are used)")
+
+
+@pytest.mark.parametrize("dtype", sorted(NUMPY_DTYPES))
+def test_every_dtype_but_bf16_bits_is_refused_before_a_kernel_is_called(dtype):
+    _needs_kernels()
+    matrix = np.zeros((33, 65), NUMPY_DTYPES[dtype])
+    out = np.zeros(1 << 16, np.uint8)
+    calls = [lambda: kernels.tilize_bf16(matrix, out),
+             lambda: kernels.pack_bfp8(matrix, out, np.zeros(5), np.zeros(1, np.float32)),
+             lambda: kernels.transpose_into(np.zeros((65, 33), NUMPY_DTYPES[dtype]), matrix)]
+    for call in calls:
+        if dtype in ("BF16", "U16"):
+            call()  # bf16 bits (or their uint16 view): taken
+        else:
+            with pytest.raises(ValueError, match="expected a 2-D array of bf16 bits"):
+                call()
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_short_output_buffers_are_refused_and_exact_ones_give_the_numpy_packers_bytes(shape, monkeypatch):
+    _needs_kernels()
+    x = _bits(shape)
+    for dtype, call in (("bfloat16", lambda o: kernels.tilize_bf16(x, o)),
+                        ("bfloat8_b", lambda o: kernels.pack_bfp8(x, o, np.zeros(5), np.zeros(1, np.float32)))):
+        size = tensorbin.payload_size(shape, dtype)
+        with pytest.raises(ValueError, match=f"holds {size - 1} bytes, the result needs {size}"):
+            call(np.zeros(size - 1, np.uint8))
+        exact = np.zeros(size, np.uint8)
+        call(exact)
+        monkeypatch.setenv("GR00T_TT_KERNELS", "0")
+        assert np.array_equal(exact, tensorbin.pack(x, dtype).payload)  # the numpy packer: the same bytes
+        monkeypatch.delenv("GR00T_TT_KERNELS")
+    with pytest.raises(ValueError, match="does not fit"):
+        kernels.transpose_into(np.zeros((shape[1], shape[0] + 1), np.uint16), x)
+    with pytest.raises(ValueError, match="read-only"):
+        out = np.zeros(shape[::-1], np.uint16)
+        out.flags.writeable = False
+        kernels.transpose_into(out, x)
+
+
+@pytest.mark.parametrize("kernels_on", ["1", "0"], ids=["C", "numpy"])
+def test_the_packer_refuses_wide_values_and_short_buffers_in_both_paths(kernels_on, monkeypatch):
+    monkeypatch.setenv("GR00T_TT_KERNELS", kernels_on)
+    with pytest.raises(ValueError, match="pack takes bf16 values, got float32"):
+        tensorbin.pack(np.zeros((33, 65), np.float32), "bfloat8_b")
+    with pytest.raises(ValueError, match="pack needs a uint8 buffer of"):
+        tensorbin.pack(_bits((33, 65)), "bfloat16", np.zeros(100, np.uint8))
+
+
+SANITIZED = """
+import ctypes, sys
+import numpy as np
+from tasks import kernels, tensorbin
+kernels._lib = lambda: kernels.bind(ctypes.CDLL(sys.argv[1]))
+for shape in {shapes}:
+    x = (np.random.default_rng(1).standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    for dtype in ("bfloat16", "bfloat8_b"):
+        tensorbin.pack(x, dtype, np.empty(tensorbin.payload_size(shape, dtype), np.uint8))  # exactly sized
+    wide = np.zeros((shape[1], shape[0] + 5), np.uint16)
+    kernels.transpose_into(wide[:, 2:2 + shape[0]], x)
+    assert np.array_equal(wide[:, 2:2 + shape[0]], x.T) and not wide[:, :2].any() and not wide[:, 2 + shape[0]:].any()
+    for bad in (np.zeros(shape, np.float32), np.zeros(shape, np.int8)):
+        try:
+            tensorbin.pack(bad, "bfloat8_b")
+        except ValueError:
+            pass
+print("sanitized run: clean")
+"""
+
+
+def test_the_kernels_run_clean_under_address_sanitizer(tmp_path):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    libasan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(libasan) or not os.path.exists(libasan):
+        pytest.skip(f"{cc} has no AddressSanitizer runtime here")
+    built = tmp_path / "kernels-asan.so"
+    subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-o",
+                    str(built), str(kernels.SOURCE), "-lm"], check=True)
+    env = {**os.environ, "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0"}
+    proc = subprocess.run([sys.executable, "-c", SANITIZED.format(shapes=ODD_SHAPES + [(256, 96)]), str(built)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "ERROR: AddressSanitizer" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "sanitized run: clean" in proc.stdout, proc.stderr[-3000:]
+
+
+# -- the convert: one sentence naming the key and its dtype --------------------------------------------------------
+RELABELLED = "action_head.model.transformer_blocks.1.ff.net.2.weight"
+
+
+def _relabel(snapshot: Path, out: Path, key: str, dtype: str) -> Path:
+    """A copy of the snapshot whose `key` claims `dtype`, its bytes kept (the shape scaled to fit them): a valid
+    safetensors file, as a stranger may hand us."""
+    shutil.copytree(snapshot, out, symlinks=False)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    path = out / index["weight_map"][key]
+    head = read_header(path)
+    raw = path.read_bytes()
+    doc = json.loads(raw[8:8 + head.header_len])
+    entry = doc[key]
+    nbytes = entry["data_offsets"][1] - entry["data_offsets"][0]
+    width = NUMPY_DTYPES[dtype].itemsize
+    entry["dtype"], entry["shape"] = dtype, [nbytes // width] if nbytes % width == 0 else entry["shape"]
+    assert nbytes % width == 0
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.unlink()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + head.header_len:])
+    index["metadata"].pop("total_size", None)
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["I16", "U16", "I32", "I8", "U8", "F8_E4M3", "F8_E5M2", "BOOL", "F64", "I64"])
+def test_a_tensor_of_another_dtype_is_named_with_its_dtype_and_nothing_is_published(snapshots, tmp_path, dtype):
+    snap = _relabel(snapshots["n16"], tmp_path / "snap", RELABELLED, dtype)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--snapshot", str(snap), "--cache",
+                           str(tmp_path / "cache"), "--embodiments", "gr1"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert f"key {RELABELLED!r}: dtype {dtype} is not a weight dtype (GR00T weights are BF16, F16, F32)" in lines[0]
+    assert not list((tmp_path / "cache" / "entries").glob("n16-*")) if (tmp_path / "cache" / "entries").exists() else True
+
+
+def test_a_f32_value_past_bf16s_range_refuses_the_convert_by_key_and_value(snapshots, tmp_path):
+    from pipeline.synth import _write_shards
+    from tasks.checkpoint import Checkpoint
+
+    with Checkpoint(snapshots["n16"]) as ck:
+        tensors = {k: ck.get(k) for k in ck.keys()}
+        shard_of = {k: ck.shard_of(k) for k in ck.keys()}
+    big = tensors[RELABELLED].astype(np.float32)
+    big.reshape(-1)[7] = 3.4e38  # finite in F32, past the half-way point above bf16's largest value
+    tensors[RELABELLED] = big
+    _write_shards(tmp_path / "snap", tensors, shard_of, "synthetic, a value past bf16's range")
+    with pytest.raises(CheckpointError) as err:
+        convert(ConvertOptions(None, snapshot=tmp_path / "snap", cache_root=tmp_path / "cache", progress=False))
+    assert f"key {RELABELLED!r}: value 3.39999995e+38 (flat index 7) rounds to +Inf in bf16" in str(err.value)
+    assert not (tmp_path / "cache" / "entries").exists() or not list((tmp_path / "cache" / "entries").iterdir())
