@@ -396,6 +396,7 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
         rows.append({"entry": name, "state": state, "version": m and m.version, "layout": m and m.layout,
                      "profile": m and m.profile, "slots": m and m.slots, "revision": m and m.revision,
                      "source": m and ("synthetic" if m.source.get("synthetic") or m.synthetic else m.source.get("snapshot")),
+                     "trained_for": m and m.source.get("trained_embodiments"),
                      "bytes": size, "unique_bytes": unique, "shared_bytes": size - unique,
                      "published_unix": m and m.published_unix,
                      "age_s": round(now - m.published_unix) if m else None, "refs": in_use.get(name, [])})

@@ -23,7 +23,7 @@ from pipeline.state_dict import straddling_unit
 from pipeline.load import load
 from pipeline.render import write_graph
 from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache
-from pipeline.synth import synthesize
+from pipeline.synth import FORMS, fine_tune_form, synthesize
 from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks import device as tt
 from tasks.checkpoint import Checkpoint
@@ -59,11 +59,30 @@ def cmd_synth(a: argparse.Namespace) -> dict:
         reason = "no space left on the device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror
         raise PipelineError(f"{e.filename or hf}: {reason} while synthesizing {a.version} ({a.scale}); nothing was "
                             "kept — free space or pass --hf-cache DIR on a larger disk") from None
+    if a.form is not None:
+        return _synth_form(a, snap, t0)
     if not a.json:
         print(f"wrote a SYNTHETIC {a.version} ({a.scale} scale, seed {a.seed}) to {snap}\n"
               f"  convert it with: python -m pipeline convert --version {a.version} --synthetic {a.scale}"
               f"{f' --hf-cache {a.hf_cache}' if a.hf_cache else ''}{f' --cache {a.cache}' if a.cache else ''}")
     return {"snapshot": str(snap), "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _synth_form(a: argparse.Namespace, snap: Path, t0: float) -> dict:
+    """`synth --form F --out DIR`: the synthetic snapshot rewritten as a fine-tune of that form, into a new folder."""
+    out = Path(a.out or f"build/fine-tunes/{a.version}-{a.form}")
+    if out.exists() and any(out.iterdir()):
+        raise PipelineError(f"{out}: already exists and is not empty; pass --out with a new folder (nothing is "
+                            "overwritten)")
+    try:
+        made = fine_tune_form(snap, a.version, a.form, out, a.seed)
+    except OSError as e:
+        shutil.rmtree(out, ignore_errors=True)
+        raise PipelineError(f"{e.filename or out}: {e.strerror} while writing the {a.form} form; nothing was kept") from None
+    if not a.json:
+        print(f"wrote a SYNTHETIC {a.version} fine-tune, {a.form} form, to {made}\n"
+              f"  convert it with: python -m pipeline convert --snapshot {made} --embodiments new_embodiment")
+    return {"snapshot": str(made), "form": a.form, "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,
@@ -259,7 +278,8 @@ def cmd_cache(a: argparse.Namespace) -> dict:
             print(head)
             for r in rows:
                 src = "synthetic" if r["source"] == "synthetic" else ("snapshot" if r["source"] else "-")
-                tail = r["state"] + (f"  <- {', '.join(r['refs'])}" if r["refs"] else "")
+                tail = r["state"] + (f"  <- {', '.join(r['refs'])}" if r["refs"] else "") + \
+                    (f"  (trained for {', '.join(r['trained_for'])})" if r.get("trained_for") else "")
                 age = _age(r["age_s"]) if r["age_s"] is not None else "-"
                 print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
                       f"{_slots(r['slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
@@ -390,6 +410,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--hf-cache", type=Path, help="default: hf/ under the cache root (never your own HF cache)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the synthetic values (default 0); another seed is "
                                                          "another revision")
+    sp.add_argument("--form", choices=FORMS, help="also rewrite it as a fine-tune of this form (reshard, trainer, "
+                                                  "mixed: F32 action head, half: F16 vision tower, single, lerobot)")
+    sp.add_argument("--out", help="with --form: the new folder (default build/fine-tunes/<version>-<form>)")
     sp = add("inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
     source_args(sp, "inspect")
     for name, fn, help_ in (("convert", cmd_convert, "convert a snapshot into a cache entry"),

@@ -171,3 +171,24 @@ def test_a_model_repo_in_the_hf_cache_converts_with_its_version_found(snapshots,
                                      cache_root=tmp_path / "c", progress=False))
     assert summary["version"] == "n15" and summary["version_found"] and summary["source"]["model"] == "someone/groot-n15-so100"
     assert summary["source"]["revision"] == rev
+
+
+def test_the_readmes_fine_tune_lines_run_as_written(tmp_path):
+    """README "Convert your fine-tune": every line, in order, on a fresh cache, as a new user runs them."""
+    import os
+    import re
+
+    block = re.search(r"## Convert your fine-tune\n.*?```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert len(lines) >= 10
+    env = {**os.environ, "GR00T_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    outputs = []
+    for line in lines:
+        cmd = line.replace("python -m pipeline", f"{sys.executable} -m pipeline", 1).replace("build/", f"{tmp_path}/build/")
+        proc = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, (line, proc.stderr[-1500:])
+        outputs.append(proc.stdout)
+    assert "trained for   new_embodiment (experiment_cfg/metadata.json)" in outputs[1]
+    assert "key prefix    '_groot_model.' stripped from every key" in outputs[5] and "n17 (found from its keys)" in outputs[5]
+    assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[9] and "n15 (found from its keys)" in outputs[9]
+    assert "new_embodiment" in outputs[10]  # cache ls: the trained-for tags

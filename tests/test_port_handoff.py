@@ -247,3 +247,50 @@ print(json.dumps({{"class": type(model).__name__, "differences": differences(mod
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
     assert result == {"class": "Gr00tN16ModelTTNN", "differences": [], "slots": [0, 1], "layers": 2}
+
+
+@pytest.fixture(scope="module")
+def mixed(attn, tmp_path_factory):
+    """An Isaac-GR00T-style mixed-precision fine-tune of the attn snapshot (action head and q_norm/k_norm F32,
+    with detail below bf16's precision), and a cache holding its tt-n16 entry."""
+    from pipeline.synth import fine_tune_form
+
+    root = tmp_path_factory.mktemp("mixed")
+    snapshot = fine_tune_form(attn[0], "n16", "mixed", root / "snapshot")
+    convert(ConvertOptions(None, embodiments="all", snapshot=snapshot, cache_root=root / "cache", progress=False))
+    return snapshot, root / "cache"
+
+
+@pytest.mark.parametrize("where", ["host", "simulated device"])
+def test_a_mixed_precision_fine_tune_two_ways(mixed, where, request):
+    """The port's loader reads the F32/BF16 files itself and rounds with torch; ours comes from the entry. Equal
+    attribute by attribute and bit for bit, the F32 host tables included."""
+    import torch
+
+    device = request.getfixturevalue("simulated_device") if where != "host" else None
+    snapshot, cache_dir = mixed
+    ours, theirs = both_ways(PORT, snapshot, cache_dir, device)
+    counts: dict = {}
+    assert port_n16.differences(ours.model, theirs, counts=counts) == []
+    assert counts["ttnn"] == 101 and counts["torch"] == 5
+    wide = [t for t in _torch_tensors(ours.model) if t.dtype == torch.float32 and t.numel() == 128]  # q/k_norm
+    assert len(wide) == 2 and all((t.view(torch.int32) & 0xFFFF).any() for t in wide)  # F32 bits below bf16's kept
+
+
+def _torch_tensors(node, seen=None):
+    """Every torch tensor reachable from the port's model (its host tables)."""
+    import torch
+
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return []
+    seen.add(id(node))
+    if isinstance(node, torch.Tensor):
+        return [node]
+    if isinstance(node, dict):
+        return [t for v in node.values() for t in _torch_tensors(v, seen)]
+    if isinstance(node, (list, tuple)):
+        return [t for v in node for t in _torch_tensors(v, seen)]
+    if hasattr(node, "__dict__") and type(node).__module__.startswith("models."):
+        return [t for v in vars(node).values() for t in _torch_tensors(v, seen)]
+    return []
