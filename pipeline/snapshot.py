@@ -84,8 +84,8 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
     `cfg` may be None with `snapshot` or `model` (the version is then found from the keys)."""
     named = [f"--{n} {v}" for n, v in (("snapshot", snapshot), ("synthetic", synthetic), ("model", model)) if v is not None]
     if len(named) > 1:
-        raise ConfigError(f"{' and '.join(named)} name {len(named)} sources: pass one (a synthetic stand-in is found "
-                          "by its scale alone)")
+        raise ConfigError(f"{' and '.join(named)} name {'two' if len(named) == 2 else 'three'} sources: pass one (a "
+                          "synthetic stand-in is found by its scale alone)")
     if synthetic is not None and revision is not None:
         raise ConfigError(f"--revision {revision} does not apply to --synthetic {synthetic}: a synthetic stand-in has "
                           "the revision of what was synthesized; leave out --revision (or convert the release)")

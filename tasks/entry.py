@@ -336,7 +336,7 @@ def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> N
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
     """What one array's bytes are a function of: its sources' bytes, its transform and device format, the
     converter version and the cache format. Equal ids mean equal bytes, whichever entry they sit in."""
-    doc = [list(source_xxh3), attributes.get("source_dtypes"), attributes["dtype"], attributes["transform"],
+    doc = [list(source_xxh3), attributes.get("source_dtypes"), attributes.get("dtype", "bfloat16"), attributes["transform"],
            attributes.get("transform_params", []), attributes["device_dtype"], attributes["device_layout"],
            attributes["logical_shape"], converter, CACHE_FORMAT]  # the same bytes stored another way are another content
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()

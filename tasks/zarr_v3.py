@@ -35,7 +35,7 @@ SEPARATOR = "."  # cache format 3 (2 used "/": a directory per coordinate, 3,800
 def array_metadata(shape: Sequence[int], chunks: Sequence[int], attributes: Mapping[str, object]) -> dict:
     """The `zarr.json` document of one array of `attributes["dtype"]` (see DATA_TYPES). Does not perform I/O."""
     return {
-        "shape": list(shape), "data_type": DATA_TYPES[str(attributes["dtype"])][0],
+        "shape": list(shape), "data_type": DATA_TYPES[str(attributes.get("dtype", "bfloat16"))][0],
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": SEPARATOR}},
         "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],

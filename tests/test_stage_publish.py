@@ -77,13 +77,14 @@ def test_progress_records_are_trusted_only_while_the_bytes_match(tmp_path):
     assert not already_staged(entry, records[("b", 5)], 2)
 
 
-BASE = {"transform": "identity", "transform_params": [], "device_dtype": "bfloat16", "device_layout": "TILE",
-        "logical_shape": [3, 4]}
+BASE = {"dtype": "bfloat16", "source_dtypes": ["BF16"], "transform": "identity", "transform_params": [],
+        "device_dtype": "bfloat16", "device_layout": "TILE", "logical_shape": [3, 4]}
 
 
 @pytest.mark.parametrize("change", [
     ("sources", ["other"]), ("transform", "transpose"), ("transform_params", [3, 5, 8]),
     ("device_dtype", "bfloat8_b"), ("device_layout", "ROW_MAJOR"), ("logical_shape", [4, 3]), ("converter", "2"),
+    ("source_dtypes", ["F32"]), ("dtype", "float32"),
 ])
 def test_a_content_id_changes_with_everything_the_bytes_depend_on(change):
     field, value = change
