@@ -8,7 +8,7 @@ import json
 import sys
 
 from bench.children import CHILDREN
-from bench.report import run_all, run_handoff, run_port, run_versions, run_zarr
+from bench.report import run_all, run_finetune, run_handoff, run_port, run_versions, run_zarr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,13 +18,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--scale", choices=("tiny", "full"), default="full")
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
-    p.add_argument("--only", choices=("port", "generic", "zarr", "handoff", "versions"),
+    p.add_argument("--only", choices=("port", "generic", "zarr", "handoff", "versions", "finetune"),
                    help="port: only the tt-n16 rows against the port's own path (bench/port-results.*); "
                         "generic: only the generic-layout rows (bench/results.*); "
                         "zarr: zarr-python against our Zarr writer and reader (bench/zarr-results.json); "
                         "handoff: the port's model from the cache against the port's own start-up "
                         "(bench/handoff-results.*); versions: each version's default convert and reload, "
-                        "side by side (bench/versions-results.*)")
+                        "side by side (bench/versions-results.*); finetune: a mixed-precision N1.6 fine-tune "
+                        "converted after the release and cold (bench/finetune-results.*)")
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_handoff(a.scale, a.runs, a.cold)
     if a.only == "versions":
         return run_versions(a.scale, a.runs, a.cold)
+    if a.only == "finetune":
+        return run_finetune(a.scale, a.runs, a.cold)
     return (run_all(a.scale, a.runs, a.cold) or run_port(a.scale, a.runs, a.cold) or run_handoff(a.scale, a.runs, a.cold)
-            or run_versions(a.scale, a.runs, a.cold))
+            or run_versions(a.scale, a.runs, a.cold) or run_finetune(a.scale, a.runs, a.cold))
 
 
 if __name__ == "__main__":

@@ -410,3 +410,77 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
     (out / "versions-results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _changed_bytes(fine_tune: Path, release: Path) -> int:
+    """Bytes of the fine-tune entry's chunks and device files whose content the release's entry does not hold."""
+    mine, theirs = entry_at(fine_tune).manifest.arrays, entry_at(release).manifest.arrays
+    held = {a.content_id for a in theirs.values()}
+    return sum(r.nbytes + (r.tensorbin.nbytes if r.tensorbin else 0)
+               for a in mine.values() if a.content_id not in held for r in a.chunks.values())
+
+
+def run_finetune(scale: str, runs: int, cold: bool) -> int:
+    """A mixed-precision N1.6 fine-tune (pipeline/synth.py `fine_tune_form` "mixed": the action head and
+    q_norm/k_norm F32 with new values, everything else the release's bytes), default layout and profile, every
+    slot, in fresh processes: the release's cold convert; the fine-tune's convert into the cache holding the
+    release (what changed only); the fine-tune's cold convert (peak RSS). Writes bench/finetune-results.{json,md}."""
+    from pipeline.recipe import resolve
+    from pipeline.synth import fine_tune_form
+
+    version = VERSION
+    hf, release = _synthetic_snapshot(scale, version)
+    fine_tune = DATA / f"finetune-{scale}-mixed"
+    if not (fine_tune / "model.safetensors.index.json").is_file():
+        remove(fine_tune)
+        print(f"writing the mixed fine-tune of {version} ({scale}) into {fine_tune} (once)", flush=True)
+        fine_tune_form(release, version, "mixed", fine_tune)
+    layout, profile = resolve(version)
+    warm, cold_cache = DATA / f"cache-{scale}-finetune-warm", DATA / f"cache-{scale}-finetune-cold"
+    args = {"version": version, "profile": profile, "layout": layout}
+    raw: dict[str, list] = {}
+    t_start = time.time()
+    for _ in range(runs):
+        remove(warm)
+        settle()
+        _warm(release)
+        raw.setdefault("release, cold", []).append(run_child("convert", {**args, "snapshot": str(release), "cache": str(warm)}, cold))
+        _warm(fine_tune, warm)
+        after = run_child("convert", {**args, "snapshot": str(fine_tune), "cache": str(warm)}, cold)
+        after["changed_bytes"] = _changed_bytes(Path(after["cache_path"]), Path(raw["release, cold"][-1]["cache_path"]))
+        raw.setdefault("fine-tune, release cached", []).append(after)
+        remove(cold_cache)
+        settle()
+        _warm(fine_tune)
+        raw.setdefault("fine-tune, cold", []).append(run_child("convert", {**args, "snapshot": str(fine_tune), "cache": str(cold_cache)}, cold))
+        print(f"  run done: release {raw['release, cold'][-1]['seconds']:.1f} s; fine-tune after it "
+              f"{after['seconds']:.1f} s, wrote {after['bytes'] / 1e6:,.0f} MB (changed {after['changed_bytes'] / 1e6:,.0f} MB); "
+              f"fine-tune cold {raw['fine-tune, cold'][-1]['seconds']:.1f} s, "
+              f"{raw['fine-tune, cold'][-1]['peak_rss_bytes'] / 1e9:.2f} GB peak", flush=True)
+    remove(warm)
+    remove(cold_cache)
+    after, base, coldft = raw["fine-tune, release cached"], raw["release, cold"], raw["fine-tune, cold"]
+    ratio = median(after) / median(base)
+    written, changed = median(after, "bytes"), median(after, "changed_bytes")
+    context = {"version": version, "scale": scale, "runs": runs, "layout": layout, "profile": profile,
+               "slots": "all 32", "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
+               "cores": os.cpu_count(), "fine_tune": "action head and q_norm/k_norm F32 (new values), the rest the release's",
+               "imports": "'wall in child' starts after imports; 'wall of process' and CPU include them"}
+    out = _out(scale)
+    (out / "finetune-results.json").write_text(json.dumps({"context": context, "runs": raw}, indent=1))
+    lines = [f"Measured {context['date']} on {context['cores']} cores, {scale} synthetic {version}, {layout} / {profile}, "
+             f"every slot, median of {runs}; page cache {context['page_cache']}; {context['imports']}. The fine-tune: "
+             f"{context['fine_tune']}. Command: `python -m bench --only finetune --runs {runs}`.", "",
+             "| convert | wall in child | wall of process | CPU user | CPU sys | peak RSS | bytes written |",
+             "|---|---|---|---|---|---|---|"]
+    for key, runs_ in raw.items():
+        lines.append(f"| {key} | {_times(runs_)} | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB | "
+                     f"{median(runs_, 'bytes') / 1e6:,.0f} MB |")
+    lines += ["", f"- fine-tune after the release / the release cold: **{ratio:.2f}** (goal <= 0.4)",
+              f"- bytes written / the changed targets' bytes: **{written / max(1, changed):.3f}** "
+              f"({written / 1e6:,.0f} of {changed / 1e6:,.0f} MB; goal <= 1.05)",
+              f"- the fine-tune's cold convert: peak RSS **{median(coldft, 'peak_rss_bytes') / 1e9:.2f} GB** (goal <= 1.5)"]
+    (out / "finetune-results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0

@@ -26,7 +26,7 @@ from pipeline.state_dict import TensorSpec, tensor_specs
 from pipeline.snapshot import repo_folder, synthetic_repo_id
 from pipeline.versions import load_config
 from tasks.checkpoint import INDEX_NAME, SYNTHETIC_MARK
-from tasks.safetensors_file import write_file
+from tasks.safetensors_file import NUMPY_DTYPES, write_file
 
 POOL_SIZE = 1 << 22
 WINDOW = 65_521  # prime, so windows never line up with tensor or slot boundaries
@@ -134,18 +134,22 @@ def _wide(values: np.ndarray, dtype: np.dtype, rng: np.random.Generator) -> np.n
     return wide.astype(dtype)
 
 
-def _write_shards(out: Path, tensors: dict[str, np.ndarray], shard_of: dict[str, str], mark: str,
-                  index: bool = True) -> None:
-    dtypes = {np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
+_DTYPE_TAGS = {np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
+
+
+def _write_shards(out: Path, tensors: dict, shard_of: dict[str, str], mark: str, index: bool = True) -> None:
+    """Safetensors shards (and their index) of `tensors`: key -> array, or key -> (dtype tag, shape, make) whose
+    `make()` gives the array when its turn comes (a full-size fine-tune is never whole in memory)."""
+    specs = {k: v if isinstance(v, tuple) else (_DTYPE_TAGS[v.dtype], v.shape, lambda v=v: v) for k, v in tensors.items()}
     out.mkdir(parents=True, exist_ok=True)
     for shard in sorted(set(shard_of.values())):
-        keys = [k for k in tensors if shard_of[k] == shard]
+        keys = [k for k in specs if shard_of[k] == shard]
         with open(out / shard, "wb") as fh:
-            write_file(fh, [(k, dtypes[tensors[k].dtype], tensors[k].shape) for k in keys], lambda k: [tensors[k]],
+            write_file(fh, [(k, specs[k][0], specs[k][1]) for k in keys], lambda k: [specs[k][2]()],
                        {"format": "pt", SYNTHETIC_MARK: mark})
     if index:
-        doc = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values()), SYNTHETIC_MARK: mark},
-               "weight_map": dict(sorted(shard_of.items()))}
+        total = sum(int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[tag].itemsize for tag, shape, _ in specs.values())
+        doc = {"metadata": {"total_size": total, SYNTHETIC_MARK: mark}, "weight_map": dict(sorted(shard_of.items()))}
         (out / INDEX_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
@@ -159,25 +163,34 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
     under `_groot_model.`, `embed_tokens` dropped (tied to `lm_head`, which is kept)."""
     from tasks.checkpoint import Checkpoint
 
-    cfg, rng = load_config(version), np.random.default_rng(seed)
-    with Checkpoint(snapshot) as ck:
-        tensors = {k: ck.get(k) for k in ck.keys()}
-        shard_of = {k: ck.shard_of(k) for k in ck.keys()}
-        mark = f"{ck.synthetic or 'synthetic'}; rewritten as a {form} fine-tune"
-    vision = cfg.containers["vision"]
+    if form not in FORMS:
+        raise ValueError(f"unknown fine-tune form {form!r}: expected one of {', '.join(FORMS)}")
+    cfg = load_config(version)
+    ck = Checkpoint(snapshot)
+    shard_of = {k: ck.shard_of(k) for k in ck.keys()}
+    mark = f"{ck.synthetic or 'synthetic'}; rewritten as a {form} fine-tune"
+
+    def stored(key: str, wide: np.dtype | None = None) -> tuple:
+        """The tensor as the form stores it, read when written (its detail seeded by the key: any order)."""
+        shape = ck.shape(key)
+        if wide is None:
+            return "BF16", shape, lambda: ck.get(key)
+        rng = np.random.default_rng([seed, int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")])
+        return _DTYPE_TAGS[np.dtype(wide)], shape, lambda: _wide(ck.get(key), wide, rng)
+
+    wide_keys = {"mixed": lambda k: k.startswith(cfg.containers["action_head"]) or _is_host_table(k),
+                 "half": lambda k: k.startswith(cfg.containers["vision"])}.get(form, lambda k: False)
+    wide_dtype = np.float32 if form == "mixed" else np.float16
+    tensors = {k: stored(k, wide_dtype if wide_keys(k) else None) for k in ck.keys()}
     if form == "reshard":
-        total, names = sum(t.nbytes for t in tensors.values()), list(tensors)
-        limit, used, n, shard_of = total // (2 * len(set(shard_of.values()))) + 1, 0, 1, {}
-        for k in names:
-            if used and used + tensors[k].nbytes > limit:
+        total = sum(ck.info(k).nbytes for k in tensors)
+        limit, used, n, numbered = total // (2 * len(set(shard_of.values()))) + 1, 0, 1, {}
+        for k in tensors:
+            size = ck.info(k).nbytes
+            if used and used + size > limit:
                 n, used = n + 1, 0
-            shard_of[k], used = n, used + tensors[k].nbytes
-        shard_of = {k: f"model-{i:05d}-of-{n:05d}.safetensors" for k, i in shard_of.items()}
-    elif form == "mixed":
-        tensors = {k: _wide(t, np.float32, rng) if k.startswith(cfg.containers["action_head"]) or _is_host_table(k)
-                   else t for k, t in tensors.items()}
-    elif form == "half":
-        tensors = {k: _wide(t, np.float16, rng) if k.startswith(vision) else t for k, t in tensors.items()}
+            numbered[k], used = n, used + size
+        shard_of = {k: f"model-{i:05d}-of-{n:05d}.safetensors" for k, i in numbered.items()}
     elif form in ("single", "lerobot"):
         shard_of = {k: "model.safetensors" for k in tensors}
         if form == "lerobot":
@@ -186,12 +199,10 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
             shard_of = {k: "model.safetensors" for k in tensors}
         _write_shards(out, tensors, shard_of, mark, index=False)
         return out
-    elif form != "trainer":
-        raise ValueError(f"unknown fine-tune form {form!r}: expected one of {', '.join(FORMS)}")
     folder = out / "checkpoint-1000" if form == "trainer" else out
     _write_shards(folder, tensors, shard_of, mark)
     if form == "trainer":
-        (folder / "optimizer.pt").write_bytes(rng.bytes(4096))
+        (folder / "optimizer.pt").write_bytes(np.random.default_rng(seed).bytes(4096))
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": 1000}) + "\n")
         (folder / "experiment_cfg").mkdir()
         (folder / "experiment_cfg" / "metadata.json").write_text(json.dumps({TRAINED_TAG: {"statistics": {}}}) + "\n")
