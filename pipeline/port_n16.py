@@ -415,7 +415,8 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
     model = _finish(model, traced, filled, by_sources, code, set())
     stats = {"seconds": time.perf_counter() - t0, "listing_seconds": t_listed - t0, "device_files": len(needed),
              "host_tensors": len(host), "bytes_read": nbytes,
-             "tensor_bytes": nbytes - sum(t.numel() * 2 for t in host.values()) + sum(t.numel() * 4 for t in host.values())}
+             "tensor_bytes": nbytes - sum(opened.manifest.arrays[n].chunks[None].nbytes for n in host)  # stored...
+                             + sum(t.numel() * 4 for t in host.values())}  # ...as the float32 the port holds
     return PortModel(model, opened.name, code.revision, opened.manifest.layout, slots, stats)
 
 
