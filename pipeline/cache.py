@@ -447,15 +447,16 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     kept: list[dict] = []
     in_use = refs(store)
 
-    def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> None:
+    def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> bool:
         if not _removed_unless_read(store, name, dry_run):  # a live reader's entry stays (cache/README.md, "Leases")
             kept.append({"entry": name, "reason": f"{reason}, but {_being_read(readers(store, name))}", "bytes": size})
-            return
+            return False
         if not dry_run:
             for ref in in_use.get(name, []) if drop_refs else []:
                 store.delete(ref_object(ref))
         removed.append({"entry": name, "reason": reason, "bytes": size, "freed_bytes": own.get(name, size),
                         "refs": in_use.get(name, [])})
+        return True
 
     published = []
     totals: dict = {}
@@ -479,8 +480,8 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
         for row in list(candidates):
             if total <= max_bytes:
                 break
-            remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True)
-            total -= row["unique_bytes"]
+            if remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True):
+                total -= row["unique_bytes"]  # a kept entry (a live reader's) still takes its room
     return removed + [{**k, "kept": True, "freed_bytes": 0, "refs": []} for k in kept]
 
 

@@ -339,3 +339,20 @@ def test_a_ref_naming_a_broken_entry_is_said_and_never_stepped_over(hf_cache, tm
     (Path(newest["cache_path"]) / "MANIFEST.json").unlink()
     with pytest.raises(CacheError, match=f"{Path(newest['cache_path']).name}: no MANIFEST.json"):
         load("n16", tmp_path, "gr1")
+
+
+def test_gc_max_bytes_keeps_going_past_an_entry_a_live_reader_keeps(hf_cache, tmp_path):
+    """The oldest entry is being read, so gc keeps it; the cache is still over the limit, so the next oldest goes
+    (its bytes, not the kept one's, count toward the limit)."""
+    from tasks.entry import list_entries
+
+    names = [Path(convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments=str(slot),
+                                reuse=False))["cache_path"]).name for slot in (0, 1, 2)]
+    store = LocalStore(tmp_path)
+    rows = {r["entry"]: r for r in cache_mod.entry_rows(store)}
+    limit = sum(r["unique_bytes"] for r in rows.values()) - rows[names[0]]["unique_bytes"] // 2  # one must go
+    with cache_mod.reading(store, names[0]):
+        result = cache_mod.collect_garbage(store, max_bytes=limit, include_current=True)
+    assert [r["entry"] for r in result if r.get("kept")] == [names[0]]
+    assert [r["entry"] for r in result if not r.get("kept")] == [names[1]]
+    assert sorted(n for n, _, state in list_entries(store) if state == "published") == sorted([names[0], names[2]])
