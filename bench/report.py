@@ -420,6 +420,29 @@ def _changed_bytes(fine_tune: Path, release: Path) -> int:
                for a in mine.values() if a.content_id not in held for r in a.chunks.values())
 
 
+def _finetune_report(raw: dict[str, list], context: dict, out: Path) -> list[str]:
+    """bench/finetune-results.{json,md}: the three converts side by side, and the issue's three goals."""
+    after, base, coldft = raw["fine-tune, release cached"], raw["release, cold"], raw["fine-tune, cold"]
+    ratio = median(after) / median(base)
+    written, changed = median(after, "bytes"), median(after, "changed_bytes")
+    (out / "finetune-results.json").write_text(json.dumps({"context": context, "runs": raw}, indent=1))
+    lines = [f"Measured {context['date']} on {context['cores']} cores, {context['scale']} synthetic {context['version']}, "
+             f"{context['layout']} / {context['profile']}, every slot, median of {context['runs']}; page cache "
+             f"{context['page_cache']}; {context['imports']}. The fine-tune: {context['fine_tune']}. Command: "
+             f"`python -m bench --only finetune --runs {context['runs']}`.", "",
+             "| convert | wall in child | wall of process | CPU user | CPU sys | peak RSS | bytes written |",
+             "|---|---|---|---|---|---|---|"]
+    for key, runs_ in raw.items():
+        lines.append(f"| {key} | {_times(runs_)} | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB | "
+                     f"{median(runs_, 'bytes') / 1e6:,.0f} MB |")
+    lines += ["", f"- fine-tune after the release / the release cold: **{ratio:.2f}** (goal <= 0.4)",
+              f"- bytes written / the changed targets' bytes: **{written / max(1, changed):.3f}** "
+              f"({written / 1e6:,.0f} of {changed / 1e6:,.0f} MB; goal <= 1.05)",
+              f"- the fine-tune's cold convert: peak RSS **{median(coldft, 'peak_rss_bytes') / 1e9:.2f} GB** (goal <= 1.5)"]
+    (out / "finetune-results.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def run_finetune(scale: str, runs: int, cold: bool) -> int:
     """A mixed-precision N1.6 fine-tune (pipeline/synth.py `fine_tune_form` "mixed": the action head and
     q_norm/k_norm F32 with new values, everything else the release's bytes), default layout and profile, every
@@ -459,28 +482,11 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
               f"{raw['fine-tune, cold'][-1]['peak_rss_bytes'] / 1e9:.2f} GB peak", flush=True)
     remove(warm)
     remove(cold_cache)
-    after, base, coldft = raw["fine-tune, release cached"], raw["release, cold"], raw["fine-tune, cold"]
-    ratio = median(after) / median(base)
-    written, changed = median(after, "bytes"), median(after, "changed_bytes")
     context = {"version": version, "scale": scale, "runs": runs, "layout": layout, "profile": profile,
                "slots": "all 32", "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
                "cores": os.cpu_count(), "fine_tune": "action head and q_norm/k_norm F32 (new values), the rest the release's",
                "imports": "'wall in child' starts after imports; 'wall of process' and CPU include them"}
-    out = _out(scale)
-    (out / "finetune-results.json").write_text(json.dumps({"context": context, "runs": raw}, indent=1))
-    lines = [f"Measured {context['date']} on {context['cores']} cores, {scale} synthetic {version}, {layout} / {profile}, "
-             f"every slot, median of {runs}; page cache {context['page_cache']}; {context['imports']}. The fine-tune: "
-             f"{context['fine_tune']}. Command: `python -m bench --only finetune --runs {runs}`.", "",
-             "| convert | wall in child | wall of process | CPU user | CPU sys | peak RSS | bytes written |",
-             "|---|---|---|---|---|---|---|"]
-    for key, runs_ in raw.items():
-        lines.append(f"| {key} | {_times(runs_)} | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB | "
-                     f"{median(runs_, 'bytes') / 1e6:,.0f} MB |")
-    lines += ["", f"- fine-tune after the release / the release cold: **{ratio:.2f}** (goal <= 0.4)",
-              f"- bytes written / the changed targets' bytes: **{written / max(1, changed):.3f}** "
-              f"({written / 1e6:,.0f} of {changed / 1e6:,.0f} MB; goal <= 1.05)",
-              f"- the fine-tune's cold convert: peak RSS **{median(coldft, 'peak_rss_bytes') / 1e9:.2f} GB** (goal <= 1.5)"]
-    (out / "finetune-results.md").write_text("\n".join(lines) + "\n")
+    lines = _finetune_report(raw, context, _out(scale))
     print("\n".join(lines))
     return 0

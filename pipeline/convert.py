@@ -162,7 +162,7 @@ def convert(opts: ConvertOptions) -> dict:
     write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
-            "hashed_shards_before_graph": sorted(set(reused.verified) - reused.identified), "tasks": len(graph),
+            "identified_shards": sorted(reused.identified), "tasks": len(graph),
             "bytes_read": _source_bytes_read(plan, ck, slots, done),
             "bytes_written": result["file_bytes"] - sum(r.record.nbytes + (r.record.tensorbin.nbytes if r.record.tensorbin else 0)
                                                    for r in done.values()),

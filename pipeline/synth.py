@@ -153,6 +153,18 @@ def _write_shards(out: Path, tensors: dict, shard_of: dict[str, str], mark: str,
         (out / INDEX_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
+def _reshard(ck, shards: int) -> dict[str, str]:
+    """Key -> shard file, as Hugging Face cuts them (close a shard when the next tensor would pass the size) at a
+    size giving about `shards` shards: other boundaries, so other straddling units."""
+    limit, used, n, numbered = ck.total_bytes // shards + 1, 0, 1, {}
+    for k in ck.keys():
+        size = ck.info(k).nbytes
+        if used and used + size > limit:
+            n, used = n + 1, 0
+        numbered[k], used = n, used + size
+    return {k: f"model-{i:05d}-of-{n:05d}.safetensors" for k, i in numbered.items()}
+
+
 def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int = 0) -> Path:
     """A synthetic snapshot rewritten into a form fine-tunes come in; returns what to pass as `--snapshot`.
 
@@ -183,14 +195,7 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
     wide_dtype = np.float32 if form == "mixed" else np.float16
     tensors = {k: stored(k, wide_dtype if wide_keys(k) else None) for k in ck.keys()}
     if form == "reshard":
-        total = sum(ck.info(k).nbytes for k in tensors)
-        limit, used, n, numbered = total // (2 * len(set(shard_of.values()))) + 1, 0, 1, {}
-        for k in tensors:
-            size = ck.info(k).nbytes
-            if used and used + size > limit:
-                n, used = n + 1, 0
-            numbered[k], used = n, used + size
-        shard_of = {k: f"model-{i:05d}-of-{n:05d}.safetensors" for k, i in numbered.items()}
+        shard_of = _reshard(ck, 2 * len(set(shard_of.values())))
     elif form in ("single", "lerobot"):
         shard_of = {k: "model.safetensors" for k in tensors}
         if form == "lerobot":

@@ -54,9 +54,10 @@ def file_sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
-def hash_shard(header: ShardHeader) -> tuple[str, dict[str, str]]:
-    """One sequential pass: the file's sha256 and every tensor's xxh3-128, from the same blocks."""
-    sha = hashlib.sha256()
+def hash_shard(header: ShardHeader, with_sha256: bool = True) -> tuple[str | None, dict[str, str]]:
+    """One sequential pass: the file's sha256 (unless `with_sha256` is False: None) and every tensor's xxh3-128,
+    from the same blocks."""
+    sha = hashlib.sha256() if with_sha256 else None
     aliases: dict[tuple[int, int], list[str]] = {}  # a tied table reads the bytes of another key: hashed once
     for k, e in header.entries.items():
         aliases.setdefault((e.start, e.end), []).append(k)
@@ -67,7 +68,8 @@ def hash_shard(header: ShardHeader) -> tuple[str, dict[str, str]]:
     with open(header.path, "rb", buffering=0) as fh:
         while n := fh.readinto(view):
             block = view[:n]
-            sha.update(block)
+            if sha is not None:
+                sha.update(block)
             while first < len(spans) and spans[first][1] <= pos:
                 first += 1
             i = first
@@ -77,7 +79,7 @@ def hash_shard(header: ShardHeader) -> tuple[str, dict[str, str]]:
                 i += 1
             pos += n
     digests = {keys[0]: hashers[keys[0]].hexdigest() for keys in aliases.values()}
-    return sha.hexdigest(), {k: digests[keys[0]] for keys in aliases.values() for k in keys}
+    return sha and sha.hexdigest(), {k: digests[keys[0]] for keys in aliases.values() for k in keys}
 
 
 def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedShard:

@@ -185,13 +185,18 @@ def _relabel(snapshot: Path, out: Path, key: str, dtype: str) -> Path:
 @pytest.mark.parametrize("dtype", ["I16", "U16", "I32", "I8", "U8", "F8_E4M3", "F8_E5M2", "BOOL", "F64", "I64"])
 def test_a_tensor_of_another_dtype_is_named_with_its_dtype_and_nothing_is_published(snapshots, tmp_path, dtype):
     snap = _relabel(snapshots["n16"], tmp_path / "snap", RELABELLED, dtype)
+    with pytest.raises(CheckpointError) as err:
+        convert(ConvertOptions(None, snapshot=snap, cache_root=tmp_path / "cache", embodiments="gr1", progress=False))
+    assert f"key {RELABELLED!r}: dtype {dtype} is not a weight dtype (GR00T weights are BF16, F16, F32)" in str(err.value)
+    assert not (tmp_path / "cache" / "entries").exists() or not list((tmp_path / "cache" / "entries").iterdir())
+
+
+def test_the_cli_says_it_in_one_sentence_and_exits_2(snapshots, tmp_path):
+    snap = _relabel(snapshots["n16"], tmp_path / "snap", RELABELLED, "I16")
     proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--snapshot", str(snap), "--cache",
                            str(tmp_path / "cache"), "--embodiments", "gr1"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr
-    assert f"key {RELABELLED!r}: dtype {dtype} is not a weight dtype (GR00T weights are BF16, F16, F32)" in lines[0]
-    assert not list((tmp_path / "cache" / "entries").glob("n16-*")) if (tmp_path / "cache" / "entries").exists() else True
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "dtype I16 is not a weight dtype" in proc.stderr
 
 
 def test_a_f32_value_past_bf16s_range_refuses_the_convert_by_key_and_value(snapshots, tmp_path):
