@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import json
 import os
@@ -57,10 +58,12 @@ def _stat_key(path: Path) -> dict:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def source_sha256(root: Path, ck: Checkpoint) -> dict[str, str]:
+def source_sha256(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str, source.VerifiedShard]]:
     """Content identity per shard: the HF blob name when there is one, else a remembered hash of this exact file
-    (path, size, mtime, inode), else hashed now and remembered."""
-    out = {}
+    (path, size, mtime, inode), else hashed now and remembered. A shard hashed now is hashed once, sha256 and every
+    tensor's xxh3 in one pass, the shards side by side; those are returned too, verified (the graph and reuse take
+    them as they are: a fresh folder is not read twice for its hashes)."""
+    out, todo = {}, []
     for shard in sorted(ck.headers):
         named = ck.blob_sha256(shard)
         if named:
@@ -75,9 +78,13 @@ def source_sha256(root: Path, ck: Checkpoint) -> dict[str, str]:
                 continue
         except (OSError, ValueError, KeyError):
             pass
-        out[shard] = source.file_sha256(ck.shard_path(shard))
+        todo.append((shard, stat, record))
+    with ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        hashed = dict(zip((t[0] for t in todo), pool.map(lambda t: source.verify_shard(ck.headers[t[0]], None), todo)))
+    for shard, stat, record in todo:
+        out[shard] = hashed[shard].sha256
         write_json_atomic(record, {"stat": stat, "sha256": out[shard]})
-    return out
+    return out, hashed
 
 
 def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...],

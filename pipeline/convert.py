@@ -7,8 +7,9 @@ import os
 import resource
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Mapping
 
 from pipeline import cache, finetune
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
@@ -23,6 +24,7 @@ from tasks.entry import (Entry, Identity, already_staged, array_documents, creat
                          scratch_name, staged_records, write_ref)
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
+from tasks.source import VerifiedShard
 from tasks.store import LocalStore
 
 
@@ -75,6 +77,7 @@ class Prepared:
     slots: tuple[int, ...]
     identity: Identity       # what the entry's bytes are a function of, and its fingerprint
     root: Path
+    hashed: Mapping[str, VerifiedShard] = field(default_factory=dict)  # shards hashed (so verified) while naming it
 
     @property
     def name(self) -> str:
@@ -119,8 +122,9 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic,
               "model": opts.model, "key_prefix": ck.prefix or None, "tied": dict(ck.tied) or None,
               "trained_embodiments": tags}
-    ident = cache.identity(plan, source, cache.source_sha256(root, ck), slots, shapes)
-    return Prepared(ck, plan, slots, ident, root)
+    shard_sha, hashed = cache.source_sha256(root, ck)
+    ident = cache.identity(plan, source, shard_sha, slots, shapes)
+    return Prepared(ck, plan, slots, ident, root, hashed)
 
 
 def convert(opts: ConvertOptions) -> dict:
@@ -184,7 +188,7 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
             attrs = {name: doc["attributes"] for name, doc in arrays.items()}
-            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp, attrs)
+            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp, attrs, prep.hashed)
         done = {}
         records = staged_records(tmp)  # a killed run's (and the reuse links') progress
         for t, slot in work_units(plan.targets, slots):
@@ -194,7 +198,8 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known only by its sha256 is trusted like a cache hit, unless something is read from it.
-        prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from}
+        prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from} | \
+            dict(prep.hashed)
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")

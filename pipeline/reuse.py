@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from pipeline import cache
 from tasks.checkpoint import Checkpoint
@@ -59,7 +60,7 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str],
-               tmp: Path, array_attrs: dict[str, dict]) -> Reuse:
+               tmp: Path, array_attrs: dict[str, dict], hashed: Mapping[str, VerifiedShard] | None = None) -> Reuse:
     """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
     reuse = Reuse()
     entries = _published(root, plan.version)
@@ -69,7 +70,9 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
     unknown = []
     for shard, header in ck.headers.items():
         known = _known_tensor_hashes(entries, shard_sha[shard])
-        if all(k in known for k in header.entries):
+        if shard in (hashed or {}):  # hashed while the entry was named: its tensors are known
+            hashes.update(hashed[shard].tensor_xxh3)
+        elif all(k in known for k in header.entries):
             hashes.update({k: known[k] for k in header.entries})
             reuse.verified[shard] = VerifiedShard(header, shard_sha[shard], {k: known[k] for k in header.entries})
             reuse.identified.add(shard)
