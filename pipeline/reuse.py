@@ -59,18 +59,16 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
 
 
-def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str],
-               tmp: Path, array_attrs: dict[str, dict], hashed: Mapping[str, VerifiedShard] | None = None) -> Reuse:
-    """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
-    reuse = Reuse()
-    entries = _published(root, plan.version)
-    if not entries:
-        return reuse
+def _tensor_hashes(ck: Checkpoint, entries: list[Entry], shard_sha: dict[str, str],
+                   hashed: Mapping[str, VerifiedShard], reuse: Reuse) -> dict[str, str]:
+    """Every key's xxh3-128: from the hashing that named the entry, from an earlier entry of an unchanged shard
+    (recorded in `reuse` as identified), or, for a changed shard, by one xxh3 pass, both shards at once (its
+    sha256 is left to the graph's verify task, beside the conversion; sha256 is the slow hash)."""
     hashes: dict[str, str] = {}
     unknown = []
     for shard, header in ck.headers.items():
         known = _known_tensor_hashes(entries, shard_sha[shard])
-        if shard in (hashed or {}):  # hashed while the entry was named: its tensors are known
+        if shard in hashed:
             hashes.update(hashed[shard].tensor_xxh3)
         elif all(k in known for k in header.entries):
             hashes.update({k: known[k] for k in header.entries})
@@ -78,11 +76,20 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
             reuse.identified.add(shard)
         else:
             unknown.append(header)
-    # A changed shard's tensors are told by xxh3 alone, both shards at once; its sha256 is left to the graph's verify
-    # task, which runs beside the conversion as in a cold convert (sha256 is the slow hash: ~0.5 GB/s here).
     with ThreadPoolExecutor(max(1, min(len(unknown), os.cpu_count() or 1))) as pool:
         for _, tensors in pool.map(lambda h: hash_shard(h, with_sha256=False), unknown):
             hashes.update(tensors)
+    return hashes
+
+
+def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str],
+               tmp: Path, array_attrs: dict[str, dict], hashed: Mapping[str, VerifiedShard] | None = None) -> Reuse:
+    """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
+    reuse = Reuse()
+    entries = _published(root, plan.version)
+    if not entries:
+        return reuse
+    hashes = _tensor_hashes(ck, entries, shard_sha, hashed or {}, reuse)
     by_id: dict[str, tuple[Entry, str]] = {}
     for e in reversed(entries):  # newest wins
         for name, arr in e.manifest.arrays.items():
