@@ -54,8 +54,7 @@ def torch_tensors(entry: Entry, chunks: list[Chunk], every_slot: bool, pool: Thr
              for n, _ in chunks if every_slot and arrays[n].bank}
     read = pool.map(lambda c: entry.read_chunk(*c, banks[c[0]][c[1]] if c[0] in banks else None), chunks)
     buffers = {n: data for (n, _), data in zip(chunks, read) if n not in banks} | banks
-    return {n: torch.from_numpy(buf).view(torch.bfloat16) if buf.dtype.itemsize == 2 else torch.from_numpy(buf)
-            for n, buf in buffers.items()}
+    return {n: torch.from_numpy(buf).view(torch.bfloat16) for n, buf in buffers.items()}  # host tables: host_table
 
 
 def host_table(entry: Entry, name: str):
