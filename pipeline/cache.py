@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import json
 import os
@@ -60,9 +59,9 @@ def _stat_key(path: Path) -> dict:
 
 def source_sha256(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str, source.VerifiedShard]]:
     """Content identity per shard: the HF blob name when there is one, else a remembered hash of this exact file
-    (path, size, mtime, inode), else hashed now and remembered. A shard hashed now is hashed once, sha256 and every
-    tensor's xxh3 in one pass, the shards side by side; those are returned too, verified (the graph and reuse take
-    them as they are: a fresh folder is not read twice for its hashes)."""
+    (path, size, mtime, inode), else hashed now and remembered. A shard hashed now gets its sha256 and every
+    tensor's xxh3 at once, on every core (tasks/source.py: hash_shards); those are returned too, verified (the
+    graph and reuse take them as they are: a fresh folder is not hashed twice)."""
     out, todo = {}, []
     for shard in sorted(ck.headers):
         named = ck.blob_sha256(shard)
@@ -79,8 +78,7 @@ def source_sha256(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str,
         except (OSError, ValueError, KeyError):
             pass
         todo.append((shard, stat, record))
-    with ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:
-        hashed = dict(zip((t[0] for t in todo), pool.map(lambda t: source.verify_shard(ck.headers[t[0]], None), todo)))
+    hashed = dict(zip((t[0] for t in todo), source.hash_shards([ck.headers[t[0]] for t in todo], os.cpu_count() or 1)))
     for shard, stat, record in todo:
         out[shard] = hashed[shard].sha256
         write_json_atomic(record, {"stat": stat, "sha256": out[shard]})

@@ -1,0 +1,87 @@
+"""The hash passes' reader (tasks/file_blocks.py) and the shard hashes built on it, held to plain reads: hashlib
+and xxhash over bytes from `Path.read_bytes`, tensor spans from the safetensors header parsed here with json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from tasks import file_blocks
+from tasks.safetensors_file import read_header
+from tasks.source import hash_shard, hash_shards
+
+BLOCK = 8192
+
+
+def _blocks(path: Path) -> tuple[bytes, list[int], int]:
+    parts, offsets = [], []
+
+    def consume(view: memoryview, pos: int) -> None:
+        parts.append(bytes(view))
+        offsets.append(pos)
+
+    size = file_blocks.each_block(path, consume, BLOCK)
+    return b"".join(parts), offsets, size
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
+@pytest.mark.parametrize("size", [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 17])
+def test_each_block_gives_every_byte_in_order(tmp_path, monkeypatch, mapped, size):
+    monkeypatch.setattr(file_blocks, "_mapping_works", mapped)
+    path = tmp_path / "f"
+    data = bytes((i * 131 + 7) % 256 for i in range(size))
+    path.write_bytes(data)
+    got, offsets, returned = _blocks(path)
+    assert got == data and returned == size
+    assert offsets == list(range(0, size, BLOCK))
+
+
+def test_a_file_cut_short_while_read_is_an_oserror_not_a_crash(tmp_path):
+    """A mapped file truncated under the reader would be a SIGBUS on access; the populate step turns it into an
+    OSError. Run in a child so that a crash fails this test instead of killing the worker."""
+    path = tmp_path / "f"
+    path.write_bytes(b"\1" * (4 * BLOCK))
+    code = textwrap.dedent(f"""
+        import os
+        from tasks import file_blocks
+        def consume(view, pos):
+            bytes(view)  # every byte touched, as a hash does
+            if pos == 0:
+                os.truncate({str(path)!r}, 100)
+        try:
+            file_blocks.each_block({str(path)!r}, consume, {BLOCK})
+        except OSError as e:
+            print("OSError", e)
+        else:
+            print("no error")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("OSError"), done.stdout
+    assert "did the file change" in done.stdout
+
+
+def _spans(path: Path) -> dict[str, bytes]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in header.items()}
+
+
+def test_shard_hashes_equal_plain_hashes(snapshots):
+    shards = sorted(snapshots["n16"].glob("*.safetensors"))
+    headers = [read_header(p) for p in shards]
+    for verified, path in zip(hash_shards(headers, 2), shards):
+        assert verified.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert verified.tensor_xxh3 == {k: xxhash.xxh3_128_hexdigest(b) for k, b in _spans(path).items()}
+        assert hash_shard(read_header(path)) == (verified.sha256, dict(verified.tensor_xxh3))
