@@ -459,21 +459,26 @@ class Entry:
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
         return out
 
-    def chunk_blocks(self, array: str, slot: int | None, block: int = READ_BLOCK) -> Iterator[memoryview]:
-        """One chunk as consecutive blocks of raw bytes (one reused buffer), for a caller that converts as it
-        reads: a 622 MB table then needs 8 MB besides its result, not a second copy. The checksum is held to the
-        record after the last block; a mismatch raises there, so the caller must use nothing before the end."""
+    def each_chunk_block(self, array: str, slot: int | None, consume: Callable[[memoryview, int], None]) -> None:
+        """`consume(bytes, offset)` over one chunk's consecutive blocks (tasks/file_blocks.py: mapped, not copied),
+        for a caller that converts as it reads: a 622 MB table then needs no second copy. The checksum is held to
+        the record after the last block; a mismatch raises there, so the caller must use nothing before the end."""
         record, key = self.manifest.arrays[array].chunks[slot], self.chunk_object(array, slot)
         path = self.store.local_file(key)
         if path is None:
             raise CacheError(f"{self.store.describe(key)}: chunk is missing from the cache entry; run `python -m "
                              "pipeline cache verify` and convert again with --force")
-        buffer, digest, total = memoryview(bytearray(block)), xxhash.xxh3_64(), 0
-        with open(path, "rb", buffering=0) as fh:
-            while n := fh.readinto(buffer):
-                digest.update(buffer[:n])
-                total += n
-                yield buffer[:n]
+        digest = xxhash.xxh3_64()
+
+        def hashed(block: memoryview, pos: int) -> None:
+            digest.update(block)
+            consume(block, pos)
+
+        try:
+            total = each_block(path, hashed, READ_BLOCK)
+        except OSError as e:
+            raise CacheError(f"{self.store.describe(key)}: chunk could not be read ({e.strerror or e}); run `python "
+                             "-m pipeline cache verify`") from e
         if total != record.nbytes or digest.hexdigest() != record.xxh3:
             raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")

@@ -1,7 +1,7 @@
 """Reading a whole file block by block, for the passes that hash every byte: a shard's sha256 and per-tensor xxh3,
 a cache file checked against its record.
 
-Through a read-only mapping, not `readinto`: on this project's 2-core VM, page cache warm, xxh3 over a 3.16 GB
+Through a mapping, not `readinto`: on this project's 2-core VM, page cache warm, xxh3 over a 3.16 GB
 shard took 1.03-2.38 s by `readinto` into a reused buffer (the copy out of the page cache is the cost) and
 0.69-0.74 s mapped. Each block is populated before it is read (MADV_POPULATE_READ), so a file cut short meanwhile
 is an OSError there rather than a SIGBUS on access, and unmapped after (MADV_DONTNEED: the page cache keeps the
@@ -32,7 +32,9 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
         size = os.fstat(fh.fileno()).st_size
         if _mapping_works and size:
             try:
-                mapping = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
+                # private (copy-on-write) rather than read-only: nothing writes, and a consumer such as
+                # torch.frombuffer takes the blocks without warning about read-only memory
+                mapping = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
             except (OSError, ValueError):  # a pipe, a special file: read it instead
                 mapping = None
             if mapping is not None:

@@ -65,12 +65,14 @@ def host_table(entry: Entry, name: str):
 
     arr = entry.manifest.arrays[name]
     out = torch.empty(arr.logical_shape, dtype=torch.float32)
-    flat, at = out.view(-1), 0
-    stored = torch.bfloat16 if arr.storage_dtype.itemsize == 2 else torch.float32
-    for block in entry.chunk_blocks(name, None):  # blocks of whole values (8 MiB)
+    flat, itemsize = out.view(-1), arr.storage_dtype.itemsize
+    stored = torch.bfloat16 if itemsize == 2 else torch.float32
+
+    def widen(block: memoryview, pos: int) -> None:  # blocks of whole values (8 MiB)
         values = torch.frombuffer(block, dtype=stored)
-        flat[at:at + values.numel()].copy_(values)
-        at += values.numel()
+        flat[pos // itemsize:pos // itemsize + values.numel()].copy_(values)
+
+    entry.each_chunk_block(name, None, widen)
     return out
 
 

@@ -18,7 +18,7 @@ import pytest
 from pipeline import port_n16
 from pipeline.convert import ConvertOptions, convert
 from pipeline.synth import synthesize
-from tasks.entry import checksum, manifest_key
+from tasks.entry import checksum, chunk_file, manifest_key
 from tasks.errors import CacheError, PipelineError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "consumers"
@@ -133,6 +133,22 @@ def test_a_damaged_device_file_is_refused_by_name(attn, tmp_path):
     data[len(data) // 2] ^= 0x10
     packed.write_bytes(bytes(data))
     with pytest.raises(CacheError, match=f"{packed}: packed tensor does not match its manifest checksum"):
+        port_n16.build_model(copy, PORT, check=False, synthetic=True)
+
+
+def test_a_damaged_host_table_is_refused_by_name(attn, tmp_path):
+    """The host tables are read while the port is traced, on other threads: a changed byte in one is still the
+    hand-off's error, naming the table, and no model is built."""
+    _, cache_dir = attn
+    copy = tmp_path / "cache"
+    shutil.copytree(cache_dir, copy)
+    name = json.loads((copy / "refs" / "n16-tt-n16-port.synthetic.json").read_text())["entry"]
+    table = "language.model.embed_tokens.weight"
+    chunk = chunk_file(copy / "entries" / name, table, 2, None)
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=f"{table}: chunk all does not match its manifest checksum"):
         port_n16.build_model(copy, PORT, check=False, synthetic=True)
 
 
