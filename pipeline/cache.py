@@ -25,7 +25,7 @@ from tasks import source
 from tasks.checkpoint import Checkpoint
 from tasks.bulk_write import write_json_atomic
 from tasks.entry import (CACHE_FORMAT, ENTRIES, TMP_MARK, Entry, Identity, OldFormatError, entry_key, list_entries,
-                         manifest_key, open_entry, read_ref, ref_key, ref_object, refs, tmp_name, tmp_owner)
+                         manifest_key, open_entry, read_ref, readable, ref_key, ref_object, refs, tmp_name, tmp_owner)
 from tasks.errors import CacheError
 from tasks.plan import Plan
 from tasks.store import LocalStore, Store, open_store
@@ -457,10 +457,10 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
             kept.append({"entry": name, "reason": f"{reason}, but {_being_read(readers(store, name))}", "bytes": size})
             return False
         if not dry_run:
-            for ref in in_use.get(name, []) if drop_refs else []:
+            for ref in readable(in_use.get(name, [])) if drop_refs else []:
                 store.delete(ref_object(ref))
         removed.append({"entry": name, "reason": reason, "bytes": size, "freed_bytes": own.get(name, size),
-                        "refs": in_use.get(name, [])})
+                        "refs": readable(in_use.get(name, []))})
         return True
 
     published = []
@@ -514,6 +514,6 @@ def remove_entry(store: Store, name: str, include_current: bool = False, dry_run
     if not dry_run:
         if not _delete_unread(store, name):
             raise _busy(store, name)
-        for ref in in_use:
+        for ref in readable(in_use):
             store.delete(ref_object(ref))
-    return {"entry": name, "reason": "removed on request", "bytes": size, "freed_bytes": freed, "refs": in_use}
+    return {"entry": name, "reason": "removed on request", "bytes": size, "freed_bytes": freed, "refs": readable(in_use)}

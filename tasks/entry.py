@@ -574,17 +574,37 @@ def write_ref(store: Store, version: str, layout: str, profile: str, name: str, 
     store.put_json(ref_key(version, layout, profile, synthetic), {"entry": name, "updated_unix": time.time()})
 
 
+UNREADABLE_REF = " (unreadable)"  # how `refs()` lists a ref it cannot read
+
+
 def refs(store: Store) -> dict[str, list[str]]:
-    """Entry name -> the refs that point to it (what `load` opens: in use)."""
+    """Entry name -> the refs that point to it (what `load` opens: in use). A ref that cannot be read (torn, hand
+    edited) might name any entry of its version, layout and profile, so it is listed against each of them as
+    `<stem> (unreadable)`: gc keeps what `load` may open, and no command deletes or rewrites that ref."""
     out: dict[str, list[str]] = {}
+    names: list[str] | None = None
     for key in store.list(REFS):
-        try:
-            ref = store.get_json(key) or {}
-        except CacheError:
+        if not key.endswith(".json"):
             continue
-        if key.endswith(".json") and "entry" in ref:
-            out.setdefault(ref["entry"], []).append(PurePosixPath(key).stem)
+        stem = PurePosixPath(key).stem
+        try:
+            ref = store.get_json(key)
+        except CacheError:
+            ref = None
+        if isinstance(ref, dict) and isinstance(ref.get("entry"), str):
+            out.setdefault(ref["entry"], []).append(stem)
+            continue
+        names = store.children(ENTRIES) if names is None else names
+        kind = stem.removesuffix(SYNTHETIC_REF) + "-"  # <version>-<layout>-<profile>-
+        for name in names:
+            if name.startswith(kind):
+                out.setdefault(name, []).append(stem + UNREADABLE_REF)
     return out
+
+
+def readable(ref_stems: Sequence[str]) -> list[str]:
+    """The refs of `refs()` that can be deleted with their entry (not the unreadable ones)."""
+    return [r for r in ref_stems if not r.endswith(UNREADABLE_REF)]
 
 
 PUSH_BATCH = (64, 256 << 20)  # objects sent together (and held in memory): at most this many, or this many bytes

@@ -53,6 +53,23 @@ def test_gc_by_size_and_age_never_removes_what_a_ref_points_to(two_entries):
     assert f"removed {current}" in proc.stdout and not list(entries_dir(root).iterdir())
 
 
+def test_an_unreadable_ref_keeps_every_entry_it_could_name(two_entries):
+    """A torn or hand-edited ref might name either entry of its kind: gc by age or size keeps both, rm asks for
+    --include-current, and the ref itself is never deleted or rewritten."""
+    root, old, current = two_entries
+    ref = root / "refs" / "n17-tt-port-port.synthetic.json"
+    ref.write_text('{"entry": "n17-tt-po')  # torn
+    proc = _cli("cache", "gc", "--older-than-days", "0", "--cache", str(root))
+    assert proc.returncode == 0 and "removed" not in proc.stdout
+    assert sorted(p.name for p in entries_dir(root).iterdir()) == sorted([old, current])
+    listed = _cli("cache", "ls", "--cache", str(root))
+    assert listed.stdout.count("n17-tt-port-port.synthetic (unreadable)") == 2
+    proc = _cli("cache", "rm", old, "--cache", str(root))
+    assert proc.returncode == 2 and "n17-tt-port-port.synthetic (unreadable) point to this entry" in proc.stderr
+    assert _cli("cache", "rm", old, "--include-current", "--cache", str(root)).returncode == 0
+    assert ref.read_text() == '{"entry": "n17-tt-po' and (entries_dir(root) / current).is_dir()
+
+
 def test_gc_removes_corrupt_entries_and_their_refs(two_entries):
     root, old, current = two_entries
     manifest = json.loads((entries_dir(root) / current / "MANIFEST.json").read_text())
