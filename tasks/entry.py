@@ -580,7 +580,7 @@ UNREADABLE_REF = " (unreadable)"  # how `refs()` lists a ref it cannot read
 def refs(store: Store) -> dict[str, list[str]]:
     """Entry name -> the refs that point to it (what `load` opens: in use). A ref that cannot be read (torn, hand
     edited) might name any entry of its version, layout and profile, so it is listed against each of them as
-    `<stem> (unreadable)`: gc keeps what `load` may open, and no command deletes or rewrites that ref."""
+    `<stem> (unreadable)`: gc keeps what `load` may open, and gc and rm never delete that ref."""
     out: dict[str, list[str]] = {}
     names: list[str] | None = None
     for key in store.list(REFS):
