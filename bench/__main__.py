@@ -27,6 +27,15 @@ def main(argv: list[str] | None = None) -> int:
                         "side by side (bench/versions-results.*); finetune: a mixed-precision N1.6 fine-tune "
                         "converted after the release and cold (bench/finetune-results.*)")
     a = p.parse_args(argv)
+    if a.cold:
+        from bench.harness import DROP_CACHES, drop_caches
+
+        try:
+            drop_caches()
+        except OSError as e:
+            print(f"--cold needs to write {DROP_CACHES} ({e.strerror}): run as root on a machine whose /proc/sys is "
+                  "writable, or drop --cold (every contender's inputs are then read right before it)", file=sys.stderr)
+            return 2
     if a.child:
         print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
         return 0

@@ -56,6 +56,16 @@ def settle() -> None:
         time.sleep(wait)
 
 
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def drop_caches() -> None:
+    """Empty the page cache (for `--cold`); OSError if this process may not (not root,
+    or /proc/sys read-only, as in most containers), so that no result says "cold" when it was warm."""
+    os.sync()
+    DROP_CACHES.write_text("3\n")
+
+
 def run_child(name: str, args: dict, cold: bool = False, fresh: Path | None = None) -> dict:
     """One measurement in a fresh process; adds its peak RSS and CPU seconds as the OS counted them (wait4).
     `fresh`: an output folder the child creates files in; removed first, and the quarantine waited out."""
@@ -63,11 +73,7 @@ def run_child(name: str, args: dict, cold: bool = False, fresh: Path | None = No
         remove(fresh)
         settle()
     if cold:
-        os.sync()
-        try:
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        except OSError:
-            pass
+        drop_caches()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     started = time.perf_counter()
     with open(BENCH / "last-child-stderr.log", "w") as err:

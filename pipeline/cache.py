@@ -417,14 +417,6 @@ def _no_such_entry(store: Store, name: str) -> CacheError:
     return CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} (entries: {known})")
 
 
-def disk_bytes(store: Store) -> int:
-    """The bytes every entry holds, each stored file counted once (hard links shared between entries, once)."""
-    files: dict = {}
-    for name in store.children(ENTRIES):
-        files.update(store.usage(entry_key(name))[2])
-    return sum(files.values())
-
-
 def _unfit(row: dict) -> tuple[str, bool] | None:
     """Why gc removes an entry whatever its age, and whether its refs go too; None for a sound one (or a live
     process's temporary)."""
@@ -479,7 +471,6 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
         for row in [r for r in candidates if r["published_unix"] < cutoff]:
             remove(row["entry"], f"older than {older_than_days:g} days", row["bytes"], drop_refs=True)
             candidates.remove(row)
-            published.remove(row)
     if max_bytes is not None:
         total = totals["disk_bytes"]
         for row in list(candidates):

@@ -232,11 +232,12 @@ def cmd_load(a: argparse.Namespace) -> dict:
 
 
 def _size(n: float) -> str:
+    unit = "B"
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+            break
         n /= 1000
-    return ""
+    return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
 
 
 def _age(seconds: float) -> str:

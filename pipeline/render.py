@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections import defaultdict
 from pathlib import Path
 
 import graphviz
@@ -76,14 +75,12 @@ def write_graph(opts, out: Path) -> dict:
     shards = sorted({s for u in units.values() for s in u["shards"]})
     for s in shards:
         dot.node(s, f"{s}\\nindex -> verify", shape="cylinder", style="filled", fillcolor="lightblue")
-    by_shard = defaultdict(int)
     for unit, info in units.items():
         straddles = len(info["shards"]) > 1
         dot.node(unit, f"{unit}\\n{info['tasks']} tasks", shape="box", style="filled",
                  fillcolor="salmon" if straddles else "white", color="red" if straddles else "black")
         for s in info["shards"]:
             dot.edge(s, unit, color="red" if straddles else "gray")
-            by_shard[s] += 1
         dot.edge(unit, "publish", color="gray")
     dot.node("publish", "publish\\n(manifest, rename)", shape="doubleoctagon")
     if out.suffix == ".dot" or shutil.which("dot") is None:

@@ -128,9 +128,3 @@ def _lease(leases: contextlib.ExitStack, root: Path, entry: Entry) -> bool:
     except CacheError:
         return False
     return True
-
-
-def shared_bytes(entry: Path) -> int:
-    """Bytes of an entry's files that are hard links shared with another entry."""
-    return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file() and p.stat().st_nlink > 1)
-

@@ -6,8 +6,10 @@ up (the page cache must take pages back and the VM hands out fresh ones slowly),
 2.8 s of wall time at 0.13 s of CPU. O_DIRECT wants aligned memory and lengths: arrays made by `aligned_empty`
 (the converter's outputs and source reads) go to the disk as they are, anything else through a page-aligned
 bounce buffer per thread; the last block is padded and the file cut back to its size. Small files, and
-filesystems without O_DIRECT (tmpfs), take the buffered path. Every file is still written under a temporary name
-and renamed into place, so a reader never sees a torn one.
+filesystems without O_DIRECT (tmpfs), take the buffered path. Chunks and device files are written in place
+inside the entry being built (`write_bytes_in_place`: no reader sees it before the rename that publishes it whole);
+every other file is written under a temporary name and renamed into place (`write_bytes_atomic`), so a reader never
+sees a torn one.
 """
 
 from __future__ import annotations

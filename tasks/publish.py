@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.bulk_write import write_json_atomic
-from tasks.entry import MANIFEST, PROGRESS_DIR, Identity, Manifest, Staged, group_document, manifest_arrays
+from tasks.entry import MANIFEST, PROGRESS_DIR, TMP_MARK, Identity, Manifest, Staged, group_document, manifest_arrays
 from tasks.device import Uploaded
 
 
@@ -102,7 +102,7 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     _fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest.to_json(), durable=True)
     _fsync(tmp_dir)
-    aside = final_dir.with_name(f"{final_dir.name}.tmp-{os.getpid()}-replaced")
+    aside = final_dir.with_name(f"{final_dir.name}{TMP_MARK}{os.getpid()}-replaced")
     if replace and final_dir.exists():
         os.rename(final_dir, aside)
     try:

@@ -286,3 +286,15 @@ def test_a_bench_smoke_run_never_writes_over_the_committed_results():
     from bench.harness import BENCH, DATA
 
     assert _out("full") == BENCH and _out("tiny") == DATA / "results-tiny"
+
+
+def test_bench_cold_is_refused_where_the_page_cache_cannot_be_dropped(tmp_path, monkeypatch, capsys):
+    """A warm run must never be reported as cold: where drop_caches cannot be written, --cold is one sentence."""
+    import bench.__main__ as bench_main
+    from bench import harness
+
+    monkeypatch.setattr(harness, "DROP_CACHES", tmp_path)  # a folder: writing it fails as a read-only /proc would
+    monkeypatch.setattr(bench_main, "run_finetune", lambda *a: 0)  # were --cold let through: no bench run here
+    assert bench_main.main(["--cold", "--only", "finetune", "--runs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"--cold needs to write {tmp_path}") and len(err.splitlines()) == 1

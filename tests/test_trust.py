@@ -63,8 +63,9 @@ def test_a_dry_run_removes_nothing(two_n16):
 def test_own_bytes_are_what_removing_frees_whatever_the_order(two_n16):
     root, older, current = two_n16
     store = cache.cache_store(root)
-    rows = {r["entry"]: r for r in cache.entry_rows(store)}
-    assert cache.disk_bytes(store) == _file_bytes(root / "entries")
+    totals: dict = {}
+    rows = {r["entry"]: r for r in cache.entry_rows(store, totals=totals)}
+    assert totals["disk_bytes"] == _file_bytes(root / "entries")  # what `cache ls` prints as the cache's total
     assert 0 < rows[current]["unique_bytes"] < rows[current]["bytes"]  # it shares most of its bytes with `older`
     # the entry listed second, whose 'own' a first-come count inflated: removing it frees exactly its own bytes
     before = _file_bytes(root / "entries")
