@@ -95,8 +95,25 @@ class PortCode:
         try:
             return getattr(importlib.import_module(f"{self.package}.{module}"), name)
         except ImportError as e:
-            raise PortError(f"{self.root}: the port's {module} does not import ({e}); it needs ttnn, torch and "
-                            "diffusers in this Python") from None
+            raise PortError(self._import_failure(module, e)) from None
+
+    def _import_failure(self, module: str, error: ImportError) -> str:
+        """The port's file whose import failed (the innermost frame in this tree), and the hint that fits: a module
+        of the port's own package missing means a tree of another layout or age; anything else, a package this
+        Python lacks."""
+        failed, tb = None, error.__traceback__
+        while tb is not None:
+            path = Path(tb.tb_frame.f_code.co_filename)
+            failed = path if path.is_relative_to(self.root) else failed
+            tb = tb.tb_next
+        where = failed.relative_to(self.root) if failed else f"{self.package.replace('.', '/')}/{module}"
+        missing = error.name or ""
+        if missing.split(".")[0] == self.package.split(".")[0]:
+            hint = (f"{missing} is not in this tree, so it is a port of another layout or age than this converter "
+                    f"reads ({self.package}); point --tt-metal at a checkout of that port")
+        else:
+            hint = f"install {missing.split('.')[0] or 'what it imports'} in this Python (the port needs ttnn, torch and diffusers)"
+        return f"{self.root}: the port's {where} does not import ({error}); {hint}"
 
 
 # -- traced weights -----------------------------------------------------------------------------------------------

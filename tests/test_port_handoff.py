@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,30 @@ def test_no_port_tree_is_one_sentence(tmp_path, monkeypatch):
     monkeypatch.setenv("TT_METAL_HOME", str(PORT))
     assert port_n16.PortCode.find(None).root == PORT.resolve()
     assert os.environ["TT_METAL_HOME"] == str(PORT)
+
+
+@pytest.mark.parametrize("stale, hint", [
+    ("import models.experimental.groot_n16.tt.ttnn_common", "it is a port of another layout or age"),
+    ("import not_installed_anywhere_here", "install not_installed_anywhere_here in this Python"),
+], ids=["old-package", "missing-package"])
+def test_a_port_file_that_does_not_import_is_named_with_the_fitting_hint(tmp_path, monkeypatch, stale, hint):
+    """An old tree still importing the port's former package, or a package this Python lacks: the sentence names
+    the port's file whose import failed (not the model module that imported it) and says what to do."""
+    tree = tmp_path / "tt-metal"
+    shutil.copytree(PORT / "models", tree / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    broken = tree / "models/experimental/gr00t_n1_6/tt/ttnn_embodiment.py"
+    broken.write_text(stale + "\n" + broken.read_text())
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        with pytest.raises(PipelineError) as raised:
+            port_n16.PortCode.find(tree).attr("tt.ttnn_groot_n16_model:Gr00tN16ModelTTNN")
+    finally:  # the next test imports the pinned tree afresh
+        for name in [n for n in sys.modules if n == "models" or n.startswith("models.")]:
+            del sys.modules[name]
+    message = str(raised.value)
+    assert message.startswith(f"{tree.resolve()}: the port's models/experimental/gr00t_n1_6/tt/ttnn_embodiment.py "
+                              "does not import (No module named"), message
+    assert hint in message and len(message.splitlines()) == 1
 
 
 def test_the_readme_port_lines_run_as_written(attn, tmp_path):
