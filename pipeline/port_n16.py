@@ -9,10 +9,10 @@ the port calls on one is answered with the entry's `.tensorbin` of that target t
 `is_cross_attention`, padded dims) it computes itself, from the checkpoint's real shapes. Weights it keeps on
 the host (embed_tokens, q_norm, k_norm as float32) become the entry's host tensors.
 
-A run has two passes. The first (no bytes, no device) lists every tensor the port asks for and holds it to a
-target of the entry: sources, shape, dtype and layout. A port revision this layout does not serve is caught
-there, in one sentence, before anything is read. The second loads those files (checked against their records) and
-builds the model for real.
+The port's constructors run once. While they run (no bytes, no device) every tensor the port asks for is listed
+and held to a target of the entry: sources, shape, dtype and layout, so a port revision this layout does not serve
+is caught in one sentence before anything is read. Then those files are loaded (checked against their records) and
+swapped into the built model in place of its placeholders; one the walk cannot reach stops the build by name.
 
 Every port revision is also checked once against the port's own constructor on a small synthetic checkpoint
 (`check_port`, `gr00t-tt port-check`); the verdict is kept under the cache root, keyed by the port's code and
@@ -222,24 +222,47 @@ def _enum_name(value) -> str:
     return str(value).rsplit(".", 1)[-1].replace("_LAYOUT", "")
 
 
+def _from_torch_signature(real) -> inspect.Signature:
+    """ttnn.from_torch's own parameters (its decorator hides them behind `.function`), so that arguments are read
+    by name however they were passed, and a call ttnn would refuse is refused alike."""
+    signature = inspect.signature(getattr(real, "function", real))
+    if "tensor" in signature.parameters:
+        return signature
+    return inspect.signature(lambda tensor, dtype=None, *, layout=None, device=None, memory_config=None, **rest: None)
+
+
+UNSERVED = ("spec", "tile", "mesh_mapper")  # from_torch arguments a device file made without them cannot honour
+
+
 @contextlib.contextmanager
 def _intercepted(listing: _Listing, traced_type) -> Iterator[None]:
     """While the port's constructors run, `ttnn.from_torch` of a traced weight is listed and answered with a
-    placeholder; any other tensor (the causal mask) goes to ttnn as before."""
+    placeholder; any other tensor (the causal mask) goes to ttnn as before. ttnn's own function is put back
+    afterwards, however the constructors end."""
     import ttnn
 
     real = ttnn.from_torch
+    signature = _from_torch_signature(real)
 
-    def from_torch(tensor=None, dtype=None, *args, **kwargs):
+    def from_torch(*args, **kwargs):
+        try:
+            given = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return real(*args, **kwargs)  # ttnn says what is wrong with the call
+        tensor = given.get("tensor")
         if not isinstance(tensor, traced_type):
-            return real(tensor, dtype, *args, **kwargs)
-        layout = _enum_name(kwargs.get("layout") or ttnn.ROW_MAJOR_LAYOUT)
-        request = Request(tensor.sources, tensor.slot, tuple(tensor.shape), _enum_name(dtype or ttnn.bfloat16).lower(),
-                          layout, kwargs.get("device") is not None)
-        memory = kwargs.get("memory_config")
+            return real(*args, **kwargs)
+        layout = _enum_name(given.get("layout") or ttnn.ROW_MAJOR_LAYOUT)
+        request = Request(tensor.sources, tensor.slot, tuple(tensor.shape),
+                          _enum_name(given.get("dtype") or ttnn.bfloat16).lower(), layout, given.get("device") is not None)
+        memory = given.get("memory_config")
         if memory is not None and memory != ttnn.DRAM_MEMORY_CONFIG:
             raise PortError(f"the port asks for {request.describe()} in {memory}; the hand-off loads weights "
                             "into DRAM only")
+        unserved = [name for name in UNSERVED if given.get(name) is not None]
+        if unserved:
+            raise PortError(f"the port asks for {request.describe()} with {unserved[0]}=; the entry's device files "
+                            "are made without it, so the hand-off cannot serve this port revision")
         listing.requests.append(request)
         return _Pending(len(listing.requests) - 1)
 
@@ -353,45 +376,72 @@ def _construct(code: PortCode, config, source_shapes: Mapping[str, list[int]], d
             model = model_class(config, loader, device)
         except PortError:
             raise
-        except (RuntimeError, NotImplementedError, TypeError) as e:  # it computed on weight values: meta has none
-            raise PortError(f"{code.root} (port revision {code.revision}): its constructor computes on weight "
-                            f"values ({type(e).__name__}: {str(e).splitlines()[0][:160]}), which a hand-off from "
-                            "converted tensors cannot serve; this port revision is not supported") from None
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+            first = (str(e).splitlines() or [""])[0][:160]
+            if "meta" in str(e).lower():  # it computed on weight values: a traced (meta) tensor has none
+                raise PortError(f"{code.root} (port revision {code.revision}): its constructor computes on weight "
+                                f"values ({type(e).__name__}: {first}), which a hand-off from converted tensors "
+                                "cannot serve; this port revision is not supported") from None
+            raise PortError(f"{code.root} (port revision {code.revision}): its constructor failed on the traced "
+                            f"weights ({type(e).__name__}: {first}); check that this tree's port runs on its own "
+                            "(`python -m pipeline port-check`)") from None
     return model, traced
 
 
-def _finish(node, traced, filled: list, host: Mapping[tuple[str, ...], Any], code: PortCode, seen: set) -> Any:
-    """Walk the built model: placeholders become the loaded device tensors (`filled`, by request), traced host
-    tables the entry's float32 tensors, and slots not loaded leave their dicts (which then refuse them by name)."""
+@dataclass
+class _Fill:
+    """What `_finish` puts in place of the traced model's stand-ins, and which placeholders it found."""
+    traced: type
+    filled: list                               # by request: the loaded device tensor (or _Unloaded)
+    host: Mapping[tuple[str, ...], Any]        # sources -> the entry's float32 host tensor
+    code: PortCode
+    seen: set = field(default_factory=set)     # ids of the objects walked
+    used: set = field(default_factory=set)     # request indexes whose placeholder was replaced
+
+
+def _finish(node, fill: _Fill) -> Any:
+    """Walk the built model: placeholders become the loaded device tensors (by request), traced host tables the
+    entry's float32 tensors, and slots not loaded leave their dicts (which then refuse them by name)."""
     if type(node) is _Pending:
-        return filled[node.index]
-    if id(node) in seen or isinstance(node, (str, bytes, int, float, bool, type(None))):
+        fill.used.add(node.index)
+        return fill.filled[node.index]
+    if id(node) in fill.seen or isinstance(node, (str, bytes, int, float, bool, type(None))):
         return node
-    seen.add(id(node))
-    if isinstance(node, traced):
-        wanted = host.get(node.sources)
+    fill.seen.add(id(node))
+    if isinstance(node, fill.traced):
+        wanted = fill.host.get(node.sources)
         extra = [op for op in node.ops if op not in HOST_OPS]
         if wanted is None or extra or tuple(node.shape) != tuple(wanted.shape) or str(node.dtype) != str(wanted.dtype):
-            raise PortError(f"{code.root} (port revision {code.revision}) keeps a {list(node.shape)} {node.dtype} "
-                            f"host tensor made from {', '.join(node.sources)} by {', '.join(extra) or 'a cast'}, "
-                            "which the entry has no host target for; this port revision is not supported")
+            raise PortError(f"{fill.code.root} (port revision {fill.code.revision}) keeps a {list(node.shape)} "
+                            f"{node.dtype} host tensor made from {', '.join(node.sources)} by "
+                            f"{', '.join(extra) or 'a cast'}, which the entry has no host target for; this port "
+                            "revision is not supported")
         return wanted
     if isinstance(node, dict):
         for k in list(node):
-            node[k] = _finish(node[k], traced, filled, host, code, seen)
+            node[k] = _finish(node[k], fill)
         if any(_holds_unloaded(v) for v in node.values()):
-            kept = SlotsLoaded({k: v for k, v in node.items() if not _holds_unloaded(v)})
-            return kept
+            return SlotsLoaded({k: v for k, v in node.items() if not _holds_unloaded(v)})
         return node
     if isinstance(node, list):
-        node[:] = [_finish(x, traced, filled, host, code, seen) for x in node]
+        node[:] = [_finish(x, fill) for x in node]
         return node
     if isinstance(node, tuple):
-        return tuple(_finish(x, traced, filled, host, code, seen) for x in node)
-    if hasattr(node, "__dict__") and type(node).__module__.startswith(code.package):
+        return tuple(_finish(x, fill) for x in node)
+    if hasattr(node, "__dict__") and type(node).__module__.startswith(fill.code.package):
         for k, v in vars(node).items():
-            setattr(node, k, _finish(v, traced, filled, host, code, seen))
+            setattr(node, k, _finish(v, fill))
     return node
+
+
+def _check_filled(fill: _Fill, requests: list[Request]) -> None:
+    """Every weight the port asked for is in the model now: a placeholder kept where the walk does not look (a
+    set, an object of another package) would fail only at the first forward pass."""
+    left = sorted(set(range(len(requests))) - fill.used)
+    if left:
+        raise PortError(f"{fill.code.root} (port revision {fill.code.revision}) keeps {len(left)} weight(s) where the "
+                        f"hand-off cannot put the loaded tensor (the first: {requests[left[0]].describe()}); this port "
+                        "revision is not supported")
 
 
 def _holds_unloaded(value) -> bool:
@@ -429,7 +479,9 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
         loaded, host, nbytes = _load(opened, needed, host_arrays, device, threads)
     filled = [loaded.get((targets[r.sources], r.slot), _Unloaded()) for r in listing.requests]
     by_sources = {tuple(opened.manifest.arrays[n].attributes["sources"]): t for n, t in host.items()}
-    model = _finish(model, traced, filled, by_sources, code, set())
+    fill = _Fill(traced, filled, by_sources, code)
+    model = _finish(model, fill)
+    _check_filled(fill, listing.requests)
     stats = {"seconds": time.perf_counter() - t0, "listing_seconds": t_listed - t0, "device_files": len(needed),
              "host_tensors": len(host), "bytes_read": nbytes,
              "tensor_bytes": nbytes - sum(opened.manifest.arrays[n].chunks[None].nbytes for n in host)  # stored...
