@@ -25,7 +25,8 @@ from tasks import source
 from tasks.checkpoint import Checkpoint
 from tasks.bulk_write import write_json_atomic
 from tasks.entry import (CACHE_FORMAT, ENTRIES, TMP_MARK, Entry, Identity, OldFormatError, entry_key, list_entries,
-                         manifest_key, open_entry, read_ref, readable, ref_key, ref_object, refs, tmp_name, tmp_owner)
+                         manifest_key, open_entry, ref_key, ref_object, tmp_name, tmp_owner)
+from tasks.refs import read_ref, readable, refs
 from tasks.errors import CacheError
 from tasks.plan import Plan
 from tasks.store import LocalStore, Store, open_store
@@ -367,20 +368,6 @@ def readers(store: Store, name: str) -> list[int]:
         else:
             lease.unlink(missing_ok=True)
     return pids
-
-
-def parse_size(text: str) -> int:
-    """`20000000`, `500M`, `10G`, `1.5T` (powers of 1000, as `cache ls` prints them)."""
-    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    t = text.strip().upper().removesuffix("B")
-    unit = t[-1] if t and t[-1] in units else ""
-    try:
-        value = float(t[:len(t) - len(unit)])
-    except ValueError:
-        raise CacheError(f"size {text!r} is not a number with an optional K, M, G or T suffix (e.g. 10G)") from None
-    if value < 0:
-        raise CacheError(f"size {text!r} is negative")
-    return int(value * units[unit])
 
 
 def entry_rows(store: Store, only: str | None = None, verify: bool = False, totals: dict | None = None) -> list[dict]:

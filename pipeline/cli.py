@@ -27,7 +27,7 @@ from pipeline.synth import FORMS, fine_tune_form, synthesize
 from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks import device as tt
 from tasks.checkpoint import Checkpoint
-from tasks.errors import PipelineError
+from tasks.errors import CacheError, PipelineError
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
                "that port's conventions, family by family), tt-n16-fused (n16, the port revision that fuses DiT q|k|v) "
@@ -124,8 +124,9 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
 
 
 def _convert_options(a: argparse.Namespace, device=None):
-    return ConvertOptions(a.version, a.profile, a.embodiments, a.scheduler, a.snapshot, a.hf_cache, a.cache,
-                          a.force, progress=not a.json, check_against_cache=a.check_against_cache, device=device,
+    return ConvertOptions(a.version, profile=a.profile, embodiments=a.embodiments, scheduler=a.scheduler,
+                          snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache, force=a.force,
+                          progress=not a.json, check_against_cache=a.check_against_cache, device=device,
                           layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model)
 
 
@@ -208,8 +209,9 @@ def cmd_convert(a: argparse.Namespace) -> dict:
 
 
 def cmd_graph(a: argparse.Namespace) -> dict:
-    opts = ConvertOptions(a.version, a.profile, a.embodiments, snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache,
-                          layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model)
+    opts = ConvertOptions(a.version, profile=a.profile, embodiments=a.embodiments, snapshot=a.snapshot,
+                          hf_cache=a.hf_cache, cache_root=a.cache, layout=a.layout, revision=a.revision,
+                          synthetic=a.synthetic, model=a.model)
     result = write_graph(opts, Path(a.out))
     if not a.json:
         extra = f", {result['units']} units, straddling: {', '.join(result['straddling'])}" if "units" in result else ""
@@ -229,6 +231,20 @@ def cmd_load(a: argparse.Namespace) -> dict:
         print(f"loaded {result['tensors']} tensors ({_mb(result['bytes_read'])}) from {loaded.entry} "
               f"in {result['seconds']:.3f} s")
     return result
+
+
+def parse_size(text: str) -> int:
+    """`20000000`, `500M`, `10G`, `1.5T` (powers of 1000, as `cache ls` prints them)."""
+    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    t = text.strip().upper().removesuffix("B")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[:len(t) - len(unit)])
+    except ValueError:
+        raise CacheError(f"size {text!r} is not a number with an optional K, M, G or T suffix (e.g. 10G)") from None
+    if value < 0:
+        raise CacheError(f"size {text!r} is negative")
+    return int(value * units[unit])
 
 
 def _size(n: float) -> str:
@@ -261,7 +277,7 @@ def cmd_cache(a: argparse.Namespace) -> dict:
         if a.action == "rm":
             removed = [cache.remove_entry(store, a.entry, a.include_current, a.dry_run)]
         else:
-            removed = cache.collect_garbage(store, a.older_than_days, cache.parse_size(a.max_bytes) if a.max_bytes
+            removed = cache.collect_garbage(store, a.older_than_days, parse_size(a.max_bytes) if a.max_bytes
                                             else None, a.include_current, a.dry_run)
         if not a.json:
             verb = "would remove" if a.dry_run else "removed"

@@ -21,8 +21,10 @@ from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
-from tasks.entry import (Entry, Identity, already_staged, array_documents, create_arrays, entry_key, push,
-                         scratch_name, staged_records, write_ref)
+from tasks.entry import Entry, Identity, array_documents, create_arrays, entry_key, scratch_name
+from tasks.progress import already_staged, staged_records
+from tasks.publish import push
+from tasks.refs import write_ref
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
 from tasks.source import VerifiedShard

@@ -21,7 +21,8 @@ from typing import Mapping
 from pipeline import cache
 from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
-from tasks.entry import Entry, Staged, chunk_file, content_id, list_entries, packed_path, record_progress
+from tasks.entry import Entry, Staged, chunk_file, content_id, list_entries, packed_path
+from tasks.progress import record_progress
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard, hash_shard
 from tasks.store import LocalStore

@@ -1,9 +1,10 @@
-"""A cache entry, in one place (cache/README.md says the same): its format version, its names, the documents and
-records it is made of (array and group `zarr.json`, progress records, the manifest, content ids), the writes that
-build one, and every read of a published entry — listing, opening, verifying, reading a chunk into a caller's
-buffer, a device file — through a `Store`, so a local folder and an object store are read by the same code. The
-Zarr v3 encoding itself is tasks/zarr_v3.py, which only this module uses. The order in which an entry is made
-visible (the protocol) is tasks/publish.py's.
+"""A cache entry's format, in one place (cache/README.md says the same): its format version, its names, the
+documents and records it is made of (array and group `zarr.json`, the progress record, the manifest, content ids),
+the writes that lay its arrays out, and every read of a published entry — listing, opening, verifying, reading a
+chunk into a caller's buffer, a device file — through a `Store`, so a local folder and an object store are read by
+the same code. The Zarr v3 encoding itself is tasks/zarr_v3.py, which only this module uses. The protocols that use
+these definitions live beside it: the progress logs of an entry being built (tasks/progress.py), refs
+(tasks/refs.py), and the order in which an entry is made visible, by rename or by `push` (tasks/publish.py).
 
 Keys are relative to the cache root: `entries/<name>/…` and `refs/<version>-<layout>-<profile>.json`.
 """
@@ -12,13 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
-import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import xxhash
@@ -27,7 +25,7 @@ from tasks.errors import CacheError
 from tasks.file_blocks import each_block
 from tasks.plan import Plan, Target
 from tasks.store import LocalStore, Store
-from tasks.zarr_v3 import DATA_TYPES, STORAGE_DTYPE, array_metadata, chunk_path, create_array, group_metadata, write_chunk as _write_chunk
+from tasks.zarr_v3 import DATA_TYPES, array_metadata, chunk_path, create_array, group_metadata, write_chunk as _write_chunk
 
 CACHE_FORMAT = 5            # bump when the on-disk layout changes (cache/README.md, "Versioning")
 READABLE_FORMATS = (3, 4, 5)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32 host arrays.
@@ -270,11 +268,14 @@ class Manifest(Identity):
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "Manifest":
-        return cls(doc["fingerprint"], doc["cache_format"], doc["converter"], doc["version"], doc.get("revision"),
-                   doc.get("synthetic"), doc.get("layout", "generic"), doc["profile"], doc.get("shards", {}),
-                   doc.get("recipes_sha256", ""), doc.get("slots", []), doc.get("source", {}),
-                   doc.get("source_shapes", {}), doc.get("published_unix", 0.0), {n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
-                   doc.get("bytes", 0), doc.get("chunks", 0))
+        return cls(fingerprint=doc["fingerprint"], cache_format=doc["cache_format"], converter=doc["converter"],
+                   version=doc["version"], revision=doc.get("revision"), synthetic=doc.get("synthetic"),
+                   layout=doc.get("layout", "generic"), profile=doc["profile"], shards=doc.get("shards", {}),
+                   recipes_sha256=doc.get("recipes_sha256", ""), slots=doc.get("slots", []),
+                   source=doc.get("source", {}), source_shapes=doc.get("source_shapes", {}),
+                   published_unix=doc.get("published_unix", 0.0),
+                   arrays={n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
+                   bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0))
 
     @property
     def is_synthetic(self) -> bool:
@@ -354,53 +355,6 @@ class Staged:
         """The summary's line for this chunk: what the device dtype costs against the bf16 source."""
         return {"name": self.name, "slot": self.slot, "nbytes": self.record.nbytes, "max_abs_err": self.record.max_abs_err,
                 "pcc": self.record.pcc}
-
-
-T = TypeVar("T")
-
-
-def in_folder(path: Path, act: Callable[[], T]) -> T:
-    """`act()`, which creates `path`; the first file of its folder (device files, progress logs) makes the folder.
-    Trying first spares a mkdir per file."""
-    try:
-        return act()
-    except FileNotFoundError:
-        path.parent.mkdir(exist_ok=True)
-        return act()
-
-
-def record_progress(entry: Path, staged: Staged) -> None:
-    """Append the record to this thread's progress log, after its chunk is in place. A line torn by a kill is
-    skipped on resume, and its chunk converted again."""
-    log = progress_log(entry, f"{os.getpid()}-{threading.get_ident()}")
-    fd = in_folder(log, lambda: os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
-    try:
-        os.write(fd, (json.dumps(staged.to_json()) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def staged_records(entry: Path) -> dict[tuple[str, int | None], Staged]:
-    """Every progress record a killed run left in `entry` (later lines win)."""
-    records = {}
-    for log in sorted((entry / PROGRESS_DIR).glob("*.jsonl")):
-        for line in log.read_text(errors="replace").splitlines():
-            try:
-                staged = Staged.from_json(json.loads(line))
-            except (ValueError, TypeError, KeyError):
-                continue  # torn by the kill
-            records[(staged.name, staged.slot)] = staged
-    return records
-
-
-def already_staged(entry: Path, staged: Staged, ndim: int) -> bool:
-    """Whether the chunk (and device file) a killed run recorded still hold the bytes the record describes."""
-    record = staged.record
-    try:  # streamed: reading whole files into fresh memory cost a fine-tune's convert 9.8 s for 5.3 GB of links
-        return record.matches_file(chunk_file(entry, staged.name, ndim, staged.slot)) and \
-            (record.tensorbin is None or record.tensorbin.matches_file(packed_path(entry, staged.name, staged.slot)))
-    except OSError:
-        return False
 
 
 def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], tensor_xxh3: Mapping[str, str],
@@ -563,83 +517,3 @@ def list_entries(store: Store) -> Iterator[tuple[str, Entry | None, str]]:
             yield name, None, f"cache format {e.cache_format} (unreadable here: gc removes it)"
         except CacheError:
             yield name, None, "broken" if store.can_rename or store.get(manifest_key(name)) is not None else "incomplete"
-
-
-def read_ref(store: Store, version: str, layout: str, profile: str, synthetic: bool = False) -> str | None:
-    ref = store.get_json(ref_key(version, layout, profile, synthetic))
-    return None if ref is None else ref.get("entry")
-
-
-def write_ref(store: Store, version: str, layout: str, profile: str, name: str, synthetic: bool = False) -> None:
-    store.put_json(ref_key(version, layout, profile, synthetic), {"entry": name, "updated_unix": time.time()})
-
-
-UNREADABLE_REF = " (unreadable)"  # how `refs()` lists a ref it cannot read
-
-
-def refs(store: Store) -> dict[str, list[str]]:
-    """Entry name -> the refs that point to it (what `load` opens: in use). A ref that cannot be read (torn, hand
-    edited) might name any entry of its version, layout and profile, so it is listed against each of them as
-    `<stem> (unreadable)`: gc keeps what `load` may open, and gc and rm never delete that ref."""
-    out: dict[str, list[str]] = {}
-    names: list[str] | None = None
-    for key in store.list(REFS):
-        if not key.endswith(".json"):
-            continue
-        stem = PurePosixPath(key).stem
-        try:
-            ref = store.get_json(key)
-        except CacheError:
-            ref = None
-        if isinstance(ref, dict) and isinstance(ref.get("entry"), str):
-            out.setdefault(ref["entry"], []).append(stem)
-            continue
-        names = store.children(ENTRIES) if names is None else names
-        kind = stem.removesuffix(SYNTHETIC_REF) + "-"  # <version>-<layout>-<profile>-
-        for name in names:
-            if name.startswith(kind):
-                out.setdefault(name, []).append(stem + UNREADABLE_REF)
-    return out
-
-
-def readable(ref_stems: Sequence[str]) -> list[str]:
-    """The refs of `refs()` that can be deleted with their entry (not the unreadable ones)."""
-    return [r for r in ref_stems if not r.endswith(UNREADABLE_REF)]
-
-
-PUSH_BATCH = (64, 256 << 20)  # objects sent together (and held in memory): at most this many, or this many bytes
-
-
-def _batches(keys: Sequence[str], sizes: Mapping[str, int]) -> Iterator[list[str]]:
-    batch, held = [], 0
-    for key in keys:
-        if batch and (len(batch) == PUSH_BATCH[0] or held + sizes[key] > PUSH_BATCH[1]):
-            yield batch
-            batch, held = [], 0
-        batch.append(key)
-        held += sizes[key]
-    if batch:
-        yield batch
-
-
-def push(local: LocalStore, name: str, store: Store, progress: bool = False) -> int:
-    """Copy a published local entry to a store that cannot rename: every object, then the manifest last, so a
-    reader (which accepts an entry only through its manifest) never sees half of it. Objects already there with
-    the same size are skipped (entries are named by content). Returns the bytes sent."""
-    prefix = entry_key(name)
-    there = store.sizes(prefix)
-    files = {k: n for k, n in local.sizes(prefix).items() if k != manifest_key(name)}
-    missing = [k for k, n in files.items() if there.get(k) != n]
-    total, sent, t0 = sum(files.values()), 0, time.perf_counter()
-    last = t0
-    for keys in _batches(missing, files):
-        batch = {key: local.path(key).read_bytes() for key in keys}
-        store.put_many(batch)
-        sent += sum(map(len, batch.values()))
-        if progress and time.perf_counter() - last >= 5:
-            last = time.perf_counter()
-            print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe(prefix)}, "
-                  f"{last - t0:.0f} s", file=sys.stderr, flush=True)
-    manifest = local.get(manifest_key(name))
-    store.put(manifest_key(name), manifest)
-    return sent + len(manifest)

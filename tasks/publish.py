@@ -12,14 +12,18 @@ import errno
 import functools
 import os
 import shutil
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.bulk_write import write_json_atomic
-from tasks.entry import MANIFEST, PROGRESS_DIR, TMP_MARK, Identity, Manifest, Staged, group_document, manifest_arrays
+from tasks.entry import (MANIFEST, PROGRESS_DIR, TMP_MARK, Identity, Manifest, Staged, entry_key, group_document,
+                         manifest_arrays, manifest_key)
+from tasks.store import LocalStore, Store
 from tasks.device import Uploaded
 
 
@@ -117,3 +121,42 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     written = sum(s.record.nbytes + (s.record.tensorbin.nbytes if s.record.tensorbin else 0) for s in staged)
     return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "file_bytes": written, "chunks": manifest.chunks, "numerics": [s.numerics() for s in staged],
             "device_tensors": {k: v for u in units for k, v in u.device.items()}}
+
+
+# -- to a store that cannot rename: every object, the manifest last --------------------------------------------
+PUSH_BATCH = (64, 256 << 20)  # objects sent together (and held in memory): at most this many, or this many bytes
+
+
+def _batches(keys: Sequence[str], sizes: Mapping[str, int]) -> Iterator[list[str]]:
+    batch, held = [], 0
+    for key in keys:
+        if batch and (len(batch) == PUSH_BATCH[0] or held + sizes[key] > PUSH_BATCH[1]):
+            yield batch
+            batch, held = [], 0
+        batch.append(key)
+        held += sizes[key]
+    if batch:
+        yield batch
+
+
+def push(local: LocalStore, name: str, store: Store, progress: bool = False) -> int:
+    """Copy a published local entry to a store that cannot rename: every object, then the manifest last, so a
+    reader (which accepts an entry only through its manifest) never sees half of it. Objects already there with
+    the same size are skipped (entries are named by content). Returns the bytes sent."""
+    prefix = entry_key(name)
+    there = store.sizes(prefix)
+    files = {k: n for k, n in local.sizes(prefix).items() if k != manifest_key(name)}
+    missing = [k for k, n in files.items() if there.get(k) != n]
+    total, sent, t0 = sum(files.values()), 0, time.perf_counter()
+    last = t0
+    for keys in _batches(missing, files):
+        batch = {key: local.path(key).read_bytes() for key in keys}
+        store.put_many(batch)
+        sent += sum(map(len, batch.values()))
+        if progress and time.perf_counter() - last >= 5:
+            last = time.perf_counter()
+            print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe(prefix)}, "
+                  f"{last - t0:.0f} s", file=sys.stderr, flush=True)
+    manifest = local.get(manifest_key(name))
+    store.put(manifest_key(name), manifest)
+    return sent + len(manifest)

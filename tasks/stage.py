@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tasks.bulk_write import write_bytes_in_place
 from tasks.convert import Converted
-from tasks.entry import ChunkRecord, FileRecord, Staged, checksum, in_folder, packed_path, record_progress, write_chunk
+from tasks.entry import ChunkRecord, FileRecord, Staged, checksum, packed_path, write_chunk
+from tasks.progress import in_folder, record_progress
 
 
 def stage_target(entry: Path | str, converted: Converted) -> Staged:

@@ -11,6 +11,7 @@ import pytest
 import xxhash
 
 from tasks import entry as fmt
+from tasks import refs as refs_mod
 from tasks.errors import CacheError
 from tasks.store import LocalStore
 
@@ -148,8 +149,8 @@ def test_listing_tells_published_from_building_broken_and_old(tmp_path):
 
 def test_refs_point_to_entries_and_synthetic_refs_are_their_own(tmp_path):
     store = LocalStore(tmp_path)
-    fmt.write_ref(store, "n16", "tt-n16", "port", "real-entry")
-    fmt.write_ref(store, "n16", "tt-n16", "port", "fake-entry", synthetic=True)
-    assert fmt.read_ref(store, "n16", "tt-n16", "port") == "real-entry"
-    assert fmt.read_ref(store, "n16", "tt-n16", "port", synthetic=True) == "fake-entry"
-    assert fmt.refs(store) == {"real-entry": ["n16-tt-n16-port"], "fake-entry": ["n16-tt-n16-port.synthetic"]}
+    refs_mod.write_ref(store, "n16", "tt-n16", "port", "real-entry")
+    refs_mod.write_ref(store, "n16", "tt-n16", "port", "fake-entry", synthetic=True)
+    assert refs_mod.read_ref(store, "n16", "tt-n16", "port") == "real-entry"
+    assert refs_mod.read_ref(store, "n16", "tt-n16", "port", synthetic=True) == "fake-entry"
+    assert refs_mod.refs(store) == {"real-entry": ["n16-tt-n16-port"], "fake-entry": ["n16-tt-n16-port.synthetic"]}

@@ -15,7 +15,8 @@ import zarr
 
 from tasks import publish
 from tasks.convert import Converted
-from tasks.entry import CACHE_FORMAT, MANIFEST, Identity, PROGRESS_DIR, already_staged, content_id, open_entry, packed_path, staged_records
+from tasks.entry import CACHE_FORMAT, MANIFEST, Identity, PROGRESS_DIR, content_id, open_entry, packed_path
+from tasks.progress import already_staged, staged_records
 from tasks.errors import CacheError
 from tasks.stage import stage_target
 from tasks.store import LocalStore

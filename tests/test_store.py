@@ -14,7 +14,8 @@ from safetensors import safe_open
 
 from pipeline.cache import entry_at
 from pipeline.convert import ConvertOptions, convert
-from tasks.entry import WHOLE, open_entry, push
+from tasks.entry import WHOLE, open_entry
+from tasks.publish import push
 from tasks.errors import CacheError
 from tasks.store import LocalStore, Store, open_store
 

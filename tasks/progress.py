@@ -1,0 +1,61 @@
+"""The progress records of an entry being built: after each chunk (and device file) is in place, its record goes
+to its thread's log under `.staged/`; a resumed build keeps every chunk whose bytes still match its record and
+converts the rest. The record itself (`Staged`) and the log's name are the format's (tasks/entry.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from tasks.entry import PROGRESS_DIR, Staged, chunk_file, packed_path, progress_log
+
+
+T = TypeVar("T")
+
+
+def in_folder(path: Path, act: Callable[[], T]) -> T:
+    """`act()`, which creates `path`; the first file of its folder (device files, progress logs) makes the folder.
+    Trying first spares a mkdir per file."""
+    try:
+        return act()
+    except FileNotFoundError:
+        path.parent.mkdir(exist_ok=True)
+        return act()
+
+
+def record_progress(entry: Path, staged: Staged) -> None:
+    """Append the record to this thread's progress log, after its chunk is in place. A line torn by a kill is
+    skipped on resume, and its chunk converted again."""
+    log = progress_log(entry, f"{os.getpid()}-{threading.get_ident()}")
+    fd = in_folder(log, lambda: os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    try:
+        os.write(fd, (json.dumps(staged.to_json()) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def staged_records(entry: Path) -> dict[tuple[str, int | None], Staged]:
+    """Every progress record a killed run left in `entry` (later lines win)."""
+    records = {}
+    for log in sorted((entry / PROGRESS_DIR).glob("*.jsonl")):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                staged = Staged.from_json(json.loads(line))
+            except (ValueError, TypeError, KeyError):
+                continue  # torn by the kill
+            records[(staged.name, staged.slot)] = staged
+    return records
+
+
+def already_staged(entry: Path, staged: Staged, ndim: int) -> bool:
+    """Whether the chunk (and device file) a killed run recorded still hold the bytes the record describes."""
+    record = staged.record
+    try:  # streamed: reading whole files into fresh memory cost a fine-tune's convert 9.8 s for 5.3 GB of links
+        return record.matches_file(chunk_file(entry, staged.name, ndim, staged.slot)) and \
+            (record.tensorbin is None or record.tensorbin.matches_file(packed_path(entry, staged.name, staged.slot)))
+    except OSError:
+        return False
