@@ -89,6 +89,9 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
     if synthetic is not None and revision is not None:
         raise ConfigError(f"--revision {revision} does not apply to --synthetic {synthetic}: a synthetic stand-in has "
                           "the revision of what was synthesized; leave out --revision (or convert the release)")
+    if snapshot is not None and revision is not None:  # a folder is read as it is: a revision would be ignored
+        raise ConfigError(f"--revision {revision} does not apply to --snapshot {snapshot}: a folder is read as it is; "
+                          "leave out --revision, or name the repo with --model OWNER/NAME --revision REV")
     if snapshot is not None:
         files_of(Path(snapshot))  # a folder with no checkpoint in it: one sentence now
         return Path(snapshot)
