@@ -79,21 +79,34 @@ def files_of(snapshot: Path) -> tuple[Path | None, list[str]]:
     return None, found
 
 
-def wrapper_prefix(where: object, keys: list[str]) -> str:
-    """The one prefix that wraps every GR00T key (LeRobot keeps the model in `_groot_model`), or "" when the keys
-    are GR00T's own. Keys wrapped by two prefixes, or partly wrapped, are refused: which is the model is unclear."""
-    if not keys or all(k.startswith(GR00T_ROOTS) for k in keys):
+def _wrapper_of(key: str) -> str | None:
+    """"" for a GR00T key, the prefix before the GR00T key it wraps, or None for a key that is not GR00T's."""
+    if key.startswith(GR00T_ROOTS):
         return ""
-    prefixes = set()
-    for k in keys:
-        at = min((i for i in (k.find("." + r) for r in GR00T_ROOTS) if i >= 0), default=-1)
-        prefixes.add(k[:at + 1] if at >= 0 and not k.startswith(GR00T_ROOTS) else None)
-    if len(prefixes) == 1 and None not in prefixes:
-        return prefixes.pop()
-    named = sorted(p for p in prefixes if p)
-    raise CheckpointError(where, f"the keys are not all GR00T keys under one prefix (found {', '.join(map(repr, named)) or 'no prefix'}"
-                                 f"{' and unprefixed keys' if None in prefixes else ''}); save the model's state dict "
-                                 "alone (keys starting backbone. and action_head.)")
+    at = min((i for i in (key.find("." + r) for r in GR00T_ROOTS) if i >= 0), default=-1)
+    return key[:at + 1] if at >= 0 else None
+
+
+def wrapper_prefix(folder: Path, shard_of: Mapping[str, str]) -> str:
+    """The one prefix that wraps every GR00T key (LeRobot keeps the model in `_groot_model`), or "" when the keys
+    are GR00T's own. Keys wrapped by two prefixes, partly wrapped, or not GR00T's (a stray file beside the model)
+    are refused, naming a key that differs from most and its file: which is the model is unclear."""
+    kinds = {k: _wrapper_of(k) for k in shard_of}
+    found = set(kinds.values())
+    if len(found) <= 1 and None not in found:
+        return found.pop() if found else ""
+    usual = max(found, key=lambda kind: sum(1 for v in kinds.values() if v == kind))
+    odd = min(k for k, kind in kinds.items() if kind != usual)
+    named = sorted(p for p in found if p)
+    parts = [", ".join(map(repr, named)) or "no prefix"]
+    if None in found:
+        parts.append("keys that are not GR00T's")
+    if "" in found and named:
+        parts.append("unprefixed keys")
+    raise CheckpointError(folder / shard_of[odd], f"the keys are not all GR00T keys under one prefix (found "
+                                                  f"{' and '.join(parts)}); move a stray file out of the folder, or save "
+                                                  "the model's state dict alone (keys starting backbone. and "
+                                                  "action_head.)", odd)
 
 
 class Checkpoint:
@@ -139,7 +152,7 @@ class Checkpoint:
             declared = self.metadata.get("total_size")
             if declared is not None and declared != total:
                 raise CheckpointError(index, f"metadata.total_size is {declared} but the shards hold {total} data bytes")
-        self.prefix = wrapper_prefix(self.where, list(shard_of))
+        self.prefix = wrapper_prefix(self.dir, shard_of)
         self.names: dict[str, dict[str, str]] = {  # per shard: key as seen -> key as stored
             shard: {k[len(self.prefix):]: k for k in h.entries} for shard, h in raw.items()}
         self.tied: dict[str, str] = {}  # a key read from the tensor it is tied to -> that key

@@ -8,6 +8,7 @@ sentence, exit 2, nothing published."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,14 @@ def test_an_ambiguous_prefix_and_a_tie_with_no_lm_head_are_refused_in_one_senten
     save_file(mixed_prefixes, str(tmp_path / "two" / "model.safetensors"))
     msg = _refused(["--snapshot", str(tmp_path / "two")], tmp_path / "c1")
     assert "the keys are not all GR00T keys under one prefix (found '_groot_model.', 'model.')" in msg
+    stray = tmp_path / "stray"  # a release-shaped folder, and beside it a file that is not the model's
+    stray.mkdir()
+    for shard in snapshots["n16"].glob("*.safetensors"):
+        shutil.copyfile(shard, stray / shard.name)
+    save_file({"ema.decay": torch.zeros(4)}, str(stray / "ema.safetensors"))
+    msg = _refused(["--snapshot", str(stray)], tmp_path / "c0")
+    assert msg.startswith(f"error: {stray / 'ema.safetensors'}, key 'ema.decay': the keys are not all GR00T keys"), msg
+    assert "move a stray file out of the folder" in msg
     dropped = {k: t for k, t in tensors.items() if "embed_tokens" not in k and "lm_head" not in k}
     (tmp_path / "untied").mkdir()
     save_file(dropped, str(tmp_path / "untied" / "model.safetensors"))
