@@ -1,12 +1,24 @@
 import os
+import signal
 import sys
 
 
 def run() -> int:
     """The command line, with Ctrl-C during the first imports (torch, dask: a second or more) said in one line too."""
+    interrupted = []
+
+    def on_interrupt(signum, frame):
+        interrupted.append(signum)  # remembered: raised inside a weakref callback of importlib, Python drops it
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         from pipeline.cli import main
     except KeyboardInterrupt:
+        interrupted.append(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
         print("interrupted while starting: nothing was changed", file=sys.stderr, flush=True)
         os._exit(130)  # now: a half-imported library's shutdown may re-raise the signal (exit -2 seen once)
     return main()
