@@ -41,6 +41,30 @@ def _child_raw_copy(a: dict) -> dict:
     return {"seconds": seconds, "bytes": total}
 
 
+def _child_copy_changed(a: dict) -> dict:
+    """The floor of a fine-tune's convert after its release: copy the files of its entry that it wrote itself (one
+    link: not shared with the release's entry) into a fresh folder, made durable as publish makes them (syncfs).
+    A convert that writes what changed cannot take less."""
+    import ctypes
+    import shutil
+
+    files = [p for p in sorted(Path(a["entry"]).rglob("*")) if p.is_file() and p.stat().st_nlink == 1]
+    out_dir = Path(a["scratch"])
+    out_dir.mkdir(parents=True)
+    t0 = time.perf_counter()
+    for i, f in enumerate(files):
+        shutil.copyfile(f, out_dir / str(i))
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        ctypes.CDLL(None, use_errno=True).syncfs(fd)
+    finally:
+        os.close(fd)
+    seconds = time.perf_counter() - t0
+    total = sum(f.stat().st_size for f in files)
+    shutil.rmtree(out_dir)
+    return {"seconds": seconds, "bytes": total, "files": len(files)}
+
+
 def _child_load(a: dict) -> dict:
     import torch  # noqa: F401  (imports are not timed)
 
@@ -387,7 +411,7 @@ def _child_handoff(a: dict) -> dict:
     return {"seconds": seconds, **{k: v for k, v in built.stats.items() if k != "seconds"}}
 
 
-CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_port_startup, _child_handoff, _child_convert, _child_raw_copy, _child_load, _child_raw_read, _child_cat,
+CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_port_startup, _child_handoff, _child_convert, _child_raw_copy, _child_copy_changed, _child_load, _child_raw_read, _child_cat,
                                                      _child_naive, _child_as_tensor, _child_plain_loop,
                                                      _child_port_path, _child_as_tensor_port, _child_zarr_io)}
 
