@@ -370,10 +370,10 @@ def _child_port_startup(a: dict) -> dict:
     from tasks.device import configure_ttnn_env, device_present
 
     configure_ttnn_env(os.environ, device_present())
-    from pipeline.port_n16 import PortCode, _shapes_of, build_with_port, port_config
+    from pipeline.port_n16 import PortCode, build_with_port, port_config, shapes_of
 
     code = PortCode.find(a.get("tt_metal", PORT_TREE))
-    config = port_config(code, _shapes_of(Path(a["snapshot"])))  # at the published dims: Gr00tN16Config.default()
+    config = port_config(code, shapes_of(Path(a["snapshot"])))  # at the published dims: Gr00tN16Config.default()
     code.attr("tt.ttnn_groot_n16_model:Gr00tN16ModelTTNN")  # imported before the clock starts, like ours
     import diffusers.models.embeddings  # noqa: F401  (its constructor imports it: not timed, for either)
 

@@ -92,7 +92,7 @@ def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, s
     `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed beyond
     the revision and the synthetic mark: the same bytes in another folder are the same entry. `source_shapes`
     (every checkpoint key's shape, a function of the hashed shards) is recorded so that a consumer's own
-    constructors can be run from the entry alone (pipeline/port_n16.py)."""
+    constructors can be run from the entry alone (pipeline/port_n16/)."""
     rules = hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
     doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
            "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout, "profile": plan.profile,

@@ -1,5 +1,5 @@
 """The port runs from the cache: tt-metal's own `Gr00tN16ModelTTNN`, built two ways from one synthetic snapshot —
-by the port's own weight loader and constructors (the reference), and from a cache entry (pipeline/port_n16.py) —
+by the port's own weight loader and constructors (the reference), and from a cache entry (pipeline/port_n16/) —
 must be the same object graph: every ttnn tensor (dtype, layout, shape, padded shape, ttnn's serialized bytes) and
 every other attribute. The port's code is the pinned copy in ../shared/consumers, run unedited.
 

@@ -1,6 +1,6 @@
-"""The hand-off's mechanics (pipeline/port_n16.py) against a small fake port defined here, so they are held without
-the pinned port tree: `ttnn.from_torch` is intercepted however it is called and always put back, and every
-placeholder the port was handed ends up replaced, or the build stops by name."""
+"""The hand-off's mechanics (pipeline/port_n16/: trace.py, build.py) against a small fake port defined here, so they
+are held without the pinned port tree: `ttnn.from_torch` is intercepted however it is called and always put back, and
+every placeholder the port was handed ends up replaced, or the build stops by name."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 
 ttnn = pytest.importorskip("ttnn")
 
-from pipeline import port_n16  # noqa: E402
-from pipeline.port_n16 import PortCode, PortError, _check_filled, _Fill, _finish, _intercepted, _Listing  # noqa: E402
+from pipeline.port_n16 import PortCode, PortError, trace  # noqa: E402
+from pipeline.port_n16.build import Fill, check_filled, fill_in  # noqa: E402
+from pipeline.port_n16.trace import Listing, intercepted  # noqa: E402
 
 FAKE_PORT = PortCode(Path("/fake/tt-metal"), __name__.split(".")[0], "fake")  # this module's classes are "the port"
 
@@ -37,15 +38,15 @@ def _weight(key: str) -> Traced:
 def test_from_torch_is_put_back_however_the_constructors_end():
     real = ttnn.from_torch
     with pytest.raises(ValueError):
-        with _intercepted(_Listing(), Traced):
+        with intercepted(Listing(), Traced):
             assert ttnn.from_torch is not real
             raise ValueError("the port's constructor failed")
     assert ttnn.from_torch is real
 
 
 def test_arguments_are_read_by_name_however_they_are_passed():
-    listing = _Listing()
-    with _intercepted(listing, Traced):
+    listing = Listing()
+    with intercepted(listing, Traced):
         ttnn.from_torch(_weight("a"), ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT)
         ttnn.from_torch(tensor=_weight("b"), dtype=ttnn.bfloat16)
         ttnn.from_torch(_weight("c"), dtype=ttnn.bfloat4_b, layout=ttnn.TILE_LAYOUT, device=object())
@@ -61,8 +62,8 @@ def test_arguments_are_read_by_name_however_they_are_passed():
 def _built(hide_one: bool):
     """A fake port's model holding three weights: in an attribute, a dict and a list, and (when `hide_one`) one
     more in a set, where no walk can replace it."""
-    listing = _Listing()
-    with _intercepted(listing, Traced):
+    listing = Listing()
+    with intercepted(listing, Traced):
         model = Block(proj=ttnn.from_torch(_weight("proj")),
                       by_slot={0: ttnn.from_torch(_weight("bank"))},
                       layers=[Block(fc=ttnn.from_torch(_weight("fc")))])
@@ -73,19 +74,19 @@ def _built(hide_one: bool):
 
 def test_every_placeholder_is_replaced_by_its_loaded_tensor():
     model, listing = _built(hide_one=False)
-    fill = _Fill(Traced, [f"loaded {r.sources[0]}" for r in listing.requests], {}, FAKE_PORT)
-    model = _finish(model, fill)
-    _check_filled(fill, listing.requests)
+    fill = Fill(Traced, [f"loaded {r.sources[0]}" for r in listing.requests], {}, FAKE_PORT)
+    model = fill_in(model, fill)
+    check_filled(fill, listing.requests)
     assert (model.proj, model.by_slot[0], model.layers[0].fc) == ("loaded proj", "loaded bank", "loaded fc")
 
 
 def test_a_placeholder_the_walk_cannot_reach_stops_the_build_by_name():
     model, listing = _built(hide_one=True)
-    fill = _Fill(Traced, [f"loaded {r.sources[0]}" for r in listing.requests], {}, FAKE_PORT)
-    _finish(model, fill)
+    fill = Fill(Traced, [f"loaded {r.sources[0]}" for r in listing.requests], {}, FAKE_PORT)
+    fill_in(model, fill)
     with pytest.raises(PortError, match=r"keeps 1 weight\(s\) where the hand-off cannot put the loaded tensor "
                                         r"\(the first: a \[32, 64\] bfloat16 ROW_MAJOR tensor from hidden\)"):
-        _check_filled(fill, listing.requests)
+        check_filled(fill, listing.requests)
 
 
 def test_a_constructor_error_that_is_not_about_weight_values_keeps_its_own_words(monkeypatch):
@@ -93,8 +94,8 @@ def test_a_constructor_error_that_is_not_about_weight_values_keeps_its_own_words
         def __init__(self, config, loader, device):
             raise TypeError("__init__() got an unexpected keyword argument 'cfg'")
 
-    monkeypatch.setattr(port_n16, "_traced_loader", lambda code, shapes, banks: (None, Traced))
+    monkeypatch.setattr(trace, "_traced_loader", lambda code, shapes, banks: (None, Traced))
     monkeypatch.setattr(PortCode, "attr", lambda self, ref: Broken)
     with pytest.raises(PortError, match=r"its constructor failed on the traced weights \(TypeError: __init__\(\) got "
                                         r"an unexpected keyword argument 'cfg'\)"):
-        port_n16._construct(FAKE_PORT, None, {}, None, _Listing())
+        trace.construct(FAKE_PORT, None, {}, None, Listing())

@@ -1,0 +1,215 @@
+"""Building: the port's model from a cache entry. Its constructors run once on traced weights (trace.py); what they
+asked for is matched to the entry's targets (match.py); those files are loaded, every byte checked against its
+record, and swapped into the built model in place of its placeholders. One the walk cannot reach stops the build
+by name."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pipeline import cache
+from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
+from pipeline.port_n16.match import layouts_serving, match_targets
+from pipeline.port_n16.trace import HOST_OPS, Listing, Pending, Request, construct, port_config
+from tasks import reload
+from tasks.entry import Entry
+from tasks.errors import CacheError
+
+
+class _Unloaded:
+    """Stands for a slot that was not asked for; removed from the built model (its dict then says so)."""
+
+
+class SlotsLoaded(dict):
+    """A port dict of per-slot tensors holding only the slots loaded: any other slot is a clear error, never a
+    wrong slot."""
+
+    def __missing__(self, slot):
+        raise KeyError(f"embodiment slot {slot} was not loaded into this model (loaded: {sorted(self)}); build it "
+                       "with embodiments= that include it, or all")
+
+
+
+@dataclass
+class PortModel:
+    """The port's model as built, and how: `model` is `Gr00tN16ModelTTNN`, the port's class."""
+
+    model: Any
+    entry: str
+    revision: str
+    layout: str
+    slots: tuple[int, ...]
+    stats: dict
+
+
+def _wanted_slots(entry: Entry, embodiments: str | int | None) -> tuple[int, ...]:
+    held = sorted({s for a in entry.manifest.arrays.values() if a.bank for s in a.chunks})
+    if embodiments is None or str(embodiments).strip() == "all":
+        return tuple(held)
+    wanted = N16.slot_ids(str(embodiments))
+    missing = [s for s in wanted if s not in held]
+    if missing:
+        raise CacheError(f"{entry.describe()}: embodiment slot(s) {missing} were not converted into this entry (it "
+                         f"holds {held}); convert with --embodiments {','.join(map(str, wanted))} or all")
+    return tuple(wanted)
+
+
+
+@dataclass
+class Fill:
+    """What `fill_in` puts in place of the traced model's stand-ins, and which placeholders it found."""
+    traced: type
+    filled: list                               # by request: the loaded device tensor (or _Unloaded)
+    host: Mapping[tuple[str, ...], Any]        # sources -> the entry's float32 host tensor
+    code: PortCode
+    seen: set = field(default_factory=set)     # ids of the objects walked
+    used: set = field(default_factory=set)     # request indexes whose placeholder was replaced
+
+
+def fill_in(node, fill: Fill) -> Any:
+    """Walk the built model: placeholders become the loaded device tensors (by request), traced host tables the
+    entry's float32 tensors, and slots not loaded leave their dicts (which then refuse them by name)."""
+    if type(node) is Pending:
+        fill.used.add(node.index)
+        return fill.filled[node.index]
+    if id(node) in fill.seen or isinstance(node, (str, bytes, int, float, bool, type(None))):
+        return node
+    fill.seen.add(id(node))
+    if isinstance(node, fill.traced):
+        wanted = fill.host.get(node.sources)
+        extra = [op for op in node.ops if op not in HOST_OPS]
+        if wanted is None or extra or tuple(node.shape) != tuple(wanted.shape) or str(node.dtype) != str(wanted.dtype):
+            raise PortError(f"{fill.code.root} (port revision {fill.code.revision}) keeps a {list(node.shape)} "
+                            f"{node.dtype} host tensor made from {', '.join(node.sources)} by "
+                            f"{', '.join(extra) or 'a cast'}, which the entry has no host target for; this port "
+                            "revision is not supported")
+        return wanted
+    if isinstance(node, dict):
+        for k in list(node):
+            node[k] = fill_in(node[k], fill)
+        if any(_holds_unloaded(v) for v in node.values()):
+            return SlotsLoaded({k: v for k, v in node.items() if not _holds_unloaded(v)})
+        return node
+    if isinstance(node, list):
+        node[:] = [fill_in(x, fill) for x in node]
+        return node
+    if isinstance(node, tuple):
+        return tuple(fill_in(x, fill) for x in node)
+    if hasattr(node, "__dict__") and type(node).__module__.startswith(fill.code.package):
+        for k, v in vars(node).items():
+            setattr(node, k, fill_in(v, fill))
+    return node
+
+
+def check_filled(fill: Fill, requests: list[Request]) -> None:
+    """Every weight the port asked for is in the model now: a placeholder kept where the walk does not look (a
+    set, an object of another package) would fail only at the first forward pass."""
+    left = sorted(set(range(len(requests))) - fill.used)
+    if left:
+        raise PortError(f"{fill.code.root} (port revision {fill.code.revision}) keeps {len(left)} weight(s) where the "
+                        f"hand-off cannot put the loaded tensor (the first: {requests[left[0]].describe()}); this port "
+                        "revision is not supported")
+
+
+def _holds_unloaded(value) -> bool:
+    return isinstance(value, _Unloaded) or (isinstance(value, tuple) and any(isinstance(x, _Unloaded) for x in value))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Listed:
+    """The first half of a build: the entry that serves the port, and the port's model built on it with
+    placeholders, with what its constructors asked for (no bytes read yet)."""
+    code: PortCode
+    entry: Entry
+    listing: Listing
+    model: Any
+    traced: type
+    started: float  # perf_counter() when the build began
+
+
+def list_model(code: PortCode, store, *, entry: str | None = None, profile: str | None = None,
+               embodiments: str | int | None = None, config=None, device=None, started: float | None = None) -> Listed:
+    """Choose the entry and run the port's constructors on traced weights over it (see `build_model`)."""
+    started = time.perf_counter() if started is None else started
+    asked = None if embodiments is None or str(embodiments).strip() == "all" else N16.slot_ids(str(embodiments))
+    opened, listing, model, traced = _serving_entry(code, store, entry, profile or "port", asked, config, device)
+    return Listed(code=code, entry=opened, listing=listing, model=model, traced=traced, started=started)
+
+
+def load_model(listed: Listed, *, embodiments: str | int | None = None, device=None, threads: int = 4) -> PortModel:
+    """The second half: match what the port asked for to the entry's targets, load those files and the host
+    tables (every byte checked), and put them in place of the placeholders."""
+    code, opened, listing = listed.code, listed.entry, listed.listing
+    slots = _wanted_slots(opened, embodiments)
+    targets = match_targets(listing.requests, opened, code)
+    t_listed = time.perf_counter()
+    needed = sorted({(targets[r.sources], r.slot) for r in listing.requests if r.slot is None or r.slot in slots},
+                    key=str)
+    host_arrays = [n for n, a in opened.manifest.arrays.items() if a.host_only]
+    with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
+        loaded, host, nbytes = _load(opened, needed, host_arrays, device, threads)
+    filled = [loaded.get((targets[r.sources], r.slot), _Unloaded()) for r in listing.requests]
+    by_sources = {tuple(opened.manifest.arrays[n].attributes["sources"]): t for n, t in host.items()}
+    fill = Fill(listed.traced, filled, by_sources, code)
+    model = fill_in(listed.model, fill)
+    check_filled(fill, listing.requests)
+    stats = {"seconds": time.perf_counter() - listed.started, "listing_seconds": t_listed - listed.started,
+             "device_files": len(needed), "host_tensors": len(host), "bytes_read": nbytes,
+             "tensor_bytes": nbytes - sum(opened.manifest.arrays[n].chunks[None].nbytes for n in host)  # stored...
+                             + sum(t.numel() * 4 for t in host.values())}  # ...as the float32 the port holds
+    return PortModel(model, opened.name, code.revision, opened.manifest.layout, slots, stats)
+
+
+def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked: tuple[int, ...] | None, config,
+                   device):
+    """The entry to hand over, and the port's model built on it with placeholders for its device tensors (what
+    they ask for is listed; no bytes are read): `entry` when named, else the last conversion in the layout
+    revision that serves this port (tt-n16 first)."""
+    slot = asked[0] if asked else None
+    layouts = list(N16.port["layouts"])
+    opened = None
+    for layout in layouts if entry is None else ["tt-n16"]:
+        try:
+            opened = cache.choose_entry(store, cache.Wanted(VERSION, layout, profile, slot, entry))
+            break
+        except CacheError:
+            if entry is not None or layout == layouts[-1]:
+                raise
+    assert opened is not None
+    for _ in range(2):  # at most once more: the listing may name the other layout revision
+        shapes = opened.manifest.source_shapes
+        if not shapes:
+            raise CacheError(f"{opened.describe()}: made before entries recorded their checkpoint's shapes (cache "
+                             f"format {opened.manifest.cache_format}); convert again to hand it to the port")
+        listing = Listing()
+        model, traced = construct(code, config or port_config(code, shapes), shapes, device, listing)
+        fits = layouts_serving(listing.requests, shapes, opened.manifest.profile)
+        if opened.manifest.layout in fits or not fits or entry is not None:
+            return opened, listing, model, traced  # (a layout that does not fit is explained by match_targets)
+        try:
+            opened = cache.choose_entry(store, cache.Wanted(VERSION, fits[0], profile, slot))
+        except CacheError as e:
+            raise CacheError(f"port revision {code.revision} at {code.root} takes layout {fits[0]}: {e}") from None
+    return opened, listing, model, traced
+
+
+def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):
+    """The device files asked for and the host tables (float32 torch tensors), every byte read and checked
+    against its record (tasks/reload.py), and the bytes read."""
+    arrays = entry.manifest.arrays
+    missing = [(n, s) for n, s in needed if arrays[n].chunks[s].tensorbin is None]
+    if missing:
+        raise CacheError(f"{entry.describe()}: {missing[0][0]} has no device file (profile "
+                         f"{entry.manifest.profile} keeps none); convert with --profile port or bfp8")
+    with ThreadPoolExecutor(threads) as pool:
+        host_tables = {n: pool.submit(reload.host_table, entry, n) for n in host_arrays}
+        tensors = reload.device_tensors(entry, needed, pool, device, check_mapped=True)  # every byte is used
+        host = {n: f.result() for n, f in host_tables.items()}
+    nbytes = reload.read_bytes(entry, needed, from_device_files=True) + \
+        reload.read_bytes(entry, [(n, None) for n in host_arrays])
+    return dict(zip(needed, tensors)), host, nbytes
+
+
