@@ -31,7 +31,7 @@ from tasks.errors import CacheError
 from tasks.plan import Plan
 from tasks.store import LocalStore, Store, open_store
 
-CONVERTER_VERSION = "2"        # bump when a transform changes the bytes it produces
+CONVERTER_VERSION = "3"        # bump when a transform changes the bytes it produces (3: host tables stored as float32)
 
 
 def _default_root() -> Path:

@@ -20,7 +20,7 @@ from tasks import device, tensorbin
 from tasks.errors import CheckpointError
 from tasks.plan import HOST, Target
 
-_EXPONENT = np.uint16(0x7F80)  # bf16 exponent bits: all ones means Inf or NaN
+_EXPONENT = {2: np.uint16(0x7F80), 4: np.uint32(0x7F800000)}  # bf16's, float32's: all ones means Inf or NaN
 _BLOCK = 1 << 18               # elements per finite-check block: temporaries stay in L2
 
 
@@ -28,7 +28,7 @@ _BLOCK = 1 << 18               # elements per finite-check block: temporaries st
 class Converted:
     name: str
     slot: int | None
-    array: np.ndarray          # bf16, logical shape: what the cache stores
+    array: np.ndarray          # bf16 (a host table: float32), logical shape: what the cache stores
     device_dtype: str
     layout: str
     padded_shape: tuple[int, ...]
@@ -38,15 +38,16 @@ class Converted:
 
 
 def _count_nonfinite(bits: np.ndarray) -> tuple[int, int]:
-    """(Inf/NaN count, first flat index or -1) of bf16 bits, in blocks (~18 GB/s here; a C loop gains ~0.15 s on
-    a full N1.6, measured and left out)."""
-    scratch = np.empty(min(_BLOCK, bits.size), np.uint16)
+    """(Inf/NaN count, first flat index or -1) of bf16 or float32 bits, in blocks (~18 GB/s here for bf16; a C loop
+    gains ~0.15 s on a full N1.6, measured and left out)."""
+    exponent = _EXPONENT[bits.dtype.itemsize]
+    scratch = np.empty(min(_BLOCK, bits.size), bits.dtype)
     count, first = 0, -1
     for i in range(0, bits.size, _BLOCK):
         block = bits[i:i + _BLOCK]
-        masked = np.bitwise_and(block, _EXPONENT, out=scratch[:block.size])
-        if masked.max(initial=0) == _EXPONENT:  # cheap scan; count exactly only when something is wrong
-            bad = masked == _EXPONENT
+        masked = np.bitwise_and(block, exponent, out=scratch[:block.size])
+        if masked.max(initial=0) == exponent:  # cheap scan; count exactly only when something is wrong
+            bad = masked == exponent
             count += int(np.count_nonzero(bad))
             first = first if first >= 0 else i + int(np.argmax(bad))
     return count, first
@@ -54,12 +55,8 @@ def _count_nonfinite(bits: np.ndarray) -> tuple[int, int]:
 
 def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin: str = "") -> None:
     """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys (checked on the
-    bits). `origin` names the shard file(s) the sources came from."""
-    if array.dtype.itemsize == 2:  # bf16: checked on the bits
-        count, first = _count_nonfinite(array.reshape(-1).view(np.uint16))
-    else:  # a host table kept at float32
-        bad = ~np.isfinite(array.reshape(-1))
-        count, first = int(np.count_nonzero(bad)), int(np.argmax(bad))
+    bits: bf16, or a host table's float32). `origin` names the shard file(s) the sources came from."""
+    count, first = _count_nonfinite(array.reshape(-1).view(np.uint16 if array.dtype.itemsize == 2 else np.uint32))
     if count:
         raise CheckpointError(origin or ", ".join(sources), f"{count} NaN/Inf value(s) in target {name!r} (first at flat index "
                                                   f"{first}); the checkpoint is corrupt or was saved mid-divergence", sources[0])
@@ -83,7 +80,7 @@ def convert_target(array: np.ndarray, target: Target, slot: int | None = None, c
     device_file, min_pcc = target.device_file, target.min_pcc
     check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
-    if layout == HOST:  # kept on the host as float32: widening bf16 is exact, and nothing goes through ttnn
+    if layout == HOST:  # kept on the host as the float32 the port holds: nothing goes through ttnn
         return Converted(name, slot, array, device_dtype, layout, expected, 0.0, 1.0)
     exact = device_dtype == "bfloat16"
     if exact and not check_bf16 and not device_file:

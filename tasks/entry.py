@@ -197,7 +197,7 @@ class ArrayRecord:
 
     @property
     def storage_dtype(self) -> np.dtype:
-        """The numpy dtype of the stored bytes: bf16 bits (uint16), or float32 for a host table of a wide source."""
+        """The numpy dtype of the stored bytes: bf16 bits (uint16), or float32 for a host table."""
         return DATA_TYPES[str(self.attributes.get("dtype", "bfloat16"))][1]
 
     @property

@@ -38,8 +38,8 @@ class Target:
 
     @property
     def stored_dtype(self) -> str:
-        """What the cache stores it as: bfloat16, or float32 for a host table made from a wider source."""
-        return stored_dtype(self.host, self.source_dtypes)
+        """What the cache stores it as: bfloat16, or float32 for a host table (as the port keeps it)."""
+        return stored_dtype(self.host)
 
 
 @dataclass(frozen=True)

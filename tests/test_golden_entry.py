@@ -1,7 +1,8 @@
 """The cache format, pinned: a tiny entry's manifest and one chunk of each kind must equal a copy committed in
 tests/golden/ (written by the converter of 2026-11-30 before the entry code was restructured, and written again
 for cache format 3 — chunk keys `c.0.0` instead of `c/0/0` — with nothing else changed but PCC digits; and for
-format 4, whose manifest records every checkpoint key's shape, `source_shapes`, for the port hand-off).
+format 4, whose manifest records every checkpoint key's shape, `source_shapes`, for the port hand-off; and for
+converter 3, which stores host tables as the float32 the port keeps).
 
 What legitimately varies between runs is normalized first: the publish time, the snapshot folder, the
 fingerprint and the recipes hash (the last two change whenever configs/recipes.toml does). A deliberate format

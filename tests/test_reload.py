@@ -115,6 +115,23 @@ def test_a_host_table_is_the_bf16_values_in_float32(written):
     assert table.dtype == torch.float32 and torch.equal(table, _plain(values["h"]).float())
 
 
+def test_a_float32_host_table_is_its_chunk_mapped_privately_and_checked(written):
+    entry, values, _ = written
+    wide = _plain(values["h"]).float()  # what converter 3 stores: the float32 the port keeps
+    chunk, data = entry.path / "h" / "c.0.0", wide.numpy().tobytes()
+    chunk.write_bytes(data)
+    arr = entry.manifest.arrays["h"]
+    arr.attributes["dtype"] = "float32"
+    arr.chunks[None] = fmt.ChunkRecord(len(data), xxhash.xxh3_64_hexdigest(data))
+    table = reload.host_table(entry, "h")
+    assert table.dtype == torch.float32 and torch.equal(table, wide)
+    table += 1  # the port's copy is its own: the entry's file keeps its bytes
+    assert chunk.read_bytes() == data
+    chunk.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(CacheError, match="h: chunk all does not match its manifest checksum"):
+        reload.host_table(entry, "h")
+
+
 def test_ttnn_host_tensors_come_from_the_device_file_or_the_chunk(written):
     entry, values, pool = written
     out = reload.ttnn_tensors(entry, [("w", None), ("r", None), ("b", 3)], pool)
