@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from pipeline import cache
 from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
-from pipeline.port_n16.match import layouts_serving, match_targets
+from pipeline.port_n16.match import first_unserved, layouts_serving, match_targets
 from pipeline.port_n16.trace import HOST_OPS, Listing, Pending, Request, construct, port_config
 from tasks import reload
 from tasks.entry import Entry
@@ -186,9 +186,11 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
                              f"format {opened.manifest.cache_format}); convert again to hand it to the port")
         listing = Listing()
         model, traced = construct(code, config or port_config(code, shapes), shapes, device, listing)
-        fits = layouts_serving(listing.requests, shapes, opened.manifest.profile)
-        if opened.manifest.layout in fits or not fits or entry is not None:
-            return opened, listing, model, traced  # (a layout that does not fit is explained by match_targets)
+        if entry is not None or first_unserved(listing.requests, opened) is None:  # (match_targets explains)
+            return opened, listing, model, traced
+        fits = layouts_serving(listing.requests, shapes, opened.manifest.profile)  # two plans: only when needed
+        if opened.manifest.layout in fits or not fits:
+            return opened, listing, model, traced
         try:
             opened = cache.choose_entry(store, cache.Wanted(VERSION, fits[0], profile, slot))
         except CacheError as e:

@@ -11,26 +11,38 @@ from pipeline.recipe import build_plan
 from tasks.entry import Entry
 
 
+def _by_sources(entry: Entry) -> dict[tuple[str, ...], str]:
+    return {tuple(a.attributes["sources"]): name for name, a in entry.manifest.arrays.items()}
+
+
+def first_unserved(requests: list[Request], entry: Entry) -> Request | None:
+    """The first request no target of the entry serves (sources, shape, dtype, layout, bank), or None."""
+    arrays, by_sources = entry.manifest.arrays, _by_sources(entry)
+    for r in requests:
+        a = arrays.get(by_sources.get(r.sources, ""))
+        if a is None or tuple(a.logical_shape) != r.shape or a.device_dtype != r.dtype or \
+                a.device_layout != r.layout or a.bank != (r.slot is not None):
+            return r
+    return None
+
+
 def match_targets(requests: list[Request], entry: Entry, code: PortCode) -> dict[tuple[str, ...], str]:
     """sources -> target name for every request, each held to its target's shape, dtype and layout; the first
     that no target serves is a PortError naming the layout revision that would (or that none does)."""
-    arrays = entry.manifest.arrays
-    by_sources = {tuple(a.attributes["sources"]): name for name, a in arrays.items()}
-    for r in requests:
-        name = by_sources.get(r.sources)
-        a = arrays.get(name) if name else None
-        if a is not None and tuple(a.logical_shape) == r.shape and a.device_dtype == r.dtype and \
-                a.device_layout == r.layout and a.bank == (r.slot is not None):
-            continue
-        have = (f"its target {name} is a {a.logical_shape} {a.device_dtype} {a.device_layout}" if a else
-                "no target of it has those sources")
-        fits = layouts_serving(requests, entry.manifest.source_shapes, entry.manifest.profile)
-        remedy = (f"convert with --layout {fits[0]} for this port revision" if fits else
-                  f"no supported layout revision ({', '.join(N16.port['layouts'])}) has it; "
-                  "this port revision is not supported")
-        raise PortError(f"{code.root} (port revision {code.revision}) builds {r.describe()}, but entry "
-                        f"{entry.name} ({entry.manifest.layout}) cannot hand it over: {have}; {remedy}")
-    return by_sources
+    by_sources = _by_sources(entry)
+    r = first_unserved(requests, entry)
+    if r is None:
+        return by_sources
+    name = by_sources.get(r.sources)
+    a = entry.manifest.arrays.get(name) if name else None
+    have = (f"its target {name} is a {a.logical_shape} {a.device_dtype} {a.device_layout}" if a else
+            "no target of it has those sources")
+    fits = layouts_serving(requests, entry.manifest.source_shapes, entry.manifest.profile)
+    remedy = (f"convert with --layout {fits[0]} for this port revision" if fits else
+              f"no supported layout revision ({', '.join(N16.port['layouts'])}) has it; "
+              "this port revision is not supported")
+    raise PortError(f"{code.root} (port revision {code.revision}) builds {r.describe()}, but entry "
+                    f"{entry.name} ({entry.manifest.layout}) cannot hand it over: {have}; {remedy}")
 
 
 def layouts_serving(requests: list[Request], source_shapes: Mapping[str, list[int]], profile: str) -> list[str]:

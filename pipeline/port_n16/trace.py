@@ -132,12 +132,17 @@ def intercepted(listing: Listing, traced_type) -> Iterator[None]:
 
     real = ttnn.from_torch
     signature = _from_torch_signature(real)
+    by_keyword = {n for n, p in signature.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    tensor_first = next(iter(signature.parameters)) == "tensor"
 
     def from_torch(*args, **kwargs):
-        try:
-            given = signature.bind(*args, **kwargs).arguments
-        except TypeError:
-            return real(*args, **kwargs)  # ttnn says what is wrong with the call
+        if tensor_first and len(args) == 1 and "tensor" not in kwargs and by_keyword.issuperset(kwargs):
+            given = {"tensor": args[0], **kwargs}  # the port's way: what bind() gives, at a tenth of its cost
+        else:
+            try:
+                given = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                return real(*args, **kwargs)  # ttnn says what is wrong with the call
         tensor = given.get("tensor")
         if not isinstance(tensor, traced_type):
             return real(*args, **kwargs)
