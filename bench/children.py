@@ -13,7 +13,7 @@ def _child_convert(a: dict) -> dict:
     """A cold convert: the parent emptied the cache root (bench/harness.py `remove`), so nothing is reused or hit."""
     from pipeline.convert import ConvertOptions, convert
 
-    s = convert(ConvertOptions(a["version"], a["profile"], hf_cache=Path(a["hf"]) if a.get("hf") else None,
+    s = convert(ConvertOptions(a["version"], profile=a["profile"], hf_cache=Path(a["hf"]) if a.get("hf") else None,
                                cache_root=Path(a["cache"]), progress=False, scheduler=a.get("scheduler", "threads"),
                                workers=a.get("workers"), layout=a.get("layout", "generic"), synthetic=a.get("synthetic"),
                                snapshot=Path(a["snapshot"]) if a.get("snapshot") else None))

@@ -341,7 +341,7 @@ def run_handoff(scale: str, runs: int, cold: bool) -> int:
 
     hf, snapshot = _synthetic_snapshot(scale)
     cache = DATA / f"cache-{scale}-handoff"
-    convert(ConvertOptions(VERSION, "port", "all", hf_cache=hf, synthetic=scale, cache_root=cache, progress=False))
+    convert(ConvertOptions(VERSION, profile="port", embodiments="all", hf_cache=hf, synthetic=scale, cache_root=cache, progress=False))
     from bench.children import PORT_TREE
 
     check_port(PortCode.find(PORT_TREE), store_root=cache)  # the one-time self-check, outside the timing

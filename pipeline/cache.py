@@ -1,9 +1,9 @@
 """Cache entries: named by content, built in a temporary directory beside the final one, published by rename.
 
-The format is written down in cache/README.md; the constants below cite it. An entry's name is a fingerprint of
-everything that determines its bytes (source content, recipe and profile, selected slots, format version,
-converter code version). `refs/<version>-<layout>-<profile>` names the entry the last conversion produced, so a
-later process can load without touching the source checkpoint.
+The format is written down in cache/README.md and defined in tasks/entry.py, which also names an entry: a
+fingerprint of everything that determines its bytes (`Identity.of`: source content, recipe and profile, selected
+slots, format and converter versions). `refs/<version>-<layout>-<profile>` names the entry the last conversion
+produced, so a later process can load without touching the source checkpoint.
 """
 
 from __future__ import annotations
@@ -18,20 +18,16 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
-from pipeline.recipe import RECIPES_PATH
 from tasks import source
 from tasks.checkpoint import Checkpoint
 from tasks.bulk_write import write_json_atomic
-from tasks.entry import (CACHE_FORMAT, ENTRIES, TMP_MARK, Entry, Identity, OldFormatError, entry_key, list_entries,
-                         manifest_key, open_entry, ref_key, ref_object, tmp_name, tmp_owner)
+from tasks.entry import (ENTRIES, TMP_MARK, Entry, OldFormatError, entry_key, list_entries, manifest_key, open_entry,
+                         ref_key, ref_object, tmp_name, tmp_owner)
 from tasks.refs import read_ref, readable, refs
 from tasks.errors import CacheError
-from tasks.plan import Plan
 from tasks.store import LocalStore, Store, open_store
 
-CONVERTER_VERSION = "3"        # bump when a transform changes the bytes it produces (3: host tables stored as float32)
 
 
 def _default_root() -> Path:
@@ -84,24 +80,6 @@ def source_sha256(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str,
         out[shard] = hashed[shard].sha256
         write_json_atomic(record, {"stat": stat, "sha256": out[shard]})
     return out, hashed
-
-
-def identity(plan: Plan, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...],
-             source_shapes: Mapping[str, tuple[int, ...]]) -> Identity:
-    """Everything that determines the entry's bytes, and its fingerprint (sha256 of the canonical JSON); plus
-    `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed beyond
-    the revision and the synthetic mark: the same bytes in another folder are the same entry. `source_shapes`
-    (every checkpoint key's shape, a function of the hashed shards) is recorded so that a consumer's own
-    constructors can be run from the entry alone (pipeline/port_n16/)."""
-    rules = hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
-    doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
-           "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout, "profile": plan.profile,
-           "shards": dict(sorted(shard_sha.items())), "recipes_sha256": rules, "slots": list(slots),
-           "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
-                       for t in plan.targets]}
-    fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    return Identity(fingerprint=fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, source=dict(source),
-                    source_shapes={k: list(v) for k, v in sorted(source_shapes.items())})
 
 
 def entries_dir(root: Path) -> Path:

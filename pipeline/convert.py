@@ -8,14 +8,14 @@ import resource
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
 from pipeline import cache, finetune
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.load import load
-from pipeline.recipe import build_plan
+from pipeline.recipe import build_plan, recipes_sha256
 from pipeline.reuse import Reuse, plan_reuse
 from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
@@ -34,6 +34,7 @@ from tasks.store import LocalStore
 @dataclass(frozen=True)
 class ConvertOptions:
     version: str | None  # None: found from the checkpoint's keys (with --snapshot or --model)
+    _: KW_ONLY
     profile: str | None = None  # default: the layout's (recipes.toml [layouts.<layout>] default_profile)
     embodiments: str = "all"
     scheduler: str = "threads"
@@ -71,7 +72,7 @@ def writable_folder(root: Path, what: str) -> None:
                          f"({'--cache DIR or $GR00T_CACHE' if what == 'cache' else '--hf-cache DIR'})") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prepared:
     """Everything up to the fingerprint: the open snapshot, the plan, the slots, the entry's identity, and the
     local cache the entry is built in."""
@@ -87,7 +88,7 @@ class Prepared:
         return self.identity.name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Built:
     """What running the graph gave: publish's result, stage timings, the graph, the chunks a killed run had
     already staged (and the reuse links among them), and what was reused."""
@@ -126,8 +127,9 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
               "model": opts.model, "key_prefix": ck.prefix or None, "tied": dict(ck.tied) or None,
               "trained_embodiments": tags}
     shard_sha, hashed = cache.source_sha256(root, ck)
-    ident = cache.identity(plan, source, shard_sha, slots, shapes)
-    return Prepared(ck, plan, slots, ident, root, hashed)
+    ident = Identity.of(plan, source=source, shard_sha=shard_sha, slots=slots, source_shapes=shapes,
+                        recipes_sha256=recipes_sha256())
+    return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, hashed=hashed)
 
 
 def convert(opts: ConvertOptions) -> dict:
@@ -201,8 +203,9 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")
-        inputs = GraphInputs(plan, ck, slots, tmp, final, expected_sha, done, ident, arrays, opts.check_bf16,
-                             prehashed, opts.device, replace=opts.force)
+        inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, entry_tmp=tmp, entry_final=final,
+                             expected_sha256=expected_sha, done=done, identity=ident, arrays=arrays,
+                             check_bf16=opts.check_bf16, prehashed=prehashed, device=opts.device, replace=opts.force)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException as e:
@@ -217,7 +220,7 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         raise
     finally:
         ck.close()
-    return Built(result, timings, graph, done, reused)
+    return Built(result=result, timings=timings, graph=graph, done=done, reused=reused)
 
 
 def _still_staged(tmp: Path, plan: Plan, slots: tuple[int, ...], linked: Mapping) -> dict:

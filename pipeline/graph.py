@@ -36,7 +36,7 @@ Key = tuple
 PUBLISH: Key = ("publish",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GraphInputs:
     plan: Plan
     checkpoint: Checkpoint

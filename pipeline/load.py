@@ -23,7 +23,7 @@ READ_THREADS = 4  # chunk reads and checks overlap on a small pool (I/O waits an
 FORMS = ("torch", "ttnn")  # `into=`: torch bf16 on the host, ttnn host tensors; or an open device
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Loaded:
     tensors: dict                  # target name -> torch.bfloat16 tensor (or ttnn tensor); host-only: torch.float32
     entry: str
@@ -87,12 +87,12 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     chunks = reload.plan_reads(opened.manifest, wanted.slot)
     with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
         tensors, nbytes = _read(opened, chunks, into, every_slot=wanted.slot is None)
-    return Loaded(tensors, opened.name, wanted.slot,
-                  {"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
-                   "chunks": len(chunks)},
-                  opened.manifest.layout,
-                  tuple(n for n in tensors if wanted.slot is None and opened.manifest.arrays[n].bank),
-                  dict(opened.manifest.source))
+    return Loaded(tensors=tensors, entry=opened.name, slot=wanted.slot,
+                  stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
+                         "chunks": len(chunks)},
+                  layout=opened.manifest.layout,
+                  banks=tuple(n for n in tensors if wanted.slot is None and opened.manifest.arrays[n].bank),
+                  source=dict(opened.manifest.source))
 
 
 def _slot(cfg: VersionConfig, embodiment: str | int | None) -> int | None:

@@ -9,6 +9,7 @@ an error that names it. Pure: takes the key list and shapes, returns values.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 import tomllib
@@ -22,6 +23,11 @@ from tasks.plan import HOST, Plan, Target
 from tasks.transforms import output_shape, padded_dim
 
 RECIPES_PATH = CONFIG_DIR / "recipes.toml"
+
+
+def recipes_sha256() -> str:
+    """The rules' identity: every entry, and every kept port verdict, is a function of them."""
+    return hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
 @cache
 def recipes() -> dict:
     """configs/recipes.toml, with each layout that `extends` another completed from it (a port revision that

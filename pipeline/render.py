@@ -26,9 +26,10 @@ def graph_inputs(opts) -> GraphInputs:
     `prepare` reads the shard headers and hashes any shard without an HF blob name (remembered in `sources/`)."""
 
     p = prepare(opts)
-    return GraphInputs(p.plan, p.checkpoint, p.slots, cache.entries_dir(p.root) / tmp_name(p.name, 0, "graph"),
-                       cache.entries_dir(p.root) / p.name, dict(p.identity.shards), {}, p.identity,
-                       array_documents(p.plan, p.slots))
+    return GraphInputs(plan=p.plan, checkpoint=p.checkpoint, slots=p.slots,
+                       entry_tmp=cache.entries_dir(p.root) / tmp_name(p.name, 0, "graph"),
+                       entry_final=cache.entries_dir(p.root) / p.name, expected_sha256=dict(p.identity.shards), done={},
+                       identity=p.identity, arrays=array_documents(p.plan, p.slots))
 
 
 def graph_for(opts) -> tuple[dict, str]:

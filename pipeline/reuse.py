@@ -21,7 +21,7 @@ from typing import Mapping
 from pipeline import cache
 from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
-from tasks.entry import Entry, Staged, chunk_file, content_id, list_entries, packed_path
+from tasks.entry import CONVERTER_VERSION, Entry, Staged, chunk_file, content_id, list_entries, packed_path
 from tasks.progress import record_progress
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard, hash_shard
@@ -96,7 +96,7 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, s
         for name, arr in e.manifest.arrays.items():
             if arr.content_id:
                 by_id[arr.content_id] = (e, name)
-    holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], cache.CONVERTER_VERSION))
+    holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], CONVERTER_VERSION))
               for t in plan.targets}
     with contextlib.ExitStack() as leases:  # gc and rm leave the entries linked from alone meanwhile
         held: dict[str, bool] = {}

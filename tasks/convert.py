@@ -24,7 +24,7 @@ _EXPONENT = {2: np.uint16(0x7F80), 4: np.uint32(0x7F800000)}  # bf16's, float32'
 _BLOCK = 1 << 18               # elements per finite-check block: temporaries stay in L2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Converted:
     name: str
     slot: int | None
@@ -81,15 +81,18 @@ def convert_target(array: np.ndarray, target: Target, slot: int | None = None, c
     check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
     if layout == HOST:  # kept on the host as the float32 the port holds: nothing goes through ttnn
-        return Converted(name, slot, array, device_dtype, layout, expected, 0.0, 1.0)
+        return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,
+                         padded_shape=expected, max_abs_err=0.0, pcc=1.0)
     exact = device_dtype == "bfloat16"
     if exact and not check_bf16 and not device_file:
-        return Converted(name, slot, array, device_dtype, layout, expected, 0.0, 1.0)
+        return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,
+                         padded_shape=expected, max_abs_err=0.0, pcc=1.0)
     made = tensorbin.tensorbin(array, device_dtype) if layout == "TILE" and not check_bf16 else None
     if made is not None:  # ttnn's bytes made in numpy (checked against ttnn once per rank and dtype)
         blob, packed = made
         _floor(packed.pcc, packed.max_abs_err, name, sources, device_dtype, origin, min_pcc)
-        return Converted(name, slot, array, device_dtype, layout, expected, packed.max_abs_err, packed.pcc, blob)
+        return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,
+                         padded_shape=expected, max_abs_err=packed.max_abs_err, pcc=packed.pcc, packed=blob)
     host = device.to_host_tensor(array, device_dtype, layout)
     if tuple(host.shape) != tuple(array.shape) or tuple(host.padded_shape) != expected:
         raise CheckpointError(sources[0], f"ttnn host tensor for {name!r} has shape {tuple(host.shape)} / padded "
@@ -97,4 +100,5 @@ def convert_target(array: np.ndarray, target: Target, slot: int | None = None, c
     numerics = device.host_numerics(host, array) if not exact or check_bf16 else device.Numerics(0.0, 1.0)
     _floor(numerics.pcc, numerics.max_abs_err, name, sources, device_dtype, origin, min_pcc)
     packed = device.packed_bytes(host) if device_file or not exact else None
-    return Converted(name, slot, array, device_dtype, layout, expected, numerics.max_abs_err, numerics.pcc, packed)
+    return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout, padded_shape=expected,
+                     max_abs_err=numerics.max_abs_err, pcc=numerics.pcc, packed=packed)

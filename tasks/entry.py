@@ -28,6 +28,7 @@ from tasks.store import LocalStore, Store
 from tasks.zarr_v3 import DATA_TYPES, array_metadata, chunk_path, create_array, group_metadata, write_chunk as _write_chunk
 
 CACHE_FORMAT = 5            # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CONVERTER_VERSION = "3"     # bump when a transform changes the bytes it produces (3: host tables stored as float32)
 READABLE_FORMATS = (3, 4, 5)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32 host arrays.
                               # Format 2 kept c/0/0 and is not read.
 MANIFEST = "MANIFEST.json"  # written last: present means complete
@@ -238,6 +239,24 @@ class Identity:
     slots: list[int]
     source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
     source_shapes: Mapping[str, list[int]]
+
+    @classmethod
+    def of(cls, plan: Plan, *, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...],
+           source_shapes: Mapping[str, tuple[int, ...]], recipes_sha256: str) -> "Identity":
+        """Everything that determines an entry's bytes, and its fingerprint (sha256 of the canonical JSON); plus
+        `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed
+        beyond the revision and the synthetic mark: the same bytes in another folder are the same entry.
+        `source_shapes` (every checkpoint key's shape, a function of the hashed shards) is recorded so that a
+        consumer's own constructors can be run from the entry alone (pipeline/port_n16/)."""
+        doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
+               "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout,
+               "profile": plan.profile, "shards": dict(sorted(shard_sha.items())), "recipes_sha256": recipes_sha256,
+               "slots": list(slots),
+               "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
+                           for t in plan.targets]}
+        fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+        return cls(fingerprint=fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, source=dict(source),
+                   source_shapes={k: list(v) for k, v in sorted(source_shapes.items())})
 
     @property
     def name(self) -> str:

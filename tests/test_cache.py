@@ -231,7 +231,8 @@ def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_ze
 
     zeros = np.zeros((64, 32), np.uint16)
     create_array(tmp_path / "t", array_metadata((64, 32), (64, 32), {}))  # convert creates every array first
-    staged = stage_target(tmp_path, Converted("t", None, zeros, "bfloat16", "TILE", (64, 32), 0.0, 1.0))
+    staged = stage_target(tmp_path, Converted(name="t", slot=None, array=zeros, device_dtype="bfloat16", layout="TILE",
+                                              padded_shape=(64, 32), max_abs_err=0.0, pcc=1.0))
     chunk = tmp_path / "t" / "c.0.0"
     assert chunk.read_bytes() == bytes(64 * 32 * 2) and staged.record.nbytes == 4096  # zarr would have skipped it
     chunk.unlink()

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("profile", ["bf16", "bfp8"])
 def test_every_target_converts_with_real_ttnn(hf_cache, tmp_path, version, profile):
-    summary = convert(ConvertOptions(version, profile, embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+    summary = convert(ConvertOptions(version, profile=profile, embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=tmp_path, progress=False, check_bf16=True))
     numerics = summary["numerics"]
     assert len(numerics) == summary["targets"]  # one slot per bank
@@ -83,7 +83,7 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
 
     from pipeline.load import load
 
-    summary = convert(ConvertOptions("n17", "bfp8", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+    summary = convert(ConvertOptions("n17", profile="bfp8", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=tmp_path, progress=False, layout="generic"))  # (norms ROW_MAJOR)
     loaded = load("n17", tmp_path, embodiment="new_embodiment", profile="bfp8", into="ttnn", layout="generic")
     assert len(loaded.tensors) == summary["targets"]

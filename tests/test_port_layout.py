@@ -288,7 +288,7 @@ def _full_shapes(version: str) -> dict[str, tuple[int, ...]]:
 def test_without_device_files_the_reload_builds_the_same_ttnn_tensors(snapshots, tmp_path):
     """The bf16 plan keeps no .tensorbin: a reload builds the ttnn host tensors from the bf16 chunks. Each must
     hold the plain reload's values, and equal ttnn's own `from_torch` of them, serialized byte for byte."""
-    convert(ConvertOptions("n16", "bf16", embodiments="gr1", snapshot=snapshots["n16"], cache_root=tmp_path, progress=False))
+    convert(ConvertOptions("n16", profile="bf16", embodiments="gr1", snapshot=snapshots["n16"], cache_root=tmp_path, progress=False))
     host = load("n16", tmp_path, "gr1", profile="bf16", into="ttnn")
     values = load("n16", tmp_path, "gr1", profile="bf16").tensors
     checked = 0

@@ -74,7 +74,7 @@ def _built(hide_one: bool):
 
 def test_every_placeholder_is_replaced_by_its_loaded_tensor():
     model, listing = _built(hide_one=False)
-    fill = Fill(Traced, [f"loaded {r.sources[0]}" for r in listing.requests], {}, FAKE_PORT)
+    fill = Fill(traced=Traced, filled=[f"loaded {r.sources[0]}" for r in listing.requests], host={}, code=FAKE_PORT)
     model = fill_in(model, fill)
     check_filled(fill, listing.requests)
     assert (model.proj, model.by_slot[0], model.layers[0].fc) == ("loaded proj", "loaded bank", "loaded fc")
@@ -82,7 +82,7 @@ def test_every_placeholder_is_replaced_by_its_loaded_tensor():
 
 def test_a_placeholder_the_walk_cannot_reach_stops_the_build_by_name():
     model, listing = _built(hide_one=True)
-    fill = Fill(Traced, [f"loaded {r.sources[0]}" for r in listing.requests], {}, FAKE_PORT)
+    fill = Fill(traced=Traced, filled=[f"loaded {r.sources[0]}" for r in listing.requests], host={}, code=FAKE_PORT)
     fill_in(model, fill)
     with pytest.raises(PortError, match=r"keeps 1 weight\(s\) where the hand-off cannot put the loaded tensor "
                                         r"\(the first: a \[32, 64\] bfloat16 ROW_MAJOR tensor from hidden\)"):

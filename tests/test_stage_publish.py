@@ -41,8 +41,9 @@ def _build(tmp: Path) -> list:
     tmp.mkdir(parents=True)
     for name, meta in _arrays().items():
         create_array(tmp / name, meta)
-    return [stage_target(tmp, Converted("t", None, WHOLE, "bfloat16", "TILE", (32, 32), 0.0, 1.0, b"packed bytes")),
-            stage_target(tmp, Converted("b", 5, SLOT, "bfloat16", "TILE", (32, 32), 0.0, 1.0))]
+    made = {"device_dtype": "bfloat16", "layout": "TILE", "padded_shape": (32, 32), "max_abs_err": 0.0, "pcc": 1.0}
+    return [stage_target(tmp, Converted(name="t", slot=None, array=WHOLE, packed=b"packed bytes", **made)),
+            stage_target(tmp, Converted(name="b", slot=5, array=SLOT, **made))]
 
 
 def test_a_staged_chunk_is_its_raw_bytes_and_zarr_reads_it(tmp_path):

@@ -33,7 +33,7 @@ class SlotsLoaded(dict):
 
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PortModel:
     """The port's model as built, and how: `model` is `Gr00tN16ModelTTNN`, the port's class."""
 
@@ -58,7 +58,7 @@ def _wanted_slots(entry: Entry, embodiments: str | int | None) -> tuple[int, ...
 
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Fill:
     """What `fill_in` puts in place of the traced model's stand-ins, and which placeholders it found."""
     traced: type
@@ -153,14 +153,15 @@ def load_model(listed: Listed, *, embodiments: str | int | None = None, device=N
         loaded, host, nbytes = _load(opened, needed, host_arrays, device, threads)
     filled = [loaded.get((targets[r.sources], r.slot), _Unloaded()) for r in listing.requests]
     by_sources = {tuple(opened.manifest.arrays[n].attributes["sources"]): t for n, t in host.items()}
-    fill = Fill(listed.traced, filled, by_sources, code)
+    fill = Fill(traced=listed.traced, filled=filled, host=by_sources, code=code)
     model = fill_in(listed.model, fill)
     check_filled(fill, listing.requests)
     stats = {"seconds": time.perf_counter() - listed.started, "listing_seconds": t_listed - listed.started,
              "device_files": len(needed), "host_tensors": len(host), "bytes_read": nbytes,
              "tensor_bytes": nbytes - sum(opened.manifest.arrays[n].chunks[None].nbytes for n in host)  # stored...
                              + sum(t.numel() * 4 for t in host.values())}  # ...as the float32 the port holds
-    return PortModel(model, opened.name, code.revision, opened.manifest.layout, slots, stats)
+    return PortModel(model=model, entry=opened.name, revision=code.revision, layout=opened.manifest.layout,
+                     slots=slots, stats=stats)
 
 
 def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked: tuple[int, ...] | None, config,

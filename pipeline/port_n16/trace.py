@@ -68,7 +68,7 @@ def _leaves(obj) -> Iterator[Any]:
 HOST_OPS = frozenset({"to", "float", "contiguous", "clone", "detach"})  # what the port may do to a host table
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Request:
     """One `ttnn.from_torch` of a weight by the port: what it derived the tensor from and what it asked for."""
 
@@ -147,8 +147,9 @@ def intercepted(listing: Listing, traced_type) -> Iterator[None]:
         if not isinstance(tensor, traced_type):
             return real(*args, **kwargs)
         layout = _enum_name(given.get("layout") or ttnn.ROW_MAJOR_LAYOUT)
-        request = Request(tensor.sources, tensor.slot, tuple(tensor.shape),
-                          _enum_name(given.get("dtype") or ttnn.bfloat16).lower(), layout, given.get("device") is not None)
+        request = Request(sources=tensor.sources, slot=tensor.slot, shape=tuple(tensor.shape),
+                          dtype=_enum_name(given.get("dtype") or ttnn.bfloat16).lower(), layout=layout,
+                          on_device=given.get("device") is not None)
         memory = given.get("memory_config")
         if memory is not None and memory != ttnn.DRAM_MEMORY_CONFIG:
             raise PortError(f"the port asks for {request.describe()} in {memory}; the hand-off loads weights "

@@ -15,16 +15,16 @@ from pipeline.port_n16.build import list_model, load_model
 from pipeline.port_n16.compare import build_with_port, differences
 from pipeline.port_n16.match import serving_layout
 from pipeline.port_n16.trace import port_config
-from pipeline.recipe import RECIPES_PATH
-from tasks.entry import CACHE_FORMAT
+from pipeline.recipe import recipes_sha256
+from tasks.entry import CACHE_FORMAT, CONVERTER_VERSION
 
 
 CHECK_SCALE = "attn"  # real attention shapes: the port's cross-attention test sees non-square to_k there
 
 
 def _verdict_path(root: Path, code: PortCode, layout: str) -> Path:
-    key = hashlib.sha256(f"{code.revision}\0{layout}\0{RECIPES_PATH.read_bytes().hex()}\0{CACHE_FORMAT}\0"
-                         f"{cache.CONVERTER_VERSION}".encode()).hexdigest()[:20]
+    key = hashlib.sha256(f"{code.revision}\0{layout}\0{recipes_sha256()}\0{CACHE_FORMAT}\0"
+                         f"{CONVERTER_VERSION}".encode()).hexdigest()[:20]
     return root / "port-checks" / f"{code.revision}-{layout}-{key}.json"
 
 
@@ -47,7 +47,7 @@ def check_port(code: PortCode, layout: str | None = None, store_root: Path | Non
     with tempfile.TemporaryDirectory(prefix="port-check-") as tmp:
         hf = Path(tmp) / "hf"
         snapshot = synthesize(VERSION, hf, CHECK_SCALE)
-        convert(ConvertOptions(VERSION, "port", "all", hf_cache=hf, synthetic=CHECK_SCALE, cache_root=Path(tmp) / "cache",
+        convert(ConvertOptions(VERSION, profile="port", embodiments="all", hf_cache=hf, synthetic=CHECK_SCALE, cache_root=Path(tmp) / "cache",
                                layout=layout, progress=False, reuse=False))
         listed = list_model(code, cache.cache_store(Path(tmp) / "cache"), device=device)
         ours = load_model(listed, device=device)
