@@ -55,7 +55,6 @@ def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypa
     edited.write_text(recipe_mod.RECIPES_PATH.read_text().replace(
         'match = "{vision}head.**"', 'match = "{vision}head.**"\n# edited'))
     monkeypatch.setattr(recipe_mod, "RECIPES_PATH", edited)
-    monkeypatch.setattr(cache_mod, "RECIPES_PATH", edited)
     recipe_mod.recipes.cache_clear()
     try:
         changed = convert(_opts("n15", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
