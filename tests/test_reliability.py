@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from pipeline import cache as cache_mod
+from pipeline.cache import sources
 from pipeline.cli import main
 from pipeline.convert import ConvertOptions, convert
 from tasks.checkpoint import INDEX_NAME
@@ -164,7 +165,7 @@ def _remember_original_hash(snap: Path, root: Path) -> None:
     data[-1] ^= 0x01
     import hashlib
 
-    stat = cache_mod._stat_key(snap / S2)
+    stat = sources._stat_key(snap / S2)  # the memo's own key of the file
     record = root / "sources" / (hashlib.sha256(stat["path"].encode()).hexdigest()[:32] + ".json")
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"stat": stat, "sha256": hashlib.sha256(bytes(data)).hexdigest()}))

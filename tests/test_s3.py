@@ -61,10 +61,10 @@ def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
 
 
 def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch):
-    from pipeline import cache
+    from pipeline.cache import roots
 
     monkeypatch.setenv("GR00T_CACHE", s3_url)  # no --cache anywhere: the team bucket is the default
-    monkeypatch.setattr(cache, "DEFAULT_ROOT", tmp_path / "local")  # where the local build happens
+    monkeypatch.setattr(roots, "DEFAULT_ROOT", tmp_path / "local")  # where the local build happens
     done = convert(ConvertOptions("n17", layout="generic", embodiments="11", hf_cache=hf_cache, synthetic="tiny", progress=False))  # not pushed yet
     assert done["cache_path"].startswith(s3_url) and (tmp_path / "local" / "entries").is_dir()
     assert load("n17", layout="generic", embodiment=11).entry == done["cache_path"].rsplit("/", 1)[1]

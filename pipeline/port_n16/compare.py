@@ -87,8 +87,6 @@ def differences(ours, theirs, limit: int = 20, counts: dict | None = None) -> li
     try:
         walk(ours, theirs, "model")
     finally:
-        import shutil
-
         shutil.rmtree(scratch, ignore_errors=True)
     return found
 

@@ -1,0 +1,22 @@
+"""The cache's policies, one module each, over the entry format (tasks/entry.py) and a store (tasks/store.py):
+
+- `roots.py`: where the cache is, and the temporary folder an entry is built in (resume);
+- `sources.py`: the source-hash memo (a plain folder's shards hashed once, remembered by path, size, mtime, inode);
+- `selection.py`: which entry a convert finds or a reload opens (`Wanted`, `choose_entry`, refs);
+- `leases.py`: readers hold an entry's lock shared; deleting takes it exclusively;
+- `housekeeping.py`: `cache ls`, `cache gc` and `cache rm`.
+
+Entries are named by content (tasks/entry.py `Identity.of`), built in a temporary folder beside the final one and
+published by rename (tasks/publish.py). `refs/<version>-<layout>-<profile>` names the entry the last conversion
+produced, so a later process can load without touching the source checkpoint.
+"""
+
+from pipeline.cache.housekeeping import collect_garbage, entry_rows, remove_entry
+from pipeline.cache.leases import LEASES, readers, reading
+from pipeline.cache.roots import DEFAULT_ROOT, build_root, cache_root, cache_store, claim_tmp, entries_dir, entry_at
+from pipeline.cache.selection import SyntheticWeightsWarning, Wanted, choose_entry, find_entry, resolve_ref, warn_if_synthetic
+from pipeline.cache.sources import source_sha256
+
+__all__ = ["DEFAULT_ROOT", "LEASES", "SyntheticWeightsWarning", "Wanted", "build_root", "cache_root", "cache_store", "choose_entry",
+           "claim_tmp", "collect_garbage", "entries_dir", "entry_at", "entry_rows", "find_entry", "readers", "reading",
+           "remove_entry", "resolve_ref", "source_sha256", "warn_if_synthetic"]

@@ -1,0 +1,141 @@
+"""What `cache ls`, `cache gc` and `cache rm` do: list entries with their state, sizes and refs; remove what no ref
+names and no live process reads, by age or to fit a size; remove one entry by name (never the current one unless
+asked, never one being read)."""
+
+from __future__ import annotations
+
+import time
+
+from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless_read
+from pipeline.cache.roots import pid_alive
+from tasks.entry import ENTRIES, TMP_MARK, entry_key, list_entries, ref_object, tmp_owner
+from tasks.errors import CacheError
+from tasks.refs import readable, refs
+from tasks.store import Store
+
+
+def entry_rows(store: Store, only: str | None = None, verify: bool = False, totals: dict | None = None) -> list[dict]:
+    """`cache ls` / `cache verify`: one row per entry (state, identity, bytes on disk, refs), the same for every
+    store. Bytes shared with another entry by hard links (reuse) are counted once in `unique_bytes`."""
+    in_use, seen, now, rows = refs(store), {}, time.time(), []
+    for name, entry, state in list_entries(store):
+        if only and name != only:
+            continue
+        if verify and entry is not None:
+            problems = entry.verify()
+            state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
+        elif state == "incomplete" and TMP_MARK not in name:
+            state = "incomplete (no manifest: a push in progress or abandoned)"
+        size, unique, files = store.usage(entry_key(name))
+        seen.update(files)
+        m = entry.manifest if entry else None
+        rows.append({"entry": name, "state": state, "version": m and m.version, "layout": m and m.layout,
+                     "profile": m and m.profile, "slots": m and m.slots, "revision": m and m.revision,
+                     "source": m and ("synthetic" if m.source.get("synthetic") or m.synthetic else m.source.get("snapshot")),
+                     "trained_for": m and m.source.get("trained_embodiments"),
+                     "bytes": size, "unique_bytes": unique, "shared_bytes": size - unique,
+                     "published_unix": m and m.published_unix,
+                     "age_s": round(now - m.published_unix) if m else None, "refs": in_use.get(name, [])})
+    if totals is not None:  # every stored file once: what the whole cache holds
+        totals["disk_bytes"] = sum(seen.values())
+    if only and not rows:
+        raise _no_such_entry(store, only)
+    return rows
+
+
+def _no_such_entry(store: Store, name: str) -> CacheError:
+    known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
+    return CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} (entries: {known})")
+
+
+def _unfit(row: dict) -> tuple[str, bool] | None:
+    """Why gc removes an entry whatever its age, and whether its refs go too; None for a sound one (or a live
+    process's temporary)."""
+    name, state = row["entry"], row["state"]
+    if TMP_MARK in name:
+        owner = tmp_owner(name)
+        return ("temporary of a dead process", False) if owner is not None and not pid_alive(owner) else None
+    if state == "broken":
+        return "no valid manifest", False
+    if state.startswith("cache format"):
+        return state.split(" (", 1)[0] + ", which this converter does not read", True
+    if state.startswith("CORRUPT"):
+        return f"corrupt: {state.split(': ', 1)[1]}", True
+    return None
+
+
+def collect_garbage(store: Store, older_than_days: float | None = None, max_bytes: int | None = None,
+                    include_current: bool = False, dry_run: bool = False) -> list[dict]:
+    """Remove temporaries of dead processes, broken and corrupt entries (a chunk that fails its checksum); then,
+    if asked, published entries older than `older_than_days`, then the oldest until the cache holds at most
+    `max_bytes`. An entry a ref points to is never removed by age or size unless `include_current`; a corrupt
+    one is removed with its refs (it cannot be loaded anyway). An object-store entry without a manifest may be
+    a push in progress: it is listed, never removed. `dry_run` lists without removing."""
+    removed: list[dict] = []
+    kept: list[dict] = []
+    in_use = refs(store)
+
+    def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> bool:
+        if not removed_unless_read(store, name, dry_run):  # a live reader's entry stays (cache/README.md, "Leases")
+            kept.append({"entry": name, "reason": f"{reason}, but {_being_read(readers(store, name))}", "bytes": size})
+            return False
+        if not dry_run:
+            for ref in readable(in_use.get(name, [])) if drop_refs else []:
+                store.delete(ref_object(ref))
+        removed.append({"entry": name, "reason": reason, "bytes": size, "freed_bytes": own.get(name, size),
+                        "refs": readable(in_use.get(name, []))})
+        return True
+
+    published = []
+    totals: dict = {}
+    rows = entry_rows(store, verify=True, totals=totals)
+    own = {r["entry"]: r["unique_bytes"] for r in rows}
+    for row in rows:
+        unfit = _unfit(row)
+        if unfit is not None:
+            remove(row["entry"], unfit[0], row["bytes"], drop_refs=unfit[1])
+        elif row["state"] == "verified":
+            published.append(row)
+    candidates = sorted((r for r in published if include_current or not r["refs"]), key=lambda r: r["published_unix"])
+    if older_than_days is not None:
+        cutoff = time.time() - older_than_days * 86400
+        for row in [r for r in candidates if r["published_unix"] < cutoff]:
+            remove(row["entry"], f"older than {older_than_days:g} days", row["bytes"], drop_refs=True)
+            candidates.remove(row)
+    if max_bytes is not None:
+        total = totals["disk_bytes"]
+        for row in list(candidates):
+            if total <= max_bytes:
+                break
+            if remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True):
+                total -= row["unique_bytes"]  # a kept entry (a live reader's) still takes its room
+    return removed + [{**k, "kept": True, "freed_bytes": 0, "refs": []} for k in kept]
+
+
+def _being_read(pids: list[int]) -> str:
+    return f"being read by process {pids[0]}" if pids else "being read by another process"
+
+
+def _busy(store: Store, name: str) -> CacheError:
+    return CacheError(f"{store.describe(entry_key(name))}: {_being_read(readers(store, name))} (a live lease in "
+                      f"{store.describe(LEASES)}); remove it when that process is done")
+
+
+def remove_entry(store: Store, name: str, include_current: bool = False, dry_run: bool = False) -> dict:
+    """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
+    and then its refs go too. `dry_run` says what would go and removes nothing."""
+    if TMP_MARK in name or name not in store.children(ENTRIES):
+        raise _no_such_entry(store, name)
+    if readers(store, name):
+        raise _busy(store, name)
+    in_use = refs(store).get(name, [])
+    if in_use and not include_current:
+        raise CacheError(f"{store.describe(entry_key(name))}: refs/{', refs/'.join(in_use)} point to this entry (it "
+                         "is what `load` opens); pass --include-current to remove it and those refs")
+    size, freed, _ = store.usage(entry_key(name))
+    if not dry_run:
+        if not delete_unread(store, name):
+            raise _busy(store, name)
+        for ref in readable(in_use):
+            store.delete(ref_object(ref))
+    return {"entry": name, "reason": "removed on request", "bytes": size, "freed_bytes": freed, "refs": readable(in_use)}

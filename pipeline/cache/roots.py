@@ -1,0 +1,86 @@
+"""Where the cache is and where entries are built: the root (`--cache`, $GR00T_CACHE, the checkout's `cache/`, else
+the user's cache folder), the store over it, and the temporary folder an entry is built in (adopting a dead
+process's work on the same entry: resume)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from tasks.entry import ENTRIES, TMP_MARK, Entry, open_entry, tmp_name, tmp_owner
+from tasks.store import LocalStore, Store, open_store
+
+
+def _default_root() -> Path:
+    """The source checkout's `cache/` when running from one (its cache/README.md is there), else, installed from a
+    wheel, the user's cache folder ($XDG_CACHE_HOME/gr00t-tt, ~/.cache/gr00t-tt): never site-packages."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "cache" / "README.md").is_file() and (checkout / "pyproject.toml").is_file():
+        return checkout / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gr00t-tt"
+
+
+DEFAULT_ROOT = _default_root()
+
+
+def cache_root(root: Path | str | None = None) -> Path:
+    """The local cache: `--cache`, else $GR00T_CACHE when it names a folder, else the project's `cache/` folder.
+    (An object-store $GR00T_CACHE is handled by convert/load, which build locally here and push there.)"""
+    env = os.environ.get("GR00T_CACHE")
+    return Path(root or (env if env and "://" not in env else None) or DEFAULT_ROOT)
+
+
+
+def entries_dir(root: Path) -> Path:
+    return root / ENTRIES
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_tmp(root: Path, name: str) -> Path:
+    """A fresh temporary directory for `name`, adopting the work of a dead process that was building the same
+    entry (resume), and removing other orphans of dead processes."""
+    base = entries_dir(root)
+    base.mkdir(parents=True, exist_ok=True)
+    mine = base / tmp_name(name, os.getpid(), uuid.uuid4().hex[:8])
+    for orphan in sorted(base.glob(f"*{TMP_MARK}*"), key=lambda p: p.stat().st_mtime, reverse=True):
+        owner = tmp_owner(orphan.name)
+        if owner is None or pid_alive(owner):
+            continue
+        try:
+            if orphan.name.startswith(name + TMP_MARK) and not mine.exists():
+                os.rename(orphan, mine)  # resume: rename is atomic, so two resumers cannot both adopt it
+            else:
+                shutil.rmtree(orphan)
+        except FileNotFoundError:
+            pass  # another process adopted or removed it first
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
+def cache_store(root: Store | Path | str | None = None) -> Store:
+    """The cache `--cache` names, else $GR00T_CACHE (a folder or an object-store URL), else the project's folder."""
+    return open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
+
+
+def build_root(store: Store) -> Path:
+    """Where entries are built: in the cache itself when it can publish by rename, else in the local cache (and
+    pushed from there, manifest last)."""
+    return store.root if isinstance(store, LocalStore) else cache_root(None)
+
+
+def entry_at(path: Path) -> Entry:
+    """The published entry in a local folder `<root>/entries/<name>`."""
+    return open_entry(LocalStore(path.parent.parent), path.name)
+
+
