@@ -193,7 +193,7 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
             attrs = {name: doc["attributes"] for name, doc in arrays.items()}
-            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp, attrs, prep.hashed)
+            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp=tmp, array_attrs=attrs, hashed=prep.hashed)
         done = _still_staged(tmp, plan, slots, reused.records)
         read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}

@@ -83,7 +83,7 @@ def _tensor_hashes(ck: Checkpoint, entries: list[Entry], shard_sha: dict[str, st
     return hashes
 
 
-def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str],
+def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str], *,
                tmp: Path, array_attrs: dict[str, dict], hashed: Mapping[str, VerifiedShard] | None = None) -> Reuse:
     """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
     reuse = Reuse()
