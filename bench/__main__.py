@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from bench.children import CHILDREN
+from tasks.errors import PipelineError
 from bench.report import run_all, run_finetune, run_handoff, run_port, run_versions, run_zarr
 
 
@@ -18,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--scale", choices=("tiny", "full"), default="full")
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
+    p.add_argument("--port-tree", "--tt-metal", dest="port_tree", type=Path, help="the tt-metal tree whose GR00T N1.6 port the handoff rows run "
+                                                  "(default: the pinned copy, ../shared/consumers/tt-metal)")
     p.add_argument("--only", choices=("port", "generic", "zarr", "handoff", "versions", "finetune"),
                    help="port: only the tt-n16 rows against the port's own path (bench/port-results.*); "
                         "generic: only the generic-layout rows (bench/results.*); "
@@ -39,6 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
         return 0
+    try:
+        return _run(a)
+    except PipelineError as e:  # a --port-tree without the port, say: one sentence, as the CLI says it
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace) -> int:
     if a.only == "port":
         return run_port(a.scale, a.runs, a.cold)
     if a.only == "generic":
@@ -46,12 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.only == "zarr":
         return run_zarr(a.scale, a.runs)
     if a.only == "handoff":
-        return run_handoff(a.scale, a.runs, a.cold)
+        return run_handoff(a.scale, a.runs, a.cold, a.port_tree)
     if a.only == "versions":
         return run_versions(a.scale, a.runs, a.cold)
     if a.only == "finetune":
         return run_finetune(a.scale, a.runs, a.cold)
-    return (run_all(a.scale, a.runs, a.cold) or run_port(a.scale, a.runs, a.cold) or run_handoff(a.scale, a.runs, a.cold)
+    return (run_all(a.scale, a.runs, a.cold) or run_port(a.scale, a.runs, a.cold) or run_handoff(a.scale, a.runs, a.cold, a.port_tree)
             or run_versions(a.scale, a.runs, a.cold) or run_finetune(a.scale, a.runs, a.cold))
 
 

@@ -332,36 +332,37 @@ def _handoff_report(raw: dict[str, list], context: dict, out: Path) -> list[str]
     return lines
 
 
-def run_handoff(scale: str, runs: int, cold: bool) -> int:
+def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None) -> int:
     """The port's model from our cache against the port's own start-up (weight loader + constructors, host),
     full-size synthetic N1.6, every slot, fresh processes, each contender's inputs read right before it; then ours
-    on the simulated device (figures only). Writes bench/handoff-results.{json,md}."""
+    on the simulated device (figures only). `port_tree`: the tt-metal tree holding the port (default: the pinned
+    copy, bench/children.py PORT_TREE). Writes bench/handoff-results.{json,md}."""
+    from bench.children import PORT_TREE
     from pipeline.convert import ConvertOptions, convert
     from pipeline.port_n16 import PortCode, check_port
 
+    code = PortCode.find(port_tree or PORT_TREE)  # a tree without the port: one sentence, before anything runs
     hf, snapshot = _synthetic_snapshot(scale)
     cache = DATA / f"cache-{scale}-handoff"
     convert(ConvertOptions(VERSION, profile="port", embodiments="all", hf_cache=hf, synthetic=scale, cache_root=cache, progress=False))
-    from bench.children import PORT_TREE
-
-    check_port(PortCode.find(PORT_TREE), store_root=cache)  # the one-time self-check, outside the timing
+    check_port(code, store_root=cache)  # the one-time self-check, outside the timing
     shards = [p.resolve() for p in snapshot.iterdir()]
     raw: dict[str, list] = {"port_startup": [], "handoff": [], "handoff_simulated": []}
     t_start = time.time()
     print(f"bench handoff: {VERSION} {scale}, {runs} runs", flush=True)
     for _ in range(runs):
         _warm(*shards)
-        raw["port_startup"].append(run_child("port_startup", {"snapshot": str(snapshot)}, cold))
+        raw["port_startup"].append(run_child("port_startup", {"snapshot": str(snapshot), "tt_metal": str(code.root)}, cold))
         _warm(cache)
-        raw["handoff"].append(run_child("handoff", {"cache": str(cache)}, cold))
+        raw["handoff"].append(run_child("handoff", {"cache": str(cache), "tt_metal": str(code.root)}, cold))
         print(f"  run done: port {raw['port_startup'][-1]['seconds']:.1f} s, ours {raw['handoff'][-1]['seconds']:.2f} s",
               flush=True)
     _warm(cache)
-    raw["handoff_simulated"].append(run_child("handoff", {"cache": str(cache), "simulated": True}, cold))
+    raw["handoff_simulated"].append(run_child("handoff", {"cache": str(cache), "simulated": True, "tt_metal": str(code.root)}, cold))
     context = {"version": VERSION, "scale": scale, "runs": runs, "slots": "all 32",
                "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
-               "cores": os.cpu_count(), "port": str(PORT_TREE),
+               "cores": os.cpu_count(), "port": f"{code.root} (revision {code.revision})",
                "imports": "'wall in child' starts after imports (ttnn, torch, the port's modules, diffusers); "
                           "'wall of process' and CPU include them"}
     lines = _handoff_report(raw, context, _out(scale))

@@ -299,3 +299,14 @@ def test_bench_cold_is_refused_where_the_page_cache_cannot_be_dropped(tmp_path, 
     assert bench_main.main(["--cold", "--only", "finetune", "--runs", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"--cold needs to write {tmp_path}") and len(err.splitlines()) == 1
+
+
+def test_bench_port_tree_without_the_port_is_one_sentence_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """`--port-tree` picks the port the handoff rows run; a tree without it is said at once, nothing converted."""
+    import bench.__main__ as bench_main
+    from bench import report
+
+    monkeypatch.setattr(report, "_synthetic_snapshot", lambda *a: pytest.fail("the bench went on"))
+    assert bench_main.main(["--only", "handoff", "--port-tree", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path}: no GR00T N1.6 port there") and len(err.splitlines()) == 1
