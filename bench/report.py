@@ -32,7 +32,7 @@ def _times(runs: list[dict]) -> str:
             f"{median(runs, 'sys_seconds'):.2f} s")
 
 
-def _metric(rows: list, name: str, ours: float, base: float | None, goal: str, holds: bool, unit: str = "s",
+def _metric(rows: list, name: str, ours: float, base: float | None, goal: str, holds: bool, *, unit: str = "s",
             note: str = "") -> None:
     ratio = ours / base if base else ours
     rows.append({"metric": name, "ours": round(ours, 4), "baseline": None if base is None else round(base, 4),
@@ -73,7 +73,7 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     _metric(rows, "convert bf16 / read+write raw", median(conv), median(raw["raw_copy"]), "<= 1.3",
             median(conv) <= 1.3 * median(raw["raw_copy"]), note="both sync to disk at the end")
     peak = median(conv, "peak_rss_bytes")
-    _metric(rows, "peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, "GB")
+    _metric(rows, "peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, unit="GB")
 
     entry = resolve_ref(LocalStore(caches["bf16"]), VERSION, "generic", "bf16").path
     raw["load"], raw["raw_read"], raw["cat"], raw["naive"] = [], [], [], []
@@ -88,7 +88,7 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
         raw["naive"].append(run_child("naive", {"version": VERSION, "snapshot": str(snapshot)}, cold))
     gbps = {k: median(raw[k], "bytes") / median(raw[k]) / 1e9 for k in ("raw_read", "cat")}
     _metric(rows, "raw readinto GB/s / cat GB/s (is the baseline starved?)", gbps["raw_read"], gbps["cat"], ">= 0.5",
-            gbps["raw_read"] >= 0.5 * gbps["cat"], "GB/s", note=f"cat {gbps['cat']:.2f} GB/s")
+            gbps["raw_read"] >= 0.5 * gbps["cat"], unit="GB/s", note=f"cat {gbps['cat']:.2f} GB/s")
     _metric(rows, "full reload to host / raw readinto", median(raw["load"]), median(raw["raw_read"]), "<= 1.2",
             median(raw["load"]) <= 1.2 * median(raw["raw_read"]), note="same files, buffers kept")
     _metric(rows, "full reload / naive load_file+transform+from_torch", median(raw["load"]), median(raw["naive"]),
@@ -99,7 +99,7 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
     bank = sum(c.nbytes for a in arrays.values() if a.bank for c in a.chunks.values())
     rest = sum(c.nbytes for a in arrays.values() if not a.bank for c in a.chunks.values())
     share = (one["bytes"] - rest) / bank
-    _metric(rows, "one-embodiment bank bytes read / bank bytes", share, None, "<= 1/32 + 1%", share <= 1 / 32 + 0.01, "")
+    _metric(rows, "one-embodiment bank bytes read / bank bytes", share, None, "<= 1/32 + 1%", share <= 1 / 32 + 0.01, unit="")
 
     raw["dask_sync"], raw["plain_loop"], raw["dask_sync_tiny"], raw["plain_loop_tiny"] = [], [], [], []
     for _ in range(runs):
@@ -210,7 +210,7 @@ def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(P
                 o, b = median(raw[f"{plan}:{ours}"], measure), median(raw[f"{plan}:{base}"], measure)
                 _metric(rows, f"{plan}: {ours} / {base} ({label})", o, b, f"<= {goal}", o <= goal * b)
         peak = median(raw[f"{plan}:convert"], "peak_rss_bytes")
-        _metric(rows, f"{plan}: peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, "GB")
+        _metric(rows, f"{plan}: peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, unit="GB")
     context = {"version": VERSION, "scale": scale, "runs": runs, "layout": "tt-n16", "plans": list(plans),
                "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
@@ -314,7 +314,7 @@ def _handoff_report(raw: dict[str, list], context: dict, out: Path) -> list[str]
     tensor_bytes = median(raw["handoff"], "tensor_bytes")
     peak = median(raw["handoff"], "peak_rss_bytes")
     _metric(rows, "handoff peak RSS above its tensors' bytes (GB)", (peak - tensor_bytes) / 1e9, None, "<= 1 GB",
-            peak - tensor_bytes <= 1e9, "GB", f"peak {peak / 1e9:.2f} GB, tensors {tensor_bytes / 1e9:.2f} GB")
+            peak - tensor_bytes <= 1e9, unit="GB", note=f"peak {peak / 1e9:.2f} GB, tensors {tensor_bytes / 1e9:.2f} GB")
     (out / "handoff-results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
     lines = [f"Measured {context['date']} on {context['cores']} cores, {context['version']} {context['scale']} synthetic "
              f"checkpoint, all 32 slots, median of {context['runs']}; page cache {context['page_cache']}; "
