@@ -43,10 +43,11 @@ def _child_raw_copy(a: dict) -> dict:
 
 def _child_copy_changed(a: dict) -> dict:
     """The floor of a fine-tune's convert after its release: copy the files of its entry that it wrote itself (one
-    link: not shared with the release's entry) into a fresh folder, made durable as publish makes them (syncfs).
-    A convert that writes what changed cannot take less."""
-    import ctypes
+    link: not shared with the release's entry) into a fresh folder, made durable as publish makes them
+    (tasks/publish.py `fsync_tree`). A convert that writes what changed cannot take less."""
     import shutil
+
+    from tasks.publish import fsync_tree
 
     files = [p for p in sorted(Path(a["entry"]).rglob("*")) if p.is_file() and p.stat().st_nlink == 1]
     out_dir = Path(a["scratch"])
@@ -54,11 +55,7 @@ def _child_copy_changed(a: dict) -> dict:
     t0 = time.perf_counter()
     for i, f in enumerate(files):
         shutil.copyfile(f, out_dir / str(i))
-    fd = os.open(out_dir, os.O_RDONLY)
-    try:
-        ctypes.CDLL(None, use_errno=True).syncfs(fd)
-    finally:
-        os.close(fd)
+    fsync_tree(out_dir)
     seconds = time.perf_counter() - t0
     total = sum(f.stat().st_size for f in files)
     shutil.rmtree(out_dir)

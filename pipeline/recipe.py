@@ -28,6 +28,8 @@ RECIPES_PATH = CONFIG_DIR / "recipes.toml"
 def recipes_sha256() -> str:
     """The rules' identity: every entry, and every kept port verdict, is a function of them."""
     return hashlib.sha256(RECIPES_PATH.read_bytes()).hexdigest()
+
+
 @cache
 def recipes() -> dict:
     """configs/recipes.toml, with each layout that `extends` another completed from it (a port revision that
