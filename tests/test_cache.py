@@ -1,11 +1,11 @@
-"""The cache across processes: identity, crash-resume, concurrency, tamper detection, slot-only reloads."""
+"""The cache across processes: identity, concurrency, reuse, slot-only reloads, checks against a fresh conversion.
+(Selection, leases and gc have contract suites of their own: test_selection.py, test_leases.py,
+test_housekeeping.py; kill -9 and damaged entries are in test_reliability.py.)"""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +21,6 @@ from pipeline.cache import entries_dir
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks.errors import CacheError
-from tasks.store import LocalStore
-from tests.progress import wait_until_staged
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,22 +67,6 @@ def _convert_cmd(hf_cache: Path, root: Path, *extra: str) -> list[str]:
             "--cache", str(root), "--json", *extra]
 
 
-def test_kill_9_then_resume_gives_the_bytes_of_an_uninterrupted_run(hf_cache, tmp_path):
-    clean = convert(_opts("n16", tmp_path / "clean", hf_cache=hf_cache, synthetic="tiny"))
-    root = tmp_path / "killed"
-    proc = subprocess.Popen(_convert_cmd(hf_cache, root, "--scheduler", "sync"), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    staged = wait_until_staged(proc, root, 300, poll=0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert staged >= 300, "the run finished before it could be killed"
-    assert not [p for p in entries_dir(root).iterdir() if ".tmp-" not in p.name]  # nothing published
-    resumed = convert(_opts("n16", root, hf_cache=hf_cache, synthetic="tiny"))
-    assert resumed["resumed_chunks"] >= 300 and not resumed["cache_hit"]
-    assert _chunks(Path(resumed["cache_path"])) == _chunks(Path(clean["cache_path"]))
-    assert [p.name for p in entries_dir(root).iterdir()] == [Path(resumed["cache_path"]).name]  # orphan adopted
-
-
 def test_concurrent_converts_publish_one_entry_and_all_succeed(hf_cache, tmp_path):
     procs = [subprocess.Popen(_convert_cmd(hf_cache, tmp_path), cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
@@ -100,43 +82,6 @@ def test_concurrent_converts_publish_one_entry_and_all_succeed(hf_cache, tmp_pat
 def n17_cache(hf_cache, tmp_path) -> tuple[Path, Path]:
     summary = convert(_opts("n17", tmp_path / "cache", hf_cache=hf_cache, synthetic="tiny"))
     return tmp_path / "cache", Path(summary["cache_path"])
-
-
-def test_tampered_chunk_is_refused_by_verify_and_load(n17_cache):
-    root, entry = n17_cache
-    chunk = entry / "language.layers.3.mlp.up_proj.weight" / "c.0.0"
-    data = bytearray(chunk.read_bytes())
-    data[10] ^= 0x40
-    chunk.write_bytes(bytes(data))
-    problems = cache_mod.entry_at(entry).verify()
-    assert problems == [f"{chunk}: chunk bytes do not match the manifest checksum (tampered or corrupt)"]
-    with pytest.raises(CacheError) as err:
-        load("n17", root)
-    assert str(err.value).startswith(f"{entry / 'language.layers.3.mlp.up_proj.weight'}: chunk all does not match its manifest checksum")
-
-
-def test_missing_chunk_and_missing_or_corrupt_manifest_are_refused(n17_cache):
-    root, entry = n17_cache
-    chunk = entry / "action_encoder.W2.W" / "c.10.0.0"
-    chunk.unlink()
-    with pytest.raises(CacheError, match="chunk is missing from the cache entry"):
-        load("n17", root, embodiment="new_embodiment")
-    load("n17", root, embodiment=3)  # other slots are unaffected
-    (entry / "MANIFEST.json").write_text("{not json")
-    with pytest.raises(CacheError, match="manifest is not valid JSON"):
-        load("n17", root)
-    (entry / "MANIFEST.json").unlink()
-    with pytest.raises(CacheError, match="no MANIFEST.json; the entry was never completely published"):
-        load("n17", root)
-
-
-def test_manifest_of_another_source_is_refused(n17_cache):
-    root, entry = n17_cache
-    manifest = json.loads((entry / "MANIFEST.json").read_text())
-    manifest["fingerprint"] = "0" * 64
-    (entry / "MANIFEST.json").write_text(json.dumps(manifest))
-    with pytest.raises(CacheError, match="does not match the entry name"):
-        load("n17", root)
 
 
 def test_one_embodiment_reads_only_its_slot_chunks(n17_cache, snapshots):
@@ -181,19 +126,6 @@ def test_check_against_cache_catches_a_doctored_entry(n17_cache, hf_cache):
     (entry / "MANIFEST.json").write_text(json.dumps(manifest))
     with pytest.raises(CacheError, match="differs from a fresh conversion in 1 array"):
         convert(_opts("n17", root, hf_cache=hf_cache, synthetic="tiny", check_against_cache=True))
-
-
-def test_gc_removes_orphans_of_dead_processes_and_broken_entries(n17_cache):
-    root, entry = n17_cache
-    orphan = entries_dir(root) / f"{entry.name}.tmp-999999999-deadbeef"
-    orphan.mkdir()
-    broken = entries_dir(root) / "n17-bf16-00000000000000000000"
-    broken.mkdir()
-    removed = {r["entry"]: r["reason"] for r in cache_mod.collect_garbage(LocalStore(root))}
-    assert removed == {orphan.name: "temporary of a dead process", broken.name: "no valid manifest"}
-    assert entry.exists()
-    assert cache_mod.collect_garbage(LocalStore(root), max_bytes=0) == []  # a ref points to it: in use
-    assert [r["entry"] for r in cache_mod.collect_garbage(LocalStore(root), max_bytes=0, include_current=True)] == [entry.name]
 
 
 def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tmp_path):
@@ -330,29 +262,3 @@ def test_a_damaged_device_file_is_refused_on_reload(hf_cache, tmp_path, damage):
         load("n16", tmp_path, embodiment="gr1", profile="port", layout="tt-n16", into="ttnn")
 
 
-def test_a_ref_naming_a_broken_entry_is_said_and_never_stepped_over(hf_cache, tmp_path):
-    """The last conversion's entry lost its manifest: load says so, rather than opening an older entry that also
-    holds the slot (which would hand out weights of another conversion without a word)."""
-    older = convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1,new_embodiment"))
-    newest = convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
-    assert load("n16", tmp_path, "new_embodiment").entry == Path(older["cache_path"]).name  # not in the newest: found
-    (Path(newest["cache_path"]) / "MANIFEST.json").unlink()
-    with pytest.raises(CacheError, match=f"{Path(newest['cache_path']).name}: no MANIFEST.json"):
-        load("n16", tmp_path, "gr1")
-
-
-def test_gc_max_bytes_keeps_going_past_an_entry_a_live_reader_keeps(hf_cache, tmp_path):
-    """The oldest entry is being read, so gc keeps it; the cache is still over the limit, so the next oldest goes
-    (its bytes, not the kept one's, count toward the limit)."""
-    from tasks.entry import list_entries
-
-    names = [Path(convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments=str(slot),
-                                reuse=False))["cache_path"]).name for slot in (0, 1, 2)]
-    store = LocalStore(tmp_path)
-    rows = {r["entry"]: r for r in cache_mod.entry_rows(store)}
-    limit = sum(r["unique_bytes"] for r in rows.values()) - rows[names[0]]["unique_bytes"] // 2  # one must go
-    with cache_mod.reading(store, names[0]):
-        result = cache_mod.collect_garbage(store, max_bytes=limit, include_current=True)
-    assert [r["entry"] for r in result if r.get("kept")] == [names[0]]
-    assert [r["entry"] for r in result if not r.get("kept")] == [names[1]]
-    assert sorted(n for n, _, state in list_entries(store) if state == "published") == sorted([names[0], names[2]])

@@ -1,5 +1,5 @@
-"""The entry-format contract (tasks/entry.py), without a convert: an entry written here by hand, as cache/README.md
-describes it, is read, verified and refused exactly as the document says; the typed records round-trip the JSON."""
+"""The entry-format contract (tasks/entry.py), without a convert: an entry written by hand (tests/handmade.py), as
+cache/README.md describes it, is read, verified and refused exactly as the document says; the typed records round-trip the JSON."""
 
 from __future__ import annotations
 
@@ -8,54 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import xxhash
 
 from tasks import entry as fmt
 from tasks import refs as refs_mod
 from tasks.errors import CacheError
 from tasks.store import LocalStore
-
-NAME = "n16-tt-n16-port-" + "ab" * 10
-FINGERPRINT = "ab" * 10 + "0" * 44
-
-
-def _xxh3(data: bytes) -> str:
-    return xxhash.xxh3_64_hexdigest(data)
-
-
-def _write_entry(root: Path, name: str = NAME, **overrides) -> dict:
-    """A two-array entry as cache/README.md lays it out: a whole target `t` [2, 3] and a bank `b` [32, 2, 2] holding
-    slots 4 and 7, each chunk raw little-endian uint16; `t` also keeps a device file. Returns the manifest."""
-    entry = root / "entries" / name
-    whole = np.arange(6, dtype="<u2").reshape(2, 3)
-    slots = {s: np.full((1, 2, 2), 100 + s, dtype="<u2") for s in (4, 7)}
-    (entry / "t").mkdir(parents=True)
-    (entry / "t" / "c.0.0").write_bytes(whole.tobytes())
-    (entry / "b").mkdir()
-    for s, data in slots.items():
-        (entry / "b" / f"c.{s}.0.0").write_bytes(data.tobytes())
-    (entry / "tensorbin").mkdir()
-    (entry / "tensorbin" / "t.tensorbin").write_bytes(b"device bytes")
-
-    def attrs(logical, bank):
-        return {"logical_shape": logical, "embodiment_bank": bank, "device_dtype": "bfloat16", "device_layout": "TILE",
-                "host_only": False, "sources": ["k"], "transform": "identity", "dtype": "bfloat16"}
-    manifest = {
-        "fingerprint": FINGERPRINT, "cache_format": fmt.CACHE_FORMAT, "converter": "1", "version": "n16",
-        "revision": None, "synthetic": None, "layout": "tt-n16", "profile": "port", "shards": {"s": "0" * 64},
-        "recipes_sha256": "0" * 64, "slots": [4, 7], "source": {}, "source_shapes": {"k": [2, 3]},
-        "published_unix": 1.0,
-        "arrays": {
-            "t": {"shape": [2, 3], "chunk_shape": [2, 3], "attributes": attrs([2, 3], False), "source_xxh3": {"k": "1"},
-                  "content_id": "c", "chunks": {"all": {"nbytes": 12, "xxh3": _xxh3(whole.tobytes()), "max_abs_err": 0.0,
-                                                        "pcc": 1.0, "tensorbin": {"nbytes": 12, "xxh3": _xxh3(b"device bytes")}}}},
-            "b": {"shape": [32, 2, 2], "chunk_shape": [1, 2, 2], "attributes": attrs([2, 2], True),
-                  "source_xxh3": {"k": "1"}, "content_id": "d",
-                  "chunks": {str(s): {"nbytes": 8, "xxh3": _xxh3(d.tobytes()), "max_abs_err": 0.0, "pcc": 1.0}
-                             for s, d in slots.items()}}},
-        "bytes": 28, "chunks": 3, **overrides}
-    (entry / "MANIFEST.json").write_text(json.dumps(manifest))
-    return manifest
+from tests.handmade import NAME, write_entry as _write_entry
 
 
 def test_the_manifest_records_round_trip_the_documented_json(tmp_path):

@@ -29,6 +29,7 @@ from tasks.checkpoint import INDEX_NAME
 from tasks.entry import list_entries
 from tasks.errors import CheckpointError, PipelineError
 from tasks.store import LocalStore
+from tests.progress import wait_until_staged
 
 ROOT = Path(__file__).resolve().parent.parent
 S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
@@ -213,6 +214,9 @@ def test_bad_cache_entry(published, tmp_path, capsys, case, damage, expected):
     rc = main(["load", "--version", "n16", "--cache", str(tmp_path), "--embodiment", "gr1", "--json"])
     err = capsys.readouterr().err
     assert rc == 2 and expected in err and str(published) in err and err.count("\n") == 1, err
+    if "chunk" in case:  # and `cache verify` names the very file
+        problems = cache_mod.entry_at(published).verify()
+        assert len(problems) == 1 and problems[0].startswith(f"{_chunk(published)}: chunk "), problems
     TABLE.append((case, err.strip()[len("error: "):].replace(str(tmp_path), "<cache>")))
 
 
@@ -222,7 +226,7 @@ def _entry_chunks(entry: Path) -> dict[str, bytes]:
     return {str(p.relative_to(entry)): p.read_bytes() for p in sorted(entry.rglob("c.*")) if p.is_file()}
 
 
-def test_kill_9_at_ten_seeded_points_never_publishes_and_resumes_exactly(hf_cache, tmp_path):
+def test_kill_9_at_ten_seeded_points_and_mid_staging_never_publishes_and_resumes_exactly(hf_cache, tmp_path):
     clean = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path / "clean", progress=False))
     root = tmp_path / "killed"
     cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny",
@@ -243,6 +247,17 @@ def test_kill_9_at_ten_seeded_points_never_publishes_and_resumes_exactly(hf_cach
             assert cache_mod.entry_at(entry).verify() == []
     final = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=root, progress=False))
     assert _entry_chunks(Path(final["cache_path"])) == _entry_chunks(Path(clean["cache_path"]))
+    # and once for certain mid-staging (a seeded point may fall after the publish): the next run takes the work up
+    root = tmp_path / "killed-mid-staging"
+    proc = subprocess.Popen([*cmd[:cmd.index("--cache") + 1], str(root), *cmd[cmd.index("--cache") + 2:]], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    staged = wait_until_staged(proc, root, 300, poll=0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert staged >= 300, "the run finished before it could be killed"
+    resumed = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=root, progress=False))
+    assert resumed["resumed_chunks"] >= 300 and _entry_chunks(Path(resumed["cache_path"])) == _entry_chunks(Path(clean["cache_path"]))
+    assert [p.name for p in cache_mod.entries_dir(root).iterdir()] == [Path(resumed["cache_path"]).name]  # adopted
 
 
 def test_disk_full_is_a_clean_error(hf_cache, tmp_path, capsys):

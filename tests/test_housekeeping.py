@@ -1,0 +1,146 @@
+"""The contract of `cache ls`, `cache gc` and `cache rm` (pipeline/cache/housekeeping.py), without a convert: each
+case writes its entries and refs by hand (tests/handmade.py), runs one policy, and checks the folder afterwards.
+
+The promises: nothing a ref points to goes by age or size unless asked; an unreadable ref protects every entry it
+could name and is never deleted; corrupt, broken, old-format entries and dead processes' temporaries go whatever
+their age; a dry run removes nothing; an entry's own bytes are what removing it frees; a live reader keeps its
+entry, and gc then goes on to the next one until the cache fits."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pipeline.cache import collect_garbage, entry_rows, reading, remove_entry
+from tasks.errors import CacheError
+from tasks.store import LocalStore
+from tests.handmade import entry_of, file_bytes, holding, ref_to
+
+
+def _names(root) -> list[str]:
+    return sorted(p.name for p in (root / "entries").iterdir())
+
+
+def _removed(result: list[dict]) -> dict[str, str]:
+    return {r["entry"]: r["reason"] for r in result if not r.get("kept")}
+
+
+@pytest.fixture
+def old_and_current(tmp_path):
+    """Two sound n16 entries: `old` (published 10 days ago) and `current` (now), which the ref names."""
+    old = entry_of(tmp_path, "old", age_days=10)
+    current = entry_of(tmp_path, "current")
+    ref_to(tmp_path, current)
+    return tmp_path, old, current
+
+
+def test_age_and_size_never_remove_what_a_ref_points_to_unless_asked(old_and_current):
+    root, old, current = old_and_current
+    store = LocalStore(root)
+    assert _removed(collect_garbage(store, older_than_days=20)) == {}  # neither is that old
+    assert _removed(collect_garbage(store, older_than_days=0, max_bytes=0)) == {old: "older than 0 days"}
+    assert _names(root) == [current] and (root / "refs" / f"{current.rsplit('-', 1)[0]}.json").is_file()
+    assert _removed(collect_garbage(store, max_bytes=10**9, include_current=True)) == {}  # it fits
+    assert _removed(collect_garbage(store, max_bytes=0, include_current=True)) == {current: "cache over 0 bytes"}
+    assert _names(root) == [] and list((root / "refs").iterdir()) == []  # its ref went with it
+
+
+def test_a_dry_run_removes_nothing(old_and_current):
+    root, old, current = old_and_current
+    store = LocalStore(root)
+    before = _names(root), sorted(p.name for p in (root / "refs").iterdir())
+    assert _removed(collect_garbage(store, older_than_days=0, include_current=True, dry_run=True)) == {
+        old: "older than 0 days", current: "older than 0 days"}
+    assert remove_entry(store, current, include_current=True, dry_run=True)["refs"] == [current.rsplit("-", 1)[0]]
+    assert (_names(root), sorted(p.name for p in (root / "refs").iterdir())) == before
+
+
+def test_rm_refuses_the_current_entry_and_an_unknown_name_lists_what_there_is(old_and_current):
+    root, old, current = old_and_current
+    store = LocalStore(root)
+    with pytest.raises(CacheError, match=f"refs/{current.rsplit('-', 1)[0]} point to this entry .*--include-current"):
+        remove_entry(store, current)
+    with pytest.raises(CacheError, match=f"nothere: no such entry in cache {root} \\(entries: {', '.join(sorted([old, current]))}\\)"):
+        remove_entry(store, "nothere")
+    with pytest.raises(CacheError, match="nothere: no such entry"):  # `cache verify nothere`
+        entry_rows(store, only="nothere", verify=True)
+    assert remove_entry(store, old)["entry"] == old and _names(root) == [current]
+    assert remove_entry(store, current, include_current=True)["refs"] == [current.rsplit("-", 1)[0]]
+    assert _names(root) == [] and list((root / "refs").iterdir()) == []
+
+
+def test_an_unreadable_ref_keeps_every_entry_it_could_name(old_and_current):
+    """A torn or hand-edited ref might name either entry of its kind: gc keeps both, rm asks for --include-current,
+    and the ref itself is never deleted or rewritten."""
+    root, old, current = old_and_current
+    ref = root / "refs" / f"{current.rsplit('-', 1)[0]}.json"
+    ref.write_text('{"entry": "n16-tt-n')
+    other_kind = entry_of(root, "generic", layout="generic", age_days=10)  # not of the ref's kind: unprotected
+    store = LocalStore(root)
+    assert {r["entry"]: r["refs"] for r in entry_rows(store)}[old] == ["n16-tt-n16-port (unreadable)"]
+    assert _removed(collect_garbage(store, older_than_days=0)) == {other_kind: "older than 0 days"}
+    with pytest.raises(CacheError, match="n16-tt-n16-port \\(unreadable\\) point to this entry"):
+        remove_entry(store, old)
+    assert remove_entry(store, old, include_current=True)["refs"] == []
+    assert ref.read_text() == '{"entry": "n16-tt-n' and _names(root) == [current]
+
+
+def test_corrupt_broken_old_format_and_dead_temporaries_go_whatever_their_age(old_and_current):
+    root, old, current = old_and_current
+    (root / "entries" / current / "b" / "c.4.0.0").write_bytes(b"\xff" * 8)  # corrupt: the ref goes with it
+    broken = root / "entries" / ("n16-tt-n16-port-" + "12" * 10)
+    broken.mkdir()  # a final name without a manifest
+    old_format = entry_of(root, "format 2", cache_format=2)
+    dead = root / "entries" / f"{old}.tmp-999999999-deadbeef"  # no such process
+    live = root / "entries" / f"{old}.tmp-{os.getpid()}-cafebabe"
+    dead.mkdir(), live.mkdir()
+    removed = _removed(collect_garbage(LocalStore(root)))
+    assert removed == {current: f"corrupt: {root}/entries/{current}/b/c.4.0.0: chunk bytes do not match the manifest "
+                                "checksum (tampered or corrupt)",
+                       broken.name: "no valid manifest", dead.name: "temporary of a dead process",
+                       old_format: "cache format 2, which this converter does not read"}
+    assert _names(root) == sorted([old, live.name]) and list((root / "refs").iterdir()) == []
+
+
+def test_own_bytes_are_what_removing_frees_whatever_the_order(tmp_path):
+    first = entry_of(tmp_path, "first", slots=(4,))
+    second = entry_of(tmp_path, "second", slots=(4, 7), link_from=first)  # shares all but slot 7 by hard link
+    store = LocalStore(tmp_path)
+    totals: dict = {}
+    rows = {r["entry"]: r for r in entry_rows(store, totals=totals)}
+    assert totals["disk_bytes"] == file_bytes(tmp_path / "entries")
+    assert 0 < rows[second]["unique_bytes"] < rows[second]["bytes"]
+    before = file_bytes(tmp_path / "entries")
+    freed = remove_entry(store, second, include_current=True)["freed_bytes"]
+    assert before - file_bytes(tmp_path / "entries") == rows[second]["unique_bytes"] == freed
+    assert entry_rows(store)[0]["unique_bytes"] == rows[first]["bytes"]  # alone now: all of it its own
+
+
+def test_a_live_reader_keeps_its_entry_from_gc_and_rm(old_and_current):
+    root, old, current = old_and_current
+    store = LocalStore(root)
+    holder = holding(root, old)
+    try:
+        result = {r["entry"]: r for r in collect_garbage(store, older_than_days=0, include_current=True)}
+        assert result[old]["kept"] and f"being read by process {holder.pid}" in result[old]["reason"]
+        assert _names(root) == [old]  # the other one, unread, went
+        with pytest.raises(CacheError, match=f"being read by process {holder.pid}"):
+            remove_entry(store, old)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert remove_entry(store, old)["entry"] == old  # its lease went with the process
+
+
+def test_max_bytes_goes_on_past_an_entry_a_live_reader_keeps(tmp_path):
+    """The oldest entry is being read, so gc keeps it; the cache is still over the limit, so the next oldest goes
+    (its bytes, not the kept one's, count toward the limit)."""
+    names = [entry_of(tmp_path, f"e{i}", age_days=3 - i) for i in range(3)]
+    store = LocalStore(tmp_path)
+    own = {r["entry"]: r["unique_bytes"] for r in entry_rows(store)}
+    limit = sum(own.values()) - own[names[0]] // 2  # one entry must go
+    with reading(store, names[0]):
+        result = collect_garbage(store, max_bytes=limit, include_current=True)
+    assert [r["entry"] for r in result if r.get("kept")] == [names[0]]
+    assert list(_removed(result)) == [names[1]] and _names(tmp_path) == sorted([names[0], names[2]])
