@@ -32,9 +32,9 @@ demo: $(STAMP)
 	$(PY) -m pipeline demo
 
 # A simulated Wormhole for the device tests, built from ../shared/vendor's ttsim source when it is there
-# (tests/simulator); without it (and without TT_METAL_SIMULATOR) the device tests skip and say why.
+# (devkit/simulator); without it (and without TT_METAL_SIMULATOR) the device tests skip and say why.
 simulator: $(STAMP)
-	$(PY) -m tests.simulator build
+	$(PY) -m devkit.simulator build
 
 # One worker per core (pytest-xdist), each test file on one worker so its module fixtures are built once.
 test: $(STAMP) simulator

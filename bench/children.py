@@ -227,12 +227,12 @@ def _child_plain_loop(a: dict) -> dict:
 
 
 def _port_tensors(a: dict):
-    """The port's own load path (tests/port_oracle.py, written from its files): `load_file` every shard, then its
+    """The port's own load path (devkit/port_oracle.py, written from its files): `load_file` every shard, then its
     preprocessing of every weight, all 32 slots; yields (file name, tensor, dtype)."""
     from pipeline.recipe import build_plan
     from pipeline.state_dict import dims_of
     from pipeline.versions import load_config
-    from tests.port_oracle import hf_state, port_oracle
+    from devkit.port_oracle import hf_state, port_oracle
 
     state = hf_state(Path(a["snapshot"]))
     shapes = {k: tuple(v.shape) for k, v in state.items()}
@@ -383,7 +383,7 @@ def _child_handoff(a: dict) -> dict:
     """Ours: the port's model from the cache entry (pipeline/port_n16.build_model), on the host or the simulated
     device. Every tensor is read into memory (ttnn's load_tensor), as the port's are."""
     if a.get("simulated"):
-        from tests import simulator
+        from devkit import simulator
 
         assert simulator.use(os.environ), simulator.unavailable_reason()
     from tasks.device import configure_ttnn_env, device_present

@@ -16,7 +16,7 @@ from pipeline.snapshot import resolve_snapshot
 from pipeline.synth import synthesize
 from pipeline.versions import VERSIONS, load_config
 from tasks.device import configure_ttnn_env, device_present
-from tests import simulator
+from devkit import simulator
 
 # Where a simulated Wormhole can be had (built from ../shared/vendor, or TT_METAL_SIMULATOR), the whole session
 # runs against it: ttnn fixes its runtime at import, so one process cannot switch from the mock cluster later.

@@ -265,7 +265,7 @@ def test_the_readme_port_lines_run_as_written(attn, tmp_path):
     import subprocess
     import sys
 
-    from tests import simulator
+    from devkit import simulator
 
     root = Path(__file__).resolve().parent.parent
     block = re.search(r"```python port\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)

@@ -1,4 +1,4 @@
-"""Each version's default Tenstorrent layout against an oracle of tt-metal's GR00T N1.6 port (tests/port_oracle.py),
+"""Each version's default Tenstorrent layout against an oracle of tt-metal's GR00T N1.6 port (devkit/port_oracle.py),
 bit for bit: N1.6 takes the port's own tensors, N1.5 and N1.7 its conventions extended family by family.
 
 Every target must equal the oracle's tensor (bf16 values before packing, and the ttnn host tensor: dtype, layout,
@@ -29,7 +29,7 @@ from pipeline.snapshot import resolve_snapshot
 from pipeline.synth import synthesize
 from pipeline.versions import load_config
 from tasks.errors import ConfigError
-from tests.port_oracle import HOST, PREFIXES, hf_state, port_oracle
+from devkit.port_oracle import HOST, PREFIXES, hf_state, port_oracle
 
 DEFAULT_LAYOUT = {"n15": "tt-port", "n16": "tt-n16", "n17": "tt-port"}
 

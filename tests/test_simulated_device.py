@@ -1,4 +1,4 @@
-"""Uploads on a simulated Wormhole N150 (tests/simulator): what lands on the device, read back, is bit for bit the
+"""Uploads on a simulated Wormhole N150 (devkit/simulator): what lands on the device, read back, is bit for bit the
 host tensor the entry holds. The reference is ttnn itself: each readback is serialized by `ttnn.dump_tensor` and
 compared with the entry's `.tensorbin` file (dtype, layout, shape, padded shape and packed bytes in one file), or,
 for targets without one, with a host tensor ttnn builds from the source checkpoint read by safetensors."""

@@ -1,13 +1,13 @@
-"""`python -m tests.simulator build`: build what the simulated device needs (run by `make test`)."""
+"""`python -m devkit.simulator build`: build what the simulated device needs (run by `make test`)."""
 
 import os
 import sys
 from pathlib import Path
 
-from tests.simulator import CONFIGS, build, runtime_root, unavailable_reason
+from devkit.simulator import CONFIGS, build, runtime_root, unavailable_reason
 
 if sys.argv[1:] != ["build"]:
-    sys.exit("usage: python -m tests.simulator build")
+    sys.exit("usage: python -m devkit.simulator build")
 reason = unavailable_reason()
 if reason:
     print(f"simulator: not built ({reason}); the device tests will skip")

@@ -7,7 +7,7 @@ cluster descriptor, and a runtime root laid out like the ttnn wheel's package da
 firmware stand-in (`firmware_cc.py`): it hands tt-metal the wheel's pre-compiled firmware and refuses every
 real kernel, so uploads and readbacks run and anything that needs a kernel fails loudly.
 
-`python -m tests.simulator build` (run by `make test`) builds what is missing into `build/ttsim/` and says what it
+`python -m devkit.simulator build` (run by `make test`) builds what is missing into `build/ttsim/` and says what it
 did. `TT_METAL_SIMULATOR` set by the user wins over the built one.
 """
 
