@@ -215,9 +215,9 @@ def _child_plain_loop(a: dict) -> dict:
     verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
     staged = []
     for t, slot in work_units(plan.targets, slots):
-        arrays = [source.read_tensor(headers[ck.shard_of(k)], k) if slot is None
+        inputs = [source.read_tensor(headers[ck.shard_of(k)], k) if slot is None
                   else source.read_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
-        converted = convert_target(transforms.apply(t.transform, arrays, t.params), t, slot)
+        converted = convert_target(transforms.apply(t.transform, inputs, t.params), t, slot)
         staged.append(stage.stage_target(tmp, converted))
     publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident, arrays,
                           [publish.unit_done("all", staged, verified)], verified)

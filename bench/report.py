@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import time
 from pathlib import Path
 
 from bench.harness import BENCH, DATA, _warm, median, remove, run_child, settle
+from bench.tables import context, contender_table, metric, metric_table, write
 from pipeline.cache import entry_at, resolve_ref
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
+from tasks.errors import CheckpointError
 from tasks.store import LocalStore
 
 VERSION = "n16"  # the release whose layout is verified byte for byte
@@ -26,57 +27,69 @@ def _out(scale: str) -> Path:
     return out
 
 
-def _times(runs: list[dict]) -> str:
-    """The table cells every report shows, medians: wall in child | wall of process | CPU user | CPU sys."""
-    return (f"{median(runs):.2f} s | {median(runs, 'process_seconds'):.2f} s | {median(runs, 'user_seconds'):.2f} s | "
-            f"{median(runs, 'sys_seconds'):.2f} s")
+def _synthetic_snapshot(scale: str, version: str = VERSION) -> tuple[Path, Path]:
+    """The bench's synthetic checkpoint of `scale` (made once under bench/data/): its HF cache and snapshot folder."""
+    hf = DATA / f"hf-{scale}"
+    cfg = load_config(version)
+    try:
+        return hf, resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
+    except CheckpointError:  # what resolve_snapshot says of a stand-in not made yet
+        from pipeline.synth import synthesize
 
-
-def _metric(rows: list, name: str, ours: float, base: float | None, goal: str, holds: bool, *, unit: str = "s",
-            note: str = "") -> None:
-    ratio = ours / base if base else ours
-    rows.append({"metric": name, "ours": round(ours, 4), "baseline": None if base is None else round(base, 4),
-                 "ratio": round(ratio, 4), "goal": goal, "holds": bool(holds), "unit": unit, "note": note})
-    print(f"  {name}: {ratio:.3f} (goal {goal}) {'OK' if holds else 'MISSED'} {note}", flush=True)
+        print(f"synthesizing {version} ({scale}) into {hf} (once)", flush=True)
+        synthesize(version, hf, scale)
+    return hf, resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
 
 
 def run_all(scale: str, runs: int, cold: bool) -> int:
-    BENCH.mkdir(exist_ok=True)
-    hf, tiny_hf = DATA / f"hf-{scale}", DATA / "hf-tiny"
-    cfg = load_config(VERSION)
-    for root, sc in ((hf, scale), (tiny_hf, "tiny")):
-        try:
-            resolve_snapshot(cfg, hf_cache=root, synthetic=sc)
-        except Exception:
-            from pipeline.synth import synthesize
-
-            print(f"synthesizing {VERSION} ({sc}) into {root} (once)", flush=True)
-            synthesize(VERSION, root, sc)
-    snapshot = resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
+    """The generic layout's rows: convert against a raw copy and `ttnn.as_tensor`, reloads against raw reads and
+    the naive path, one embodiment's share of the bank bytes, Dask's overhead. Writes bench/results.{json,md,png}."""
+    started = time.time()
+    hf, snapshot = _synthetic_snapshot(scale)
+    tiny_hf, _ = _synthetic_snapshot("tiny")
     caches = {p: DATA / f"cache-{scale}-{p}" for p in ("bf16", "bfp8")}
-    scratch = DATA / "scratch"
     rows: list[dict] = []
     raw: dict[str, list] = {}
-    cores = os.cpu_count() or 1
-    t_start = time.time()
-
     print(f"bench: {VERSION} {scale}, {runs} runs each, page cache {'cold' if cold else 'warm'}", flush=True)
-    for profile in ("bf16", "bfp8"):
-        raw[f"convert_{profile}"] = []
-    raw["raw_copy"] = []
-    for _ in range(runs):  # contenders alternate run by run
-        for profile in ("bf16", "bfp8"):
-            raw[f"convert_{profile}"].append(run_child("convert", {"version": VERSION, "profile": profile, "hf": str(hf), "synthetic": scale,
-                                                                   "cache": str(caches[profile])}, cold, fresh=caches[profile]))
-        raw["raw_copy"].append(run_child("raw_copy", {"snapshot": str(snapshot), "scratch": str(scratch)}, cold))
-    conv = raw["convert_bf16"]
-    _metric(rows, "convert bf16 / read+write raw", median(conv), median(raw["raw_copy"]), "<= 1.3",
-            median(conv) <= 1.3 * median(raw["raw_copy"]), note="both sync to disk at the end")
-    peak = median(conv, "peak_rss_bytes")
-    _metric(rows, "peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, unit="GB")
+    _convert_rows(rows, raw, hf=hf, snapshot=snapshot, scale=scale, caches=caches, runs=runs, cold=cold)
+    _reload_rows(rows, raw, snapshot=snapshot, caches=caches, runs=runs, cold=cold)
+    _overhead_rows(rows, raw, sources=(("", hf, scale), ("_tiny", tiny_hf, "tiny")), runs=runs, scale=scale)
+    _as_tensor_rows(rows, raw, snapshot=snapshot, caches=caches, scale=scale, runs=runs, cold=cold)
+    ctx = context(only="generic", scale=scale, runs=runs, cold=cold, started=started, version=VERSION)
+    out = _out(scale)
+    write(out, "results", ctx=ctx, raw=raw, metrics=rows, what=f"{VERSION} {scale} synthetic checkpoint, generic layout",
+          tables=[metric_table(rows)])
+    _chart(rows, raw, out)
+    print(f"wrote {out / 'results.md'}, results.json, results.png", flush=True)
+    for scratch in (DATA / f"as_tensor-{scale}-bf16", DATA / f"as_tensor-{scale}-bfp8", DATA / "cache-overhead",
+                    DATA / "scratch"):  # ~20 GB at full scale
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
 
+
+def _convert_rows(rows: list, raw: dict, *, hf: Path, snapshot: Path, scale: str, caches: dict, runs: int,
+                  cold: bool) -> None:
+    """Convert (bf16, bfp8) against reading and writing the source's bytes raw, contenders alternating."""
+    raw.update(convert_bf16=[], convert_bfp8=[], raw_copy=[])
+    for _ in range(runs):
+        for profile in ("bf16", "bfp8"):
+            raw[f"convert_{profile}"].append(run_child("convert", {"version": VERSION, "profile": profile, "hf": str(hf),
+                                                                   "synthetic": scale, "cache": str(caches[profile])},
+                                                       cold, fresh=caches[profile]))
+        raw["raw_copy"].append(run_child("raw_copy", {"snapshot": str(snapshot), "scratch": str(DATA / "scratch")}, cold))
+    conv = median(raw["convert_bf16"])
+    metric(rows, "convert bf16 / read+write raw", conv, median(raw["raw_copy"]), "<= 1.3",
+           conv <= 1.3 * median(raw["raw_copy"]), note="both sync to disk at the end")
+    peak = median(raw["convert_bf16"], "peak_rss_bytes")
+    metric(rows, "peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, unit="GB")
+    wall, cpu, cores = median(raw["convert_bfp8"]), median(raw["convert_bfp8"], "cpu_seconds"), os.cpu_count() or 1
+    metric(rows, "bfp8 convert: wall / (CPU / cores)", wall, cpu / cores, "<= 1.15", wall <= 1.15 * cpu / cores)
+
+
+def _reload_rows(rows: list, raw: dict, *, snapshot: Path, caches: dict, runs: int, cold: bool) -> None:
+    """The full reload against raw reads of the same files and the naive path; one embodiment's share of the bank."""
     entry = resolve_ref(LocalStore(caches["bf16"]), VERSION, "generic", "bf16").path
-    raw["load"], raw["raw_read"], raw["cat"], raw["naive"] = [], [], [], []
+    raw.update(load=[], raw_read=[], cat=[], naive=[])
     for _ in range(runs):  # each contender's inputs read just before it, so all start equally warm
         _warm(entry)
         raw["load"].append(run_child("load", {"version": VERSION, "cache": str(caches["bf16"])}, cold))
@@ -87,98 +100,96 @@ def run_all(scale: str, runs: int, cold: bool) -> int:
         _warm(*snapshot.iterdir())
         raw["naive"].append(run_child("naive", {"version": VERSION, "snapshot": str(snapshot)}, cold))
     gbps = {k: median(raw[k], "bytes") / median(raw[k]) / 1e9 for k in ("raw_read", "cat")}
-    _metric(rows, "raw readinto GB/s / cat GB/s (is the baseline starved?)", gbps["raw_read"], gbps["cat"], ">= 0.5",
-            gbps["raw_read"] >= 0.5 * gbps["cat"], unit="GB/s", note=f"cat {gbps['cat']:.2f} GB/s")
-    _metric(rows, "full reload to host / raw readinto", median(raw["load"]), median(raw["raw_read"]), "<= 1.2",
-            median(raw["load"]) <= 1.2 * median(raw["raw_read"]), note="same files, buffers kept")
-    _metric(rows, "full reload / naive load_file+transform+from_torch", median(raw["load"]), median(raw["naive"]),
-            "<= 0.2", median(raw["load"]) <= 0.2 * median(raw["naive"]))
-
+    metric(rows, "raw readinto GB/s / cat GB/s (is the baseline starved?)", gbps["raw_read"], gbps["cat"], ">= 0.5",
+           gbps["raw_read"] >= 0.5 * gbps["cat"], unit="GB/s", note=f"cat {gbps['cat']:.2f} GB/s")
+    load = median(raw["load"])
+    metric(rows, "full reload to host / raw readinto", load, median(raw["raw_read"]), "<= 1.2",
+           load <= 1.2 * median(raw["raw_read"]), note="same files, buffers kept")
+    metric(rows, "full reload / naive load_file+transform+from_torch", load, median(raw["naive"]), "<= 0.2",
+           load <= 0.2 * median(raw["naive"]))
     one = run_child("load", {"version": VERSION, "cache": str(caches["bf16"]), "embodiment": "gr1"})
     arrays = entry_at(entry).manifest.arrays
     bank = sum(c.nbytes for a in arrays.values() if a.bank for c in a.chunks.values())
     rest = sum(c.nbytes for a in arrays.values() if not a.bank for c in a.chunks.values())
     share = (one["bytes"] - rest) / bank
-    _metric(rows, "one-embodiment bank bytes read / bank bytes", share, None, "<= 1/32 + 1%", share <= 1 / 32 + 0.01, unit="")
+    metric(rows, "one-embodiment bank bytes read / bank bytes", share, None, "<= 1/32 + 1%", share <= 1 / 32 + 0.01, unit="")
 
-    raw["dask_sync"], raw["plain_loop"], raw["dask_sync_tiny"], raw["plain_loop_tiny"] = [], [], [], []
+
+def _overhead_rows(rows: list, raw: dict, *, sources: tuple, runs: int, scale: str) -> None:
+    """The graph on Dask's synchronous scheduler against a plain loop over the same tasks, full and tiny."""
+    scratch = DATA / "cache-overhead"
     for _ in range(runs):
-        for suffix, source, sc in (("", hf, scale), ("_tiny", tiny_hf, "tiny")):
-            raw[f"dask_sync{suffix}"].append(run_child("convert", {"version": VERSION, "profile": "bf16", "hf": str(source), "synthetic": sc,
-                                                                   "cache": str(DATA / "cache-overhead"), "scheduler": "sync"},
-                                                        fresh=DATA / "cache-overhead"))
-            raw[f"plain_loop{suffix}"].append(run_child("plain_loop", {"version": VERSION, "hf": str(source), "synthetic": sc,
-                                                                       "cache": str(DATA / "cache-overhead")},
-                                                        fresh=DATA / "cache-overhead"))
-    _metric(rows, "Dask overhead: graph (sync, 1 thread) / plain loop", median(raw["dask_sync"]), median(raw["plain_loop"]),
-            "<= 1.1", median(raw["dask_sync"]) <= 1.1 * median(raw["plain_loop"]), note=f"{scale} n16")
-    _metric(rows, "Dask overhead on tiny n16 (5,800 tasks, no real work)", median(raw["dask_sync_tiny"]),
-            median(raw["plain_loop_tiny"]), "<= 1.1", median(raw["dask_sync_tiny"]) <= 1.1 * median(raw["plain_loop_tiny"]),
-            note="context: per-task cost")
+        for suffix, hf, sc in sources:
+            args = {"version": VERSION, "hf": str(hf), "synthetic": sc, "cache": str(scratch)}
+            raw.setdefault(f"dask_sync{suffix}", []).append(
+                run_child("convert", {**args, "profile": "bf16", "scheduler": "sync"}, fresh=scratch))
+            raw.setdefault(f"plain_loop{suffix}", []).append(run_child("plain_loop", args, fresh=scratch))
+    for suffix, name, note in (("", "Dask overhead: graph (sync, 1 thread) / plain loop", f"{scale} n16"),
+                               ("_tiny", "Dask overhead on tiny n16 (5,800 tasks, no real work)", "context: per-task cost")):
+        ours, base = median(raw[f"dask_sync{suffix}"]), median(raw[f"plain_loop{suffix}"])
+        metric(rows, name, ours, base, "<= 1.1", ours <= 1.1 * base, note=note)
 
-    bfp8 = raw["convert_bfp8"]
-    wall, cpu = median(bfp8), median(bfp8, "cpu_seconds")
-    _metric(rows, "bfp8 convert: wall / (CPU / cores)", wall, cpu / cores, "<= 1.15", wall <= 1.15 * cpu / cores)
 
-    ast = {p: DATA / f"as_tensor-{scale}-{p}" for p in ("bf16", "bfp8")}
-    for p in ("bf16", "bfp8"):
-        raw[f"as_tensor_first_{p}"] = []
-        raw[f"as_tensor_warm_{p}"] = []
-    raw["load_bfp8"] = []
+def _as_tensor_rows(rows: list, raw: dict, *, snapshot: Path, caches: dict, scale: str, runs: int, cold: bool) -> None:
+    """Convert and one-slot reload against tt-metal's `ttnn.as_tensor` cache, its first run and a warm one."""
     for _ in range(runs):
         for p in ("bf16", "bfp8"):
-            args = {"version": VERSION, "snapshot": str(snapshot), "cache_dir": str(ast[p]), "profile": p, "scale": scale}
-            raw[f"as_tensor_first_{p}"].append(run_child("as_tensor", {**args, "first": True}, cold, fresh=ast[p]))
-            raw[f"as_tensor_warm_{p}"].append(run_child("as_tensor", {**args, "first": False}, cold))
-        raw["load_bfp8"].append(run_child("load", {"version": VERSION, "cache": str(caches["bfp8"]), "profile": "bfp8",
-                                                   "embodiment": "gr1", "ttnn_host": True}, cold))
-    _metric(rows, "bfp8 reload (ttnn host, 1 slot) / as_tensor warm (all slots)", median(raw["load_bfp8"]),
-            median(raw["as_tensor_warm_bfp8"]), "<= 1.0", median(raw["load_bfp8"]) <= median(raw["as_tensor_warm_bfp8"]),
-            note="as_tensor has no slot selection")
+            ast = DATA / f"as_tensor-{scale}-{p}"
+            args = {"version": VERSION, "snapshot": str(snapshot), "cache_dir": str(ast), "profile": p, "scale": scale}
+            raw.setdefault(f"as_tensor_first_{p}", []).append(run_child("as_tensor", {**args, "first": True}, cold, fresh=ast))
+            raw.setdefault(f"as_tensor_warm_{p}", []).append(run_child("as_tensor", {**args, "first": False}, cold))
+        raw.setdefault("load_bfp8", []).append(run_child("load", {"version": VERSION, "cache": str(caches["bfp8"]),
+                                                                  "profile": "bfp8", "embodiment": "gr1",
+                                                                  "ttnn_host": True}, cold))
+    ours, base = median(raw["load_bfp8"]), median(raw["as_tensor_warm_bfp8"])
+    metric(rows, "bfp8 reload (ttnn host, 1 slot) / as_tensor warm (all slots)", ours, base, "<= 1.0", ours <= base,
+           note="as_tensor has no slot selection")
     for p in ("bf16", "bfp8"):
         ours, base = median(raw[f"convert_{p}"]), median(raw[f"as_tensor_first_{p}"])
-        _metric(rows, f"convert {p} / as_tensor first run", ours, base, "<= 0.5", ours <= 0.5 * base)
-
-    context = {"version": VERSION, "scale": scale, "runs": runs, "page_cache": "cold" if cold else "warm",
-               "cores": cores, "python": platform.python_version(), "machine": platform.machine(),
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
-               "imports": "not counted: every timing starts inside the child after its imports"}
-    out = _out(scale)
-    (out / "results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
-    _markdown(rows, context, out)
-    _chart(rows, raw, out)
-    print(f"wrote {out / 'results.md'}, results.json, results.png", flush=True)
-    for scratch in (*ast.values(), DATA / "cache-overhead", DATA / "scratch"):  # ~20 GB at full scale
-        shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+        metric(rows, f"convert {p} / as_tensor first run", ours, base, "<= 0.5", ours <= 0.5 * base)
 
 
 PLANS = {"port": 0.6, "bf16": 1.0, "bfp8": 0.6}  # dtype plan -> the goal for convert / the port's own path
-
-
-def _synthetic_snapshot(scale: str, version: str = VERSION) -> tuple[Path, Path]:
-    """The bench's synthetic checkpoint of `scale` (made once under bench/data/): its HF cache and snapshot folder."""
-    hf = DATA / f"hf-{scale}"
-    cfg = load_config(version)
-    try:
-        resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
-    except Exception:
-        from pipeline.synth import synthesize
-
-        synthesize(version, hf, scale)
-    return hf, resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
 
 
 def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(PLANS)) -> int:
     """The tt-n16 layout in each dtype plan (the port's mixed one, all-bfloat16, all-bfloat8_b) against the port's
     own path and `ttnn.as_tensor` in the same plan, all in fresh processes, inputs warmed right before each run,
     contenders alternating run by run. Writes bench/port-results.{json,md}."""
+    started = time.time()
+    print(f"bench port: {VERSION} {scale}, plans {', '.join(plans)}, {runs} runs each", flush=True)
+    raw = _port_runs(scale, runs, cold, plans)
+    rows: list[dict] = []
+    for plan in plans:
+        for ours, base, goal in (("convert", "port_path", PLANS[plan]), ("convert", "as_tensor_first", 0.5),
+                                 ("reload", "as_tensor_warm", 0.5)):
+            for measure, label in (("seconds", "wall in child"), ("process_seconds", "wall of process"),
+                                   ("cpu_seconds", "CPU user+sys")):
+                o, b = median(raw[f"{plan}:{ours}"], measure), median(raw[f"{plan}:{base}"], measure)
+                metric(rows, f"{plan}: {ours} / {base} ({label})", o, b, f"<= {goal}", o <= goal * b)
+        peak = median(raw[f"{plan}:convert"], "peak_rss_bytes")
+        metric(rows, f"{plan}: peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, unit="GB")
+    ctx = context(only="port", scale=scale, runs=runs, cold=cold, started=started, version=VERSION, layout="tt-n16",
+                  plans=list(plans))
+    out = _out(scale)
+    table = contender_table(raw, columns=("plan", "contender"), cells=lambda key: key.split(":"),
+                            extra={"minor faults": lambda r: f"{median(r, 'minor_faults'):,.0f}"})
+    write(out, "port-results", ctx=ctx, raw=raw, metrics=rows, what=f"{VERSION} {scale} synthetic checkpoint, tt-n16 layout",
+          tables=[table, metric_table(rows)])
+    print(f"wrote {out / 'port-results.md'}", flush=True)
+    for plan in plans:  # keep the port plan's entry (the zarr bench reads it); the rest is ~35 GB at full scale
+        shutil.rmtree(DATA / f"as_tensor-{scale}-tt-n16-{plan}", ignore_errors=True)
+        if plan != "port":
+            shutil.rmtree(DATA / f"cache-{scale}-tt-n16-{plan}", ignore_errors=True)
+    return 0
+
+
+def _port_runs(scale: str, runs: int, cold: bool, plans: tuple[str, ...]) -> dict[str, list]:
+    """Every contender of each plan, run by run, each one's inputs warmed right before it."""
     hf, snapshot = _synthetic_snapshot(scale)
     shards = [p.resolve() for p in snapshot.iterdir()]
     contenders = ("convert", "port_path", "as_tensor_first", "reload", "as_tensor_warm")
     raw: dict[str, list] = {f"{plan}:{c}": [] for plan in plans for c in contenders}
-    t_start = time.time()
-    print(f"bench port: {VERSION} {scale}, plans {', '.join(plans)}, {runs} runs each", flush=True)
     for _ in range(runs):
         for plan in plans:
             cache, ast = DATA / f"cache-{scale}-tt-n16-{plan}", DATA / f"as_tensor-{scale}-tt-n16-{plan}"
@@ -201,43 +212,7 @@ def run_port(scale: str, runs: int, cold: bool, plans: tuple[str, ...] = tuple(P
             raw[f"{plan}:as_tensor_warm"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": False}, cold))
             print(f"  {plan} run done: " + ", ".join(f"{c} {raw[f'{plan}:{c}'][-1]['seconds']:.1f} s" for c in contenders),
                   flush=True)
-    rows: list[dict] = []
-    for plan in plans:
-        for ours, base, goal in (("convert", "port_path", PLANS[plan]), ("convert", "as_tensor_first", 0.5),
-                                 ("reload", "as_tensor_warm", 0.5)):
-            for measure, label in (("seconds", "wall in child"), ("process_seconds", "wall of process"),
-                                   ("cpu_seconds", "CPU user+sys")):
-                o, b = median(raw[f"{plan}:{ours}"], measure), median(raw[f"{plan}:{base}"], measure)
-                _metric(rows, f"{plan}: {ours} / {base} ({label})", o, b, f"<= {goal}", o <= goal * b)
-        peak = median(raw[f"{plan}:convert"], "peak_rss_bytes")
-        _metric(rows, f"{plan}: peak RSS of convert (GB)", peak / 1e9, None, "<= 1.5 GB", peak <= 1.5e9, unit="GB")
-    context = {"version": VERSION, "scale": scale, "runs": runs, "layout": "tt-n16", "plans": list(plans),
-               "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
-               "cores": os.cpu_count(),
-               "imports": "'wall in child' starts after imports; 'wall of process' and CPU include them"}
-    out = _out(scale)
-    (out / "port-results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
-    lines = [f"Measured {context['date']} on {context['cores']} cores, {VERSION} {scale} synthetic checkpoint, tt-n16 "
-             f"layout, median of {runs}; page cache {context['page_cache']}; {context['imports']}.", "",
-             "| plan | contender | wall in child | wall of process | CPU user | CPU sys | minor faults | peak RSS |",
-             "|---|---|---|---|---|---|---|---|"]
-    for key, runs_ in raw.items():
-        plan, name = key.split(":")
-        lines.append(f"| {plan} | {name} | {_times(runs_)} | {median(runs_, 'minor_faults'):,.0f} | "
-                     f"{median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
-    lines += ["", "| ratio | ours | baseline | ratio | goal | holds |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        base = "" if r["baseline"] is None else f"{r['baseline']:.2f}"
-        lines.append(f"| {r['metric']} | {r['ours']:.2f} | {base} | {r['ratio']:.3f} | {r['goal']} | "
-                     f"{'yes' if r['holds'] else '**no**'} |")
-    (out / "port-results.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'port-results.md'}", flush=True)
-    for plan in plans:  # keep the port plan's entry (the zarr bench reads it); the rest is ~35 GB at full scale
-        shutil.rmtree(DATA / f"as_tensor-{scale}-tt-n16-{plan}", ignore_errors=True)
-        if plan != "port":
-            shutil.rmtree(DATA / f"cache-{scale}-tt-n16-{plan}", ignore_errors=True)
-    return 0
+    return raw
 
 
 def run_zarr(scale: str, runs: int) -> int:
@@ -261,18 +236,6 @@ def run_zarr(scale: str, runs: int) -> int:
     (out / "zarr-results.json").write_text(json.dumps({"summary": summary, "runs": raw}, indent=1))
     print(json.dumps(summary, indent=1), flush=True)
     return 0
-
-
-def _markdown(rows: list[dict], context: dict, out: Path) -> None:
-    lines = [f"Measured {context['date']} on {context['cores']} cores, {context['version']} {context['scale']} "
-             f"synthetic checkpoint, median of {context['runs']} runs, page cache {context['page_cache']}; "
-             f"{context['imports']}.", "",
-             "| metric | ours | baseline | ratio | goal | holds |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        base = "" if r["baseline"] is None else f"{r['baseline']:.3f} {r['unit']}"
-        lines.append(f"| {r['metric']} | {r['ours']:.3f} {r['unit']} | {base} | {r['ratio']:.3f} | {r['goal']} | "
-                     f"{'yes' if r['holds'] else '**no**'} |")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
 def _chart(rows: list[dict], raw: dict, out: Path) -> None:
@@ -303,33 +266,26 @@ def _chart(rows: list[dict], raw: dict, out: Path) -> None:
     fig.savefig(out / "results.png", dpi=90)
 
 
-def _handoff_report(raw: dict[str, list], context: dict, out: Path) -> list[str]:
+HANDOFF = {"port_startup": "port's own start-up (loader + constructors, host)",
+           "handoff": "ours: entry -> port model (host)",
+           "handoff_simulated": "ours: entry -> port model (simulated N150, figures only)"}
+
+
+def _handoff_report(raw: dict[str, list], ctx: dict, out: Path) -> list[str]:
     """bench/handoff-results.{json,md}: the contenders side by side, and the goals (issue 28: the start-up itself
     <= 0.05x the port's, peak RSS <= its tensors' bytes + 1 GB; whole processes and CPU, issue 26's 0.1x)."""
     rows: list[dict] = []
     for measure, label, goal in (("seconds", "wall in child", 0.05), ("process_seconds", "wall of process", 0.1),
                                  ("cpu_seconds", "CPU user+sys", 0.1)):
         o, b = median(raw["handoff"], measure), median(raw["port_startup"], measure)
-        _metric(rows, f"handoff / port start-up ({label})", o, b, f"<= {goal}", o <= goal * b)
+        metric(rows, f"handoff / port start-up ({label})", o, b, f"<= {goal}", o <= goal * b)
     tensor_bytes = median(raw["handoff"], "tensor_bytes")
     peak = median(raw["handoff"], "peak_rss_bytes")
-    _metric(rows, "handoff peak RSS above its tensors' bytes (GB)", (peak - tensor_bytes) / 1e9, None, "<= 1 GB",
-            peak - tensor_bytes <= 1e9, unit="GB", note=f"peak {peak / 1e9:.2f} GB, tensors {tensor_bytes / 1e9:.2f} GB")
-    (out / "handoff-results.json").write_text(json.dumps({"context": context, "metrics": rows, "runs": raw}, indent=1))
-    lines = [f"Measured {context['date']} on {context['cores']} cores, {context['version']} {context['scale']} synthetic "
-             f"checkpoint, all 32 slots, median of {context['runs']}; page cache {context['page_cache']}; "
-             f"{context['imports']}.", "",
-             "| contender | wall in child | wall of process | CPU user | CPU sys | peak RSS |", "|---|---|---|---|---|---|"]
-    for name, label in (("port_startup", "port's own start-up (loader + constructors, host)"),
-                        ("handoff", "ours: entry -> port model (host)"),
-                        ("handoff_simulated", "ours: entry -> port model (simulated N150, figures only)")):
-        r = raw[name]
-        lines.append(f"| {label} | {_times(r)} | {median(r, 'peak_rss_bytes') / 1e9:.2f} GB |")
-    lines += ["", "| metric | ratio | goal | holds |", "|---|---|---|---|"]
-    lines += [f"| {m['metric']} | {m['ratio']:.3f} | {m['goal']} | {'yes' if m['holds'] else 'no'} {m['note']} |"
-              for m in rows]
-    (out / "handoff-results.md").write_text("\n".join(lines) + "\n")
-    return lines
+    metric(rows, "handoff peak RSS above its tensors' bytes (GB)", (peak - tensor_bytes) / 1e9, None, "<= 1 GB",
+           peak - tensor_bytes <= 1e9, unit="GB", note=f"peak {peak / 1e9:.2f} GB, tensors {tensor_bytes / 1e9:.2f} GB")
+    table = contender_table(raw, cells=lambda key: [HANDOFF[key]])
+    return write(out, "handoff-results", ctx=ctx, raw=raw, metrics=rows, tables=[table, metric_table(rows)],
+                 what=f"{ctx['version']} {ctx['scale']} synthetic checkpoint, all 32 slots")
 
 
 def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None) -> int:
@@ -347,8 +303,8 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
     convert(ConvertOptions(VERSION, profile="port", embodiments="all", hf_cache=hf, synthetic=scale, cache_root=cache, progress=False))
     check_port(code, store_root=cache)  # the one-time self-check, outside the timing
     shards = [p.resolve() for p in snapshot.iterdir()]
-    raw: dict[str, list] = {"port_startup": [], "handoff": [], "handoff_simulated": []}
-    t_start = time.time()
+    raw: dict[str, list] = {name: [] for name in HANDOFF}
+    started = time.time()
     print(f"bench handoff: {VERSION} {scale}, {runs} runs", flush=True)
     for _ in range(runs):
         _warm(*shards)
@@ -359,13 +315,11 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
               flush=True)
     _warm(cache)
     raw["handoff_simulated"].append(run_child("handoff", {"cache": str(cache), "simulated": True, "tt_metal": str(code.root)}, cold))
-    context = {"version": VERSION, "scale": scale, "runs": runs, "slots": "all 32",
-               "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
-               "cores": os.cpu_count(), "port": f"{code.root} (revision {code.revision})",
-               "imports": "'wall in child' starts after imports (ttnn, torch, the port's modules, diffusers); "
-                          "'wall of process' and CPU include them"}
-    lines = _handoff_report(raw, context, _out(scale))
+    ctx = context(only="handoff", scale=scale, runs=runs, cold=cold, started=started, version=VERSION,
+                  slots="all 32", port=f"{code.root} (revision {code.revision})",
+                  imports="'wall in child' starts after imports (ttnn, torch, the port's modules, diffusers); "
+                          "'wall of process' and CPU include them")
+    lines = _handoff_report(raw, ctx, _out(scale))
     print("\n".join(lines))
     return 0
 
@@ -378,7 +332,7 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
     from pipeline.recipe import resolve
 
     raw: dict[str, list] = {}
-    t_start = time.time()
+    started = time.time()
     print(f"bench versions: {', '.join(versions)} {scale}, {runs} runs each", flush=True)
     for version in versions:
         hf, snapshot = _synthetic_snapshot(scale, version)
@@ -400,22 +354,12 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
                   f"reload {raw[f'{version}:reload'][-1]['seconds']:.2f} s", flush=True)
         raw[f"{version}:convert"][-1]["source_bytes"] = sum(p.stat().st_size for p in shards)
         remove(cache)
-    context = {"versions": list(versions), "scale": scale, "runs": runs, "slots": "all 32 (convert), one (reload)",
-               "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
-               "cores": os.cpu_count(),
-               "imports": "'wall in child' starts after imports; 'wall of process' and CPU include them"}
-    out = _out(scale)
-    (out / "versions-results.json").write_text(json.dumps({"context": context, "runs": raw}, indent=1))
-    lines = [f"Measured {context['date']} on {context['cores']} cores, {scale} synthetic checkpoints, each version's "
-             f"default layout and profile, median of {runs}; page cache {context['page_cache']}; {context['imports']}.",
-             "", "| version | layout, profile | step | wall in child | wall of process | CPU user | CPU sys | peak RSS |",
-             "|---|---|---|---|---|---|---|---|"]
-    for key, runs_ in raw.items():
-        version, step = key.split(":")
-        lines.append(f"| {version} | {', '.join(resolve(version))} | {step} | {_times(runs_)} | "
-                     f"{median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB |")
-    (out / "versions-results.md").write_text("\n".join(lines) + "\n")
+    ctx = context(only="versions", scale=scale, runs=runs, cold=cold, started=started, versions=list(versions),
+                  slots="all 32 (convert), one (reload)")
+    table = contender_table(raw, columns=("version", "layout, profile", "step"),
+                            cells=lambda key: [key.split(":")[0], ", ".join(resolve(key.split(":")[0])), key.split(":")[1]])
+    lines = write(_out(scale), "versions-results", ctx=ctx, raw=raw, tables=[table],
+                  what=f"{scale} synthetic checkpoints, each version's default layout and profile")
     print("\n".join(lines))
     return 0
 
@@ -431,29 +375,21 @@ def _changed_bytes(fine_tune: Path, release: Path) -> int:
 FLOOR = "floor: copying the files it wrote, synced"
 
 
-def _finetune_report(raw: dict[str, list], context: dict, out: Path) -> list[str]:
+def _finetune_report(raw: dict[str, list], ctx: dict, out: Path) -> list[str]:
     """bench/finetune-results.{json,md}: the three converts side by side, and the issue's three goals."""
     after, base, coldft = raw["fine-tune, release cached"], raw["release, cold"], raw["fine-tune, cold"]
     ratio, floor = median(after) / median(base), median(raw[FLOOR]) / median(base)
     written, changed = median(after, "bytes"), median(after, "changed_bytes")
-    (out / "finetune-results.json").write_text(json.dumps({"context": context, "runs": raw}, indent=1))
-    lines = [f"Measured {context['date']} on {context['cores']} cores, {context['scale']} synthetic {context['version']}, "
-             f"{context['layout']} / {context['profile']}, every slot, median of {context['runs']}; page cache "
-             f"{context['page_cache']}; {context['imports']}. The fine-tune: {context['fine_tune']}. Command: "
-             f"`python -m bench --only finetune --runs {context['runs']}`.", "",
-             "| convert | wall in child | wall of process | CPU user | CPU sys | peak RSS | bytes written |",
-             "|---|---|---|---|---|---|---|"]
-    for key, runs_ in raw.items():
-        lines.append(f"| {key} | {_times(runs_)} | {median(runs_, 'peak_rss_bytes') / 1e9:.2f} GB | "
-                     f"{median(runs_, 'bytes') / 1e6:,.0f} MB |")
-    lines += ["", f"- fine-tune after the release / the release cold: **{ratio:.2f}** (goal <= 0.4)",
-              f"- the floor (the files the fine-tune wrote, copied and synced) / the release cold: **{floor:.2f}**: "
-              "no convert that writes what changed, durably, is faster on this disk",
-              f"- bytes written / the changed targets' bytes: **{written / max(1, changed):.3f}** "
-              f"({written / 1e6:,.0f} of {changed / 1e6:,.0f} MB; goal <= 1.05)",
-              f"- the fine-tune's cold convert: peak RSS **{median(coldft, 'peak_rss_bytes') / 1e9:.2f} GB** (goal <= 1.5)"]
-    (out / "finetune-results.md").write_text("\n".join(lines) + "\n")
-    return lines
+    table = contender_table(raw, columns=("convert",), extra={"bytes written": lambda r: f"{median(r, 'bytes') / 1e6:,.0f} MB"})
+    goals = [f"- fine-tune after the release / the release cold: **{ratio:.2f}** (goal <= 0.4)",
+             f"- the floor (the files the fine-tune wrote, copied and synced) / the release cold: **{floor:.2f}**: "
+             "no convert that writes what changed, durably, is faster on this disk",
+             f"- bytes written / the changed targets' bytes: **{written / max(1, changed):.3f}** "
+             f"({written / 1e6:,.0f} of {changed / 1e6:,.0f} MB; goal <= 1.05)",
+             f"- the fine-tune's cold convert: peak RSS **{median(coldft, 'peak_rss_bytes') / 1e9:.2f} GB** (goal <= 1.5)"]
+    what = (f"{ctx['scale']} synthetic {ctx['version']}, {ctx['layout']} / {ctx['profile']}, every slot; the fine-tune: "
+            f"{ctx['fine_tune']}")
+    return write(out, "finetune-results", ctx=ctx, raw=raw, what=what, tables=[table], after=goals)
 
 
 def run_finetune(scale: str, runs: int, cold: bool) -> int:
@@ -476,7 +412,7 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
     scratch = DATA / f"copy-{scale}-finetune-changed"
     args = {"version": version, "profile": profile, "layout": layout}
     raw: dict[str, list] = {}
-    t_start = time.time()
+    started = time.time()
     for _ in range(runs):
         remove(warm)
         settle()
@@ -499,11 +435,9 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
               f"{raw['fine-tune, cold'][-1]['peak_rss_bytes'] / 1e9:.2f} GB peak", flush=True)
     remove(warm)
     remove(cold_cache)
-    context = {"version": version, "scale": scale, "runs": runs, "layout": layout, "profile": profile,
-               "slots": "all 32", "page_cache": "cold" if cold else "warm (each contender's inputs read right before it)",
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "bench_seconds": round(time.time() - t_start, 1),
-               "cores": os.cpu_count(), "fine_tune": "action head and q_norm/k_norm F32 (new values), the rest the release's",
-               "imports": "'wall in child' starts after imports; 'wall of process' and CPU include them"}
-    lines = _finetune_report(raw, context, _out(scale))
+    ctx = context(only="finetune", scale=scale, runs=runs, cold=cold, started=started, version=version, layout=layout,
+                  profile=profile, slots="all 32",
+                  fine_tune="action head and q_norm/k_norm F32 (new values), the rest the release's")
+    lines = _finetune_report(raw, ctx, _out(scale))
     print("\n".join(lines))
     return 0

@@ -73,8 +73,9 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     if isinstance(into, str) and into not in FORMS:
         raise ConfigError(f"load(into={into!r}): expected one of {', '.join(FORMS)}, or an open device")
     cfg = load_config(version)
-    wanted = cache.Wanted(version, *layout_and_profile(cfg, layout, profile), _slot(cfg, embodiment), entry,
-                          revision, source)
+    resolved_layout, resolved_profile = layout_and_profile(cfg, layout, profile)
+    wanted = cache.Wanted(version=version, layout=resolved_layout, profile=resolved_profile,
+                          slot=_slot(cfg, embodiment), entry=entry, revision=revision, source=source)
     opened = cache.choose_entry(cache.cache_store(cache_dir), wanted)
     cache.warn_if_synthetic(opened, synthetic)
     for what, asked, held in (("layout", layout, opened.manifest.layout), ("profile", profile, opened.manifest.profile)):

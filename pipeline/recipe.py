@@ -96,7 +96,7 @@ def _parity_ok(rule: dict, n: str | None) -> bool:
     return parity is None or (n is not None and int(n) % 2 == (1 if parity == "odd" else 0))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Making:
     """What every target of one plan is made with: the checkpoint's shapes and dims, the layout's kinds, the
     profile."""
@@ -178,8 +178,8 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
     cfg, book = load_config(version), recipes()  # the one lookup: everything below takes cfg
     layout, profile = layout_and_profile(cfg, layout, profile)
     spec = book["layouts"][layout]
-    making = _Making(cfg, shapes, dims_of(cfg, shapes), spec["kinds"], profile, book["profiles"][profile],
-                     book["min_pcc"], dtypes or {})
+    making = _Making(cfg=cfg, shapes=shapes, dims=dims_of(cfg, shapes), kinds=spec["kinds"], profile=profile,
+                     profile_spec=book["profiles"][profile], min_pcc=book["min_pcc"], dtypes=dtypes or {})
     names = "components" if spec["naming"] == "component" else "containers"
     rules, consumed, skipped = _rules(cfg, layout), {}, {}
     targets = _fused(making, rules, cfg.containers, consumed)
@@ -197,4 +197,4 @@ def build_plan(version: str, shapes: Mapping[str, tuple[int, ...]], profile: str
         consumed[key] = rule.get("skip", "")
     order = {k: i for i, k in enumerate(shapes)}
     targets.sort(key=lambda t: order[t.sources[0]])
-    return Plan(version, profile, tuple(targets), skipped, layout)
+    return Plan(version=version, profile=profile, targets=tuple(targets), skipped=skipped, layout=layout)

@@ -32,7 +32,7 @@ EMBODIMENT_MODULES = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VersionConfig:
     version: str
     title: str

@@ -171,7 +171,7 @@ class ChunkRecord(FileRecord):
                    FileRecord(packed["nbytes"], packed["xxh3"]) if packed else None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArrayRecord:
     shape: list[int]                    # stored shape: [bank slots, *logical] for a bank
     chunk_shape: list[int]
@@ -217,11 +217,12 @@ class ArrayRecord:
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "ArrayRecord":
-        return cls(doc["shape"], doc["chunk_shape"], doc["attributes"], doc.get("source_xxh3", {}),
-                   doc.get("content_id", ""), {slot_of(k): ChunkRecord.from_json(c) for k, c in doc["chunks"].items()})
+        return cls(shape=doc["shape"], chunk_shape=doc["chunk_shape"], attributes=doc["attributes"],
+                   source_xxh3=doc.get("source_xxh3", {}), content_id=doc.get("content_id", ""),
+                   chunks={slot_of(k): ChunkRecord.from_json(c) for k, c in doc["chunks"].items()})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Identity:
     """What an entry's bytes are a function of, and its fingerprint: the manifest's first fields, the group
     metadata's `gr00t_cache`, and the entry's name."""
@@ -386,9 +387,10 @@ def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], te
     arrays = {}
     for name, meta in array_meta.items():
         sources = {k: tensor_xxh3[k] for k in meta["attributes"]["sources"]}
-        arrays[name] = ArrayRecord(meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"],
-                                   meta["attributes"], sources,
-                                   content_id(list(sources.values()), meta["attributes"], converter), chunks[name])
+        arrays[name] = ArrayRecord(shape=meta["shape"], chunk_shape=meta["chunk_grid"]["configuration"]["chunk_shape"],
+                                   attributes=meta["attributes"], source_xxh3=sources,
+                                   content_id=content_id(list(sources.values()), meta["attributes"], converter),
+                                   chunks=chunks[name])
     return arrays
 
 

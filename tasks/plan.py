@@ -12,7 +12,7 @@ from tasks.precision import stored_dtype
 HOST = "HOST"  # the layout of host-only targets: kept on the host as float32, never uploaded
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Target:
     """One array in the cache and one tensor on the device (or, with layout HOST, one float32 host tensor)."""
 
@@ -42,7 +42,7 @@ class Target:
         return stored_dtype(self.host)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     version: str
     profile: str

@@ -38,7 +38,7 @@ MAX_TENSORS_PER_FILE = 200_000
 _PREADV_MAX = 0x7FFFF000  # Linux caps one read at this many bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorEntry:
     key: str
     dtype: str
@@ -51,7 +51,7 @@ class TensorEntry:
         return self.end - self.start
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardHeader:
     path: Path
     header_len: int
@@ -72,7 +72,7 @@ class ShardHeader:
         """The same file seen under other key names: `names` maps each name to the stored key whose bytes it
         reads (a stripped prefix, or a tied table read from the tensor it is tied to). Does not perform I/O."""
         entries = {name: replace(self.entries[stored], key=name) for name, stored in names.items()}
-        return ShardHeader(self.path, self.header_len, self.metadata, entries, self.file_size)
+        return replace(self, entries=entries)
 
 
 def _shape(path: Path, key: str, raw: object) -> tuple[int, ...]:
@@ -98,7 +98,7 @@ def _entry(path: Path, key: str, raw: object) -> TensorEntry:
     if end - start != expected:
         raise CheckpointError(path, f"data_offsets span {end - start} bytes but shape {list(shape)} x {dtype} "
                                     f"needs {expected}", key)
-    return TensorEntry(key, dtype, shape, start, end)
+    return TensorEntry(key=key, dtype=dtype, shape=shape, start=start, end=end)
 
 
 def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
@@ -129,7 +129,7 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
         cursor = e.end
     if cursor != data_size:
         raise CheckpointError(path, f"tensors cover {cursor} data bytes but the file holds {data_size} after the header")
-    return ShardHeader(path, len(raw), metadata, entries, file_size)
+    return ShardHeader(path=path, header_len=len(raw), metadata=metadata, entries=entries, file_size=file_size)
 
 
 def read_header(path: Path) -> ShardHeader:

@@ -102,8 +102,8 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
 def _target(dtype: str, min_pcc: float):
     from tasks.plan import Target
 
-    return Target("t.weight", ("k.weight",), "identity", "matmul", dtype, "TILE", (64, 64), device_file=True,
-                  min_pcc=min_pcc)
+    return Target(name="t.weight", sources=("k.weight",), transform="identity", kind="matmul", device_dtype=dtype,
+                  layout="TILE", shape=(64, 64), device_file=True, min_pcc=min_pcc)
 
 
 def test_a_target_below_the_recipe_pcc_fails_naming_it():

@@ -42,7 +42,7 @@ def resolve_ref(store: Store, version: str, layout: str, profile: str) -> Entry:
                      f"PROFILE={profile}` first")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Wanted:
     """Which entry a reload asks for: a version, layout and profile (resolved), the slot it must hold (None: every
     slot), and what may narrow it: an entry name or fingerprint prefix, the source revision, the snapshot folder

@@ -174,7 +174,8 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
     opened = None
     for layout in layouts if entry is None else ["tt-n16"]:
         try:
-            opened = cache.choose_entry(store, cache.Wanted(VERSION, layout, profile, slot, entry))
+            wanted = cache.Wanted(version=VERSION, layout=layout, profile=profile, slot=slot, entry=entry)
+            opened = cache.choose_entry(store, wanted)
             break
         except CacheError:
             if entry is not None or layout == layouts[-1]:
@@ -193,7 +194,7 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
         if opened.manifest.layout in fits or not fits:
             return opened, listing, model, traced
         try:
-            opened = cache.choose_entry(store, cache.Wanted(VERSION, fits[0], profile, slot))
+            opened = cache.choose_entry(store, cache.Wanted(version=VERSION, layout=fits[0], profile=profile, slot=slot))
         except CacheError as e:
             raise CacheError(f"port revision {code.revision} at {code.root} takes layout {fits[0]}: {e}") from None
     return opened, listing, model, traced
