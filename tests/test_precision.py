@@ -214,3 +214,21 @@ def test_a_f32_value_past_bf16s_range_refuses_the_convert_by_key_and_value(snaps
         convert(ConvertOptions(None, snapshot=tmp_path / "snap", cache_root=tmp_path / "cache", progress=False))
     assert f"key {RELABELLED!r}: value 3.39999995e+38 (flat index 7) rounds to +Inf in bf16" in str(err.value)
     assert not (tmp_path / "cache" / "entries").exists() or not list((tmp_path / "cache" / "entries").iterdir())
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
+def test_a_host_table_widened_block_by_block_is_torchs_float32_of_it(tmp_path, monkeypatch, dtype):
+    """A host table (embed_tokens) is read and widened a few rows at a time into one float32 array: every block
+    boundary and the last short block give what torch's `.to(torch.float32)` gives of the whole tensor."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tasks import source
+
+    rows = torch.randn(37, 24, dtype=torch.float32)
+    stored = rows.to({"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[dtype])
+    save_file({"embed_tokens.weight": stored}, str(tmp_path / "m.safetensors"))
+    monkeypatch.setattr(source, "_WIDEN_ROWS_BYTES", 5 * 24 * stored.element_size())  # 5 rows a block: 8 blocks
+    got = source.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
+    assert got.dtype == np.float32 and got.shape == (37, 24)
+    assert np.array_equal(got.view(np.uint32), stored.to(torch.float32).numpy().view(np.uint32))
