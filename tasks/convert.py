@@ -28,7 +28,7 @@ _BLOCK = 1 << 18               # elements per finite-check block: temporaries st
 class Converted:
     name: str
     slot: int | None
-    array: np.ndarray          # bf16 (a host table: float32), logical shape: what the cache stores
+    array: np.ndarray          # bf16 (a host table: float32, or bf16 widened as staged), logical shape
     device_dtype: str
     layout: str
     padded_shape: tuple[int, ...]

@@ -108,10 +108,11 @@ def device_tensors(entry: Entry, chunks: list[Chunk], pool: ThreadPoolExecutor, 
     this way, 5.8 GB when every mapping is touched. `check_mapped` (host only) hashes the mapping ttnn made
     instead, for a caller that uses every byte at once (the port hand-off): each byte is read once, into
     memory, and the bytes checked are the very ones the tensor holds. On a device they go up one at a time."""
-    if device is not None or not check_mapped:
-        files = list(pool.map(lambda c: entry.device_file(*c), chunks))  # every one checked first
-        return [tt.load_packed(f, device) for f in files] if device is not None else \
-            list(pool.map(tt.load_packed, files))
+    if device is not None:
+        files = list(pool.map(lambda c: entry.device_file(*c), chunks))  # every one checked before the first upload
+        return [tt.load_packed(f, device) for f in files]
+    if not check_mapped:  # each file loaded as soon as it is checked: nothing leaves the host before all are
+        return list(pool.map(lambda c: tt.load_packed(entry.device_file(*c)), chunks))
     arrays = entry.manifest.arrays
     paths = []
     for name, slot in chunks:  # a missing file, or one of another size, is refused by the entry before ttnn opens it

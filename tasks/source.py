@@ -135,8 +135,8 @@ def read_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
 def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray:
     """A source tensor as its target is made from it: rounded to bf16 as the port's `.to(torch.bfloat16)` does,
     or, for a host table (`host`), at its own precision (tasks/precision.py). The graph's read task."""
-    if host:
-        return _read_float32(header, key)
+    if host:  # a BF16 table as read (widened to float32 as it is staged: tasks/entry.py write_widened_chunk)
+        return read_tensor(header, key) if header.entries[key].dtype == "BF16" else _read_float32(header, key)
     return precision.to_bf16(read_tensor(header, key), key, header.path)
 
 
@@ -144,8 +144,8 @@ _WIDEN_ROWS_BYTES = 8 << 20  # source bytes read per block while a host table is
 
 
 def _read_float32(header: ShardHeader, key: str) -> np.ndarray:
-    """A host table at float32, widened block by block as it is read into the one float32 array: the bf16 table
-    and a widening temporary are never held beside it (embed_tokens: 1.24 GB at the peak, not 3)."""
+    """A host table at float32 (F16: widened block by block as it is read into the one float32 array, so the F16
+    table and a widening temporary are never held beside it)."""
     entry = header.entries[key]
     if entry.dtype == "F32" or len(entry.shape) < 1 or entry.shape[0] < 2:
         return precision.to_float32(read_tensor(header, key))

@@ -216,19 +216,33 @@ def test_a_f32_value_past_bf16s_range_refuses_the_convert_by_key_and_value(snaps
     assert not (tmp_path / "cache" / "entries").exists() or not list((tmp_path / "cache" / "entries").iterdir())
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "O_DIRECT"])
 @pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
-def test_a_host_table_widened_block_by_block_is_torchs_float32_of_it(tmp_path, monkeypatch, dtype):
-    """A host table (embed_tokens) is read and widened a few rows at a time into one float32 array: every block
-    boundary and the last short block give what torch's `.to(torch.float32)` gives of the whole tensor."""
+def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(tmp_path, monkeypatch, dtype, direct):
+    """A host table (embed_tokens) is kept as the float32 the port holds: F16 widened a few rows at a time as it
+    is read, BF16 as it is written, one bounce block at a time. Every block boundary and the last short block
+    give, on disk and in the record, what torch's `.to(torch.float32)` gives of the whole tensor."""
     import torch
+    import xxhash
     from safetensors.torch import save_file
 
-    from tasks import source
+    from tasks import bulk_write, source
+    from tasks.convert import convert_target
+    from tasks.plan import HOST, Target
+    from tasks.stage import stage_target
 
-    rows = torch.randn(37, 24, dtype=torch.float32)
+    rows = torch.randn(37, 96, dtype=torch.float32)
     stored = rows.to({"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[dtype])
     save_file({"embed_tokens.weight": stored}, str(tmp_path / "m.safetensors"))
-    monkeypatch.setattr(source, "_WIDEN_ROWS_BYTES", 5 * 24 * stored.element_size())  # 5 rows a block: 8 blocks
-    got = source.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
-    assert got.dtype == np.float32 and got.shape == (37, 24)
-    assert np.array_equal(got.view(np.uint32), stored.to(torch.float32).numpy().view(np.uint32))
+    monkeypatch.setattr(source, "_WIDEN_ROWS_BYTES", 5 * 96 * stored.element_size())  # 5 rows a block: 8 blocks
+    monkeypatch.setattr(bulk_write, "BOUNCE", 4096)      # 4 blocks of the 14,208-byte float32 table
+    monkeypatch.setattr(bulk_write, "DIRECT_MIN", 0 if direct else 1 << 40)
+    read = source.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
+    target = Target(name="language.embed_tokens.weight", sources=("embed_tokens.weight",), transform="identity",
+                    kind="host", shape=(37, 96), device_dtype="float32", layout=HOST)
+    (tmp_path / "entry" / target.name).mkdir(parents=True)
+    staged = stage_target(tmp_path / "entry", convert_target(read, target))
+    want = stored.to(torch.float32).numpy().tobytes()
+    got = (tmp_path / "entry" / target.name / "c.0.0").read_bytes()
+    assert got == want
+    assert (staged.record.nbytes, staged.record.xxh3) == (len(want), xxhash.xxh3_64_hexdigest(want))
