@@ -106,19 +106,19 @@ def _slot(cfg: VersionConfig, embodiment: str | int | None) -> int | None:
 
 
 def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool) -> tuple[dict, int]:
-    """Tensors by target name, in the manifest's order, and the bytes read. Host-only tables are widened while
-    the rest loads (embed_tokens: 1.2 GB of float32)."""
+    """Tensors by target name, in the manifest's order, and the bytes read. Host-only tables are read and checked
+    while the rest loads (embed_tokens: 1.2 GB of float32)."""
     arrays = opened.manifest.arrays
     host = [c for c in chunks if arrays[c[0]].host_only]
     rest = [c for c in chunks if not arrays[c[0]].host_only]
     device = None if isinstance(into, str) else into
     with ThreadPoolExecutor(READ_THREADS) as pool:
-        widened = {name: pool.submit(reload.host_table, opened, name) for name, _ in host}
+        tables = {name: pool.submit(reload.host_table, opened, name) for name, _ in host}
         if into == "torch":
             out = reload.torch_tensors(opened, rest, every_slot, pool)
             nbytes = reload.read_bytes(opened, rest)
         else:
             out = {name: t for (name, _), t in reload.ttnn_tensors(opened, rest, pool, device).items()}
             nbytes = reload.read_bytes(opened, rest, from_device_files=reload.takes_device_files(device))
-        out |= {name: f.result() for name, f in widened.items()}
+        out |= {name: f.result() for name, f in tables.items()}
     return {name: out[name] for name in arrays if name in out}, nbytes + reload.read_bytes(opened, host)

@@ -23,7 +23,7 @@ import xxhash
 
 from tasks.bulk_write import write_made_in_place
 from tasks.errors import CacheError
-from tasks.file_blocks import each_block
+from tasks.file_blocks import each_read
 from tasks.plan import Plan, Target
 from tasks.precision import widen_bf16
 from tasks.store import LocalStore, Store
@@ -122,9 +122,6 @@ def progress_log(entry: Path, writer: str) -> Path:
     return entry / PROGRESS_DIR / f"{writer}.jsonl"
 
 
-READ_BLOCK = 8 << 20  # per thread, for checking a file against its record
-
-
 def checksum(data: np.ndarray | bytes | memoryview) -> str:
     """xxh3-64 of raw bytes (about 10 GB/s: cheap enough to verify every chunk on every load)."""
     if isinstance(data, np.ndarray):
@@ -146,11 +143,11 @@ class FileRecord:
         return size == self.nbytes and checksum(data) == self.xxh3
 
     def matches_file(self, path: Path) -> bool:
-        """Whether a local file holds these bytes (tasks/file_blocks.py reads it: mapped, block by block)."""
+        """Whether a local file holds these bytes (read block by block: tasks/file_blocks.py `each_read`)."""
         if path.stat().st_size != self.nbytes:
             return False
         digest = xxhash.xxh3_64()
-        return each_block(path, lambda block, _: digest.update(block)) == self.nbytes and \
+        return each_read(path, lambda block, _: digest.update(block)) == self.nbytes and \
             digest.hexdigest() == self.xxh3
 
 
@@ -450,8 +447,18 @@ class Entry:
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
         return out
 
+    def checked_chunk(self, array: str, slot: int | None) -> np.ndarray:
+        """One chunk as a private mapping nothing has touched yet, its file read and checked first: for a caller
+        that uses the bytes later, or some of them (a reload's embed_tokens), the check costs a read, not a page
+        fault per page, and adds no RSS. An object store's chunk is fetched and checked (`read_chunk`)."""
+        if not isinstance(self.store, LocalStore):
+            return self.read_chunk(array, slot)
+        self.each_chunk_block(array, slot, lambda block, pos: None)
+        arr = self.manifest.arrays[array]
+        return self.store.map(self.chunk_object(array, slot), arr.storage_dtype, tuple(arr.logical_shape))
+
     def each_chunk_block(self, array: str, slot: int | None, consume: Callable[[memoryview, int], None]) -> None:
-        """`consume(bytes, offset)` over one chunk's consecutive blocks (tasks/file_blocks.py: mapped, not copied),
+        """`consume(bytes, offset)` over one chunk's consecutive blocks (tasks/file_blocks.py `each_read`),
         for a caller that converts as it reads: a 622 MB table then needs no second copy. The checksum is held to
         the record after the last block; a mismatch raises there, so the caller must use nothing before the end."""
         record, key = self.manifest.arrays[array].chunks[slot], self.chunk_object(array, slot)
@@ -466,7 +473,7 @@ class Entry:
             consume(block, pos)
 
         try:
-            total = each_block(path, hashed, READ_BLOCK)
+            total = each_read(path, hashed)
         except OSError as e:
             raise CacheError(f"{self.store.describe(key)}: chunk could not be read ({e.strerror or e}); run `python "
                              "-m pipeline cache verify`") from e

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,32 +24,63 @@ from tasks.source import hash_shard, hash_shards
 BLOCK = 8192
 
 
-def _blocks(path: Path) -> tuple[bytes, list[int], int]:
+def _blocks(path: Path, how: str = "mapped") -> tuple[bytes, list[int], int]:
     parts, offsets = [], []
 
     def consume(view: memoryview, pos: int) -> None:
         parts.append(bytes(view))
         offsets.append(pos)
 
-    size = file_blocks.each_block(path, consume, BLOCK)
+    size = file_blocks.each_read(path, consume) if how == "each_read" else file_blocks.each_block(path, consume, BLOCK)
     return b"".join(parts), offsets, size
 
 
-@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
+@pytest.mark.parametrize("how", ["mapped", "read", "each_read"])
 @pytest.mark.parametrize("size", [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 17])
-def test_each_block_gives_every_byte_in_order(tmp_path, monkeypatch, mapped, size):
-    monkeypatch.setattr(file_blocks, "_mapping_works", mapped)
+def test_each_block_gives_every_byte_in_order(tmp_path, monkeypatch, how, size):
+    monkeypatch.setattr(file_blocks, "_mapping_works", how == "mapped")
+    monkeypatch.setattr(file_blocks, "READ_BLOCK", BLOCK)
     path = tmp_path / "f"
     data = bytes((i * 131 + 7) % 256 for i in range(size))
     path.write_bytes(data)
-    got, offsets, returned = _blocks(path)
+    got, offsets, returned = _blocks(path, how)
     assert got == data and returned == size
     assert offsets == list(range(0, size, BLOCK))
 
 
-def test_a_file_cut_short_while_read_is_an_oserror_not_a_crash(tmp_path):
+def test_each_read_gives_whole_blocks_when_the_reads_come_short(tmp_path, monkeypatch):
+    """A pipe hands out what was written so far: 3,000 bytes a read. Blocks must still be whole (a consumer widening
+    bf16 values must never see one cut in two), and every byte in order."""
+    monkeypatch.setattr(file_blocks, "READ_BLOCK", BLOCK)
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    data = bytes((i * 7 + 3) % 256 for i in range(2 * BLOCK + 5))
+
+    def write() -> None:
+        with open(path, "wb", buffering=0) as fh:
+            for i in range(0, len(data), 3000):
+                fh.write(data[i:i + 3000])
+                time.sleep(0.001)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    sizes: list[int] = []
+    got = bytearray()
+
+    def consume(view: memoryview, pos: int) -> None:
+        sizes.append(len(view))
+        got.extend(view)
+
+    file_blocks.each_read(path, consume)
+    writer.join()
+    assert bytes(got) == data and sizes == [BLOCK, BLOCK, 5]
+
+
+@pytest.mark.parametrize("call", ["each_block({path!r}, consume, {block})", "each_read({path!r}, consume)"])
+def test_a_file_cut_short_while_read_is_an_oserror_not_a_crash(tmp_path, call):
     """A mapped file truncated under the reader would be a SIGBUS on access; the populate step turns it into an
-    OSError. Run in a child so that a crash fails this test instead of killing the worker."""
+    OSError. A read one must not pass for a shorter file. Run in a child so that a crash fails this test instead of
+    killing the worker."""
     path = tmp_path / "f"
     path.write_bytes(b"\1" * (4 * BLOCK))
     code = textwrap.dedent(f"""
@@ -56,8 +90,9 @@ def test_a_file_cut_short_while_read_is_an_oserror_not_a_crash(tmp_path):
             bytes(view)  # every byte touched, as a hash does
             if pos == 0:
                 os.truncate({str(path)!r}, 100)
+        file_blocks.READ_BLOCK = {BLOCK}
         try:
-            file_blocks.each_block({str(path)!r}, consume, {BLOCK})
+            file_blocks.{call.format(path=str(path), block=BLOCK)}
         except OSError as e:
             print("OSError", e)
         else:

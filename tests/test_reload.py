@@ -115,7 +115,8 @@ def test_a_host_table_is_the_bf16_values_in_float32(written):
     assert table.dtype == torch.float32 and torch.equal(table, _plain(values["h"]).float())
 
 
-def test_a_float32_host_table_is_its_chunk_mapped_privately_and_checked(written):
+@pytest.mark.parametrize("check_mapped", [False, True], ids=["read-then-mapped", "checked-where-mapped"])
+def test_a_float32_host_table_is_its_chunk_mapped_privately_and_checked(written, check_mapped):
     entry, values, _ = written
     wide = _plain(values["h"]).float()  # what converter 3 stores: the float32 the port keeps
     chunk, data = entry.path / "h" / "c.0.0", wide.numpy().tobytes()
@@ -123,13 +124,13 @@ def test_a_float32_host_table_is_its_chunk_mapped_privately_and_checked(written)
     arr = entry.manifest.arrays["h"]
     arr.attributes["dtype"] = "float32"
     arr.chunks[None] = fmt.ChunkRecord(len(data), xxhash.xxh3_64_hexdigest(data))
-    table = reload.host_table(entry, "h")
+    table = reload.host_table(entry, "h", check_mapped)
     assert table.dtype == torch.float32 and torch.equal(table, wide)
     table += 1  # the port's copy is its own: the entry's file keeps its bytes
     assert chunk.read_bytes() == data
     chunk.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(CacheError, match="h: chunk all does not match its manifest checksum"):
-        reload.host_table(entry, "h")
+        reload.host_table(entry, "h", check_mapped)
 
 
 def test_ttnn_host_tensors_come_from_the_device_file_or_the_chunk(written):
