@@ -268,6 +268,7 @@ def _chart(rows: list[dict], raw: dict, out: Path) -> None:
 
 HANDOFF = {"port_startup": "port's own start-up (loader + constructors, host)",
            "handoff": "ours: entry -> port model (host)",
+           "handoff_first": "ours: first start of this port revision, its self-check included (host, once)",
            "handoff_simulated": "ours: entry -> port model (simulated N150, figures only)"}
 
 
@@ -313,6 +314,9 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
         raw["handoff"].append(run_child("handoff", {"cache": str(cache), "tt_metal": str(code.root)}, cold))
         print(f"  run done: port {raw['port_startup'][-1]['seconds']:.1f} s, ours {raw['handoff'][-1]['seconds']:.2f} s",
               flush=True)
+    shutil.rmtree(cache / "port-checks", ignore_errors=True)  # the verdict kept by every start after the first
+    _warm(cache)
+    raw["handoff_first"].append(run_child("handoff", {"cache": str(cache), "tt_metal": str(code.root), "check": True}, cold))
     _warm(cache)
     raw["handoff_simulated"].append(run_child("handoff", {"cache": str(cache), "simulated": True, "tt_metal": str(code.root)}, cold))
     ctx = context(only="handoff", scale=scale, runs=runs, cold=cold, started=started, version=VERSION,
