@@ -209,7 +209,7 @@ def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[
         raise CacheError(f"{entry.describe()}: {missing[0][0]} has no device file (profile "
                          f"{entry.manifest.profile} keeps none); convert with --profile port or bfp8")
     with ThreadPoolExecutor(threads) as pool:
-        host_tables = {n: pool.submit(reload.host_table, entry, n, True) for n in host_arrays}
+        host_tables = {n: pool.submit(reload.host_table, entry, n, check_mapped=True) for n in host_arrays}
         tensors = reload.device_tensors(entry, needed, pool, device, check_mapped=True)  # every byte is used
         host = {n: f.result() for n, f in host_tables.items()}
     nbytes = reload.read_bytes(entry, needed, from_device_files=True) + \
