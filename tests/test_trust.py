@@ -209,10 +209,20 @@ def test_synth_on_a_full_disk_keeps_nothing(tmp_path):
         subprocess.run(["umount", str(mount)], check=False)
 
 
+def _start_as_from_a_terminal(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """Start `cmd` with SIGINT at its default, as a terminal starts it. A background job (CI runs `make test` as
+    one) inherits SIGINT ignored, and Python then never installs its Ctrl-C handler. A caught signal is reset to
+    the default by exec, so the parent catches it while the child starts, instead of a `preexec_fn`: that forces
+    a fork of this process, which failed with ENOMEM once the simulated device's 26 GB of mappings were in it."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
 def _interrupt(args: list[str], after: float) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = _start_as_from_a_terminal([sys.executable, "-m", "pipeline", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"})
     time.sleep(after)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -239,8 +249,7 @@ def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
         root = tmp_path / f"attempt{attempt}"
         cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache",
                str(hf_cache), "--cache", str(root), "--scheduler", "sync"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = _start_as_from_a_terminal(cmd)
         staged = wait_until_staged(proc, root, 20, poll=0.002)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -258,8 +267,7 @@ def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
 
 
 def test_ctrl_c_is_one_line_at_start_up_during_load_and_during_convert_which_resumes(two_n16, hf_cache, tmp_path):
-    """As from a terminal: a background job (CI runs `make test` as one) inherits SIGINT ignored, and Python then
-    never installs its Ctrl-C handler, so each child here restores the default first."""
+    """As from a terminal: each child starts with SIGINT at its default (`_start_as_from_a_terminal`)."""
     root, _, _ = two_n16
     early = _interrupt(["cache", "ls", "--cache", str(root)], 0.3)  # while torch/dask still import
     TABLE.append(("Ctrl-C in the first second", _one_sentence(early, "interrupted", 130), 130))
