@@ -547,13 +547,17 @@ def open_entry(store: Store, name: str) -> Entry:
     return Entry(store, name, manifest)
 
 
-def list_entries(store: Store) -> Iterator[tuple[str, Entry | None, str]]:
+def list_entries(store: Store, opened: Entry | None = None) -> Iterator[tuple[str, Entry | None, str]]:
     """Every name under entries/: (name, entry or None, state). States: published; incomplete (being built
     locally, or — where there is no rename — no manifest yet: a push in progress or abandoned); broken (a local
-    final name without a valid manifest, which publish-by-rename can never produce)."""
+    final name without a valid manifest, which publish-by-rename can never produce). `opened`: an entry of this
+    store the caller opened already, handed back as it is (its manifest is not parsed again)."""
     for name in store.children(ENTRIES):
         if TMP_MARK in name:
             yield name, None, "incomplete"
+            continue
+        if opened is not None and name == opened.name:
+            yield name, opened, "published"
             continue
         try:
             yield name, open_entry(store, name), "published"

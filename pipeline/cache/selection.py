@@ -78,7 +78,7 @@ def choose_entry(store: Store, wanted: Wanted) -> Entry:
             unreadable = e
         if current is not None and not current.manifest.is_synthetic and wanted.fits(current):
             return current  # the common case: one manifest read, no listing
-    published = [e for _, e, state in list_entries(store) if state == "published"]
+    published = [e for _, e, state in list_entries(store, current) if state == "published"]
     if wanted.entry is not None:
         return _named_entry(store, published, wanted)
     same = [e for e in published if (e.manifest.version, e.manifest.layout, e.manifest.profile) == kind]

@@ -12,7 +12,7 @@ import contextlib
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from pipeline.port_n16.code import N16, PortCode, PortError
 from pipeline.state_dict import dims_of
@@ -39,12 +39,13 @@ def _traced_class():
         @classmethod
         def __torch_function__(cls, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            inputs = [a for a in _leaves((args, kwargs)) if isinstance(a, Traced)]
+            inputs = _traced_among(args, kwargs, Traced)
             with torch._C.DisableTorchFunctionSubclass():
                 out = func(*args, **kwargs)
             if not isinstance(out, torch.Tensor) or not inputs:
                 return out
-            sources = tuple(dict.fromkeys(s for t in inputs for s in t.sources))
+            sources = inputs[0].sources if len(inputs) == 1 else \
+                tuple(dict.fromkeys(s for t in inputs for s in t.sources))
             slot = next((t.slot for t in inputs if t.slot is not None), None)
             first = inputs[0]
             name = getattr(func, "__name__", str(func))
@@ -55,14 +56,16 @@ def _traced_class():
     return Traced
 
 
-def _leaves(obj) -> Iterator[Any]:
-    """The values inside a torch call's (args, kwargs): the port nests at most a list in the arguments."""
-    args, kwargs = obj
-    for x in (*args, *kwargs.values()):
-        if isinstance(x, (list, tuple)):
-            yield from x
-        else:
-            yield x
+def _traced_among(args: tuple, kwargs: dict, traced: type) -> list:
+    """The traced tensors among a torch call's arguments (the port nests at most a list in them). Called for
+    every torch operation the port's constructors make (6,600 for N1.6), so a loop, not a generator."""
+    found = []
+    for x in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(x, traced):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            found.extend(y for y in x if isinstance(y, traced))
+    return found
 
 
 HOST_OPS = frozenset({"to", "float", "contiguous", "clone", "detach"})  # what the port may do to a host table
