@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return _run(a)
-    except PipelineError as e:  # a --port-tree without the port, say: one sentence, as the CLI says it
+    except PipelineError as e:  # a --port-tree without the port, a child that failed: one sentence, as the CLI says it
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tasks.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -66,6 +69,22 @@ def drop_caches() -> None:
     DROP_CACHES.write_text("3\n")
 
 
+class ChildFailed(PipelineError):
+    """A bench child that ended in an error, said in one sentence: its last error line and what to do; its whole
+    stderr stays in the log."""
+
+    def __init__(self, name: str, exit_code: int, log: Path):
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        said = [line for line in lines if ERROR_LINE.match(line)] or lines or ["(no output)"]
+        remedy = (f"free space on the disk that holds {DATA} (the full-scale port and handoff rows alone keep about 58 GB there)"
+                  if "No space left on device" in text else "its whole stderr is in " + str(log))
+        super().__init__(f"bench child {name} failed (exit {exit_code}): {said[-1][:300]}; {remedy}")
+
+
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b:?")  # a traceback's last line
+
+
 def run_child(name: str, args: dict, cold: bool = False, fresh: Path | None = None) -> dict:
     """One measurement in a fresh process; adds its peak RSS and CPU seconds as the OS counted them (wait4).
     `fresh`: an output folder the child creates files in; removed first, and the quarantine waited out."""
@@ -83,8 +102,7 @@ def run_child(name: str, args: dict, cold: bool = False, fresh: Path | None = No
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = status
     if status != 0:
-        tail = (BENCH / "last-child-stderr.log").read_text()[-3000:]
-        raise RuntimeError(f"bench child {name} failed (status {status}):\n{tail}")
+        raise ChildFailed(name, os.waitstatus_to_exitcode(status), BENCH / "last-child-stderr.log")
     # the child's one JSON line (tt-metal's simulator prints a line of its own at exit)
     result = json.loads(next(line for line in reversed(out.strip().splitlines()) if line.startswith("{")))
     return {**result, "process_seconds": time.perf_counter() - started, "peak_rss_bytes": usage.ru_maxrss * 1024,

@@ -246,3 +246,18 @@ def test_bench_port_tree_without_the_port_is_one_sentence_before_anything_runs(t
     assert bench_main.main(["--only", "handoff", "--port-tree", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {tmp_path}: no GR00T N1.6 port there") and len(err.splitlines()) == 1
+
+
+def test_a_bench_child_that_fails_is_one_sentence_with_its_last_error_line(tmp_path, monkeypatch, capsys):
+    """A child's traceback stays in its log; the bench says which child, its last error line and what to do."""
+    import bench.__main__ as bench_main
+    from bench import harness, report
+
+    monkeypatch.setattr(harness, "BENCH", tmp_path)  # the child's stderr log goes here, not over bench/'s
+    monkeypatch.setattr(report, "run_finetune", lambda *a: harness.run_child("no-such-child", {}))
+    monkeypatch.setattr(bench_main, "run_finetune", report.run_finetune)
+    assert bench_main.main(["--only", "finetune", "--runs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: bench child no-such-child failed (exit 1): KeyError: 'no-such-child'; its whole stderr "
+                   f"is in {tmp_path / 'last-child-stderr.log'}")
+    assert "Traceback" in (tmp_path / "last-child-stderr.log").read_text()
