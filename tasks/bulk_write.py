@@ -132,9 +132,12 @@ def _pwrite_all(fd: int, data: memoryview, offset: int, path: Path) -> None:
 
 
 def _bounce() -> mmap.mmap:
-    if not hasattr(_local, "buffer"):
-        _local.buffer = mmap.mmap(-1, BOUNCE)  # anonymous maps are page-aligned
-    return _local.buffer
+    """This thread's bounce buffer of BOUNCE bytes; made again if BOUNCE changed since (a test shrinks it), so a
+    smaller one is never used at the full size."""
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or len(buffer) != BOUNCE:
+        buffer = _local.buffer = mmap.mmap(-1, BOUNCE)  # anonymous maps are page-aligned
+    return buffer
 
 
 def _write_direct(tmp: Path, data: memoryview) -> bool:
