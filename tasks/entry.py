@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Mapping, Sequence
@@ -493,24 +494,35 @@ class Entry:
                              "(tampered or corrupt); convert again with --force")
         return path
 
-    def verify(self) -> list[str]:
-        """Every chunk and device file the manifest lists must exist with its size and xxh3; the problems found."""
+    def verify(self, threads: int = 8) -> list[str]:
+        """Every chunk and device file the manifest lists must exist with its size and xxh3; the problems found, in
+        the manifest's order. Checked on `threads` threads: an object store answers each request in a round trip
+        (2,000 of them one after another took 18 s against a local S3), and a local file is hashed as it is read,
+        so no thread holds a whole chunk."""
+        objects = [(self.chunk_object(array, slot), rec, self.device_object(array, slot))
+                   for array, arr in self.manifest.arrays.items() for slot, rec in arr.chunks.items()]
+        with ThreadPoolExecutor(threads) as pool:
+            found = pool.map(lambda o: self._problems(*o), objects)
+            return [problem for problems in found for problem in problems]
+
+    def _problems(self, key: str, record: ChunkRecord, packed: str) -> list[str]:
         problems = []
-        for array, arr in self.manifest.arrays.items():
-            for slot, rec in arr.chunks.items():
-                key = self.chunk_object(array, slot)
-                data = self.store.get(key)
-                if data is None:
-                    problems.append(f"{self.store.describe(key)}: chunk listed in the manifest is missing")
-                elif not rec.matches(data):
-                    problems.append(f"{self.store.describe(key)}: chunk bytes do not match the manifest checksum "
-                                    "(tampered or corrupt)")
-                if rec.tensorbin is not None:
-                    packed = self.device_object(array, slot)
-                    if not rec.tensorbin.matches(self.store.get(packed)):
-                        problems.append(f"{self.store.describe(packed)}: packed tensor is missing or does not match "
-                                        "the manifest checksum")
+        if not self._holds(key, record):
+            problems.append(f"{self.store.describe(key)}: " + ("chunk bytes do not match the manifest checksum "
+                            "(tampered or corrupt)" if self._exists(key) else "chunk listed in the manifest is missing"))
+        if record.tensorbin is not None and not self._holds(packed, record.tensorbin):
+            problems.append(f"{self.store.describe(packed)}: packed tensor is missing or does not match the manifest "
+                            "checksum")
         return problems
+
+    def _holds(self, key: str, record: FileRecord) -> bool:
+        if isinstance(self.store, LocalStore):
+            path = self.store.path(key)
+            return path.is_file() and record.matches_file(path)
+        return record.matches(self.store.get(key))
+
+    def _exists(self, key: str) -> bool:
+        return self.store.path(key).is_file() if isinstance(self.store, LocalStore) else self.store.get(key) is not None
 
 
 class OldFormatError(CacheError):
