@@ -507,22 +507,24 @@ class Entry:
 
     def _problems(self, key: str, record: ChunkRecord, packed: str) -> list[str]:
         problems = []
-        if not self._holds(key, record):
-            problems.append(f"{self.store.describe(key)}: " + ("chunk bytes do not match the manifest checksum "
-                            "(tampered or corrupt)" if self._exists(key) else "chunk listed in the manifest is missing"))
-        if record.tensorbin is not None and not self._holds(packed, record.tensorbin):
+        found = self._matches(key, record)
+        if found is None:
+            problems.append(f"{self.store.describe(key)}: chunk listed in the manifest is missing")
+        elif not found:
+            problems.append(f"{self.store.describe(key)}: chunk bytes do not match the manifest checksum (tampered or "
+                            "corrupt)")
+        if record.tensorbin is not None and not self._matches(packed, record.tensorbin):
             problems.append(f"{self.store.describe(packed)}: packed tensor is missing or does not match the manifest "
                             "checksum")
         return problems
 
-    def _holds(self, key: str, record: FileRecord) -> bool:
-        if isinstance(self.store, LocalStore):
-            path = self.store.path(key)
-            return path.is_file() and record.matches_file(path)
-        return record.matches(self.store.get(key))
-
-    def _exists(self, key: str) -> bool:
-        return self.store.path(key).is_file() if isinstance(self.store, LocalStore) else self.store.get(key) is not None
+    def _matches(self, key: str, record: FileRecord) -> bool | None:
+        """Whether the object holds the record's bytes; None when there is no such object."""
+        if isinstance(self.store, LocalStore):  # read block by block, not whole: a chunk may be 1.24 GB
+            path = self.store.local_file(key)
+            return None if path is None else record.matches_file(path)
+        data = self.store.get(key)
+        return None if data is None else record.matches(data)
 
 
 class OldFormatError(CacheError):
