@@ -17,7 +17,7 @@ SIZES = [0, 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, BOUNCE, BOUNCE + ALIG
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["page-aligned array", "any buffer"])
 @pytest.mark.parametrize("size", SIZES)
-def test_every_size_reads_back_exactly(tmp_path, size, aligned):
+def test_every_size_reads_back_exactly(disk_path, size, aligned):
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     if aligned:  # written straight from the array, the tail through the bounce buffer
         data, copy = aligned_empty(size, np.uint8), data
@@ -25,13 +25,13 @@ def test_every_size_reads_back_exactly(tmp_path, size, aligned):
         assert size == 0 or data.ctypes.data % ALIGN == 0
     else:  # one byte past a page boundary: every byte goes through the bounce buffer
         data = np.concatenate([np.zeros(1, np.uint8), data])[1:]
-    target = tmp_path / "a" / "chunk"
+    target = disk_path / "a" / "chunk"
     write_bytes_atomic(target, memoryview(data))
     assert target.read_bytes() == data.tobytes()
     assert [p.name for p in target.parent.iterdir()] == ["chunk"]  # no temporary left behind
 
 
-def test_a_filesystem_without_o_direct_gets_the_buffered_path(tmp_path, monkeypatch):
+def test_a_filesystem_without_o_direct_gets_the_buffered_path(disk_path, monkeypatch):
     real_open, refused = os.open, []
 
     def no_direct(path, flags, *args):
@@ -44,40 +44,40 @@ def test_a_filesystem_without_o_direct_gets_the_buffered_path(tmp_path, monkeypa
     monkeypatch.setattr(bulk_write, "_no_direct", set())
     data = np.arange(3 * DIRECT_MIN, dtype=np.uint8)
     for name in ("one", "two"):
-        write_bytes_atomic(tmp_path / name, memoryview(data))
-        assert (tmp_path / name).read_bytes() == data.tobytes()
+        write_bytes_atomic(disk_path / name, memoryview(data))
+        assert (disk_path / name).read_bytes() == data.tobytes()
     assert len(refused) == 1  # the refusal is remembered per filesystem
 
 
-def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+def test_a_failed_write_leaves_nothing(disk_path, monkeypatch):
     try:
-        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
-        os.unlink(tmp_path / "probe")
+        os.close(os.open(disk_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+        os.unlink(disk_path / "probe")
     except OSError:
-        pytest.skip(f"{tmp_path}: this filesystem has no O_DIRECT, so the direct path is never taken here")
+        pytest.skip(f"{disk_path}: this filesystem has no O_DIRECT, so the direct path is never taken here")
 
     def full(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", full)
     with pytest.raises(OSError, match="No space left"):
-        write_bytes_atomic(tmp_path / "chunk", memoryview(np.zeros(2 * DIRECT_MIN, np.uint8)))
-    assert list(tmp_path.iterdir()) == []
+        write_bytes_atomic(disk_path / "chunk", memoryview(np.zeros(2 * DIRECT_MIN, np.uint8)))
+    assert list(disk_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("size", [10, DIRECT_MIN + 1], ids=["buffered", "O_DIRECT"])
-def test_in_place_replaces_a_longer_file_completely(tmp_path, size):
-    target = tmp_path / "c.0.0"
+def test_in_place_replaces_a_longer_file_completely(disk_path, size):
+    target = disk_path / "c.0.0"
     target.write_bytes(b"\xff" * (3 * DIRECT_MIN))  # what a killed run left under the final name
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     write_bytes_in_place(target, memoryview(data))
     assert target.read_bytes() == data.tobytes()
-    assert [p.name for p in tmp_path.iterdir()] == ["c.0.0"]
+    assert [p.name for p in disk_path.iterdir()] == ["c.0.0"]
 
 
-def test_in_place_never_writes_through_a_hard_link(tmp_path):
+def test_in_place_never_writes_through_a_hard_link(disk_path):
     """Reuse links chunks of published entries into the entry being built; rewriting one must not touch theirs."""
-    published, building = tmp_path / "published", tmp_path / "building"
+    published, building = disk_path / "published", disk_path / "building"
     published.write_bytes(b"published bytes")
     os.link(published, building)
     for size in (10, DIRECT_MIN + 1):
@@ -86,7 +86,7 @@ def test_in_place_never_writes_through_a_hard_link(tmp_path):
         assert published.read_bytes() == b"published bytes"
 
 
-def test_a_bounce_buffer_made_while_it_was_smaller_is_not_used_at_full_size(tmp_path, monkeypatch):
+def test_a_bounce_buffer_made_while_it_was_smaller_is_not_used_at_full_size(disk_path, monkeypatch):
     """test_precision shrinks BOUNCE to 4 KiB; a thread whose buffer was made then must not write a full-size
     block through it afterwards (make test failed so, in test_convert, on 12-03). In a thread of its own, so the
     buffer is made here."""
@@ -105,8 +105,8 @@ def test_a_bounce_buffer_made_while_it_was_smaller_is_not_used_at_full_size(tmp_
         try:
             with monkeypatch.context() as m:
                 m.setattr(bulk_write, "BOUNCE", 4096)
-                bulk_write.write_made_in_place(tmp_path / "small", 3 * 4096 + 5, copy_from(data))
-            write_bytes_atomic(tmp_path / "large", memoryview(data))
+                bulk_write.write_made_in_place(disk_path / "small", 3 * 4096 + 5, copy_from(data))
+            write_bytes_atomic(disk_path / "large", memoryview(data))
         except Exception as e:  # noqa: BLE001  (said in the assertion below)
             failed.append(e)
 
@@ -114,5 +114,5 @@ def test_a_bounce_buffer_made_while_it_was_smaller_is_not_used_at_full_size(tmp_
     thread.start()
     thread.join()
     assert not failed, failed
-    assert (tmp_path / "small").read_bytes() == data[:3 * 4096 + 5].tobytes()
-    assert (tmp_path / "large").read_bytes() == data.tobytes()
+    assert (disk_path / "small").read_bytes() == data[:3 * 4096 + 5].tobytes()
+    assert (disk_path / "large").read_bytes() == data.tobytes()

@@ -79,7 +79,7 @@ def test_numpy_tensorbin_is_byte_identical_to_dump_tensor(case, dtype, packer):
             assert packed.max_abs_err == float(np.abs(back - widen_bf16(bits)).max())
 
 
-def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path(packer):
+def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path(packer, tmp_path):
     bits = _bf16((96, 200))
     target = Target(name="w", sources=("k",), transform="identity", kind="matmul", device_dtype="bfloat8_b",
                     layout="TILE", shape=bits.shape, device_file=True, min_pcc=0.999)
@@ -87,7 +87,8 @@ def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path(
     theirs = convert_target(bits.view(np.uint16), target, check_bf16=True)
     assert bytes(ours.packed) == bytes(theirs.packed)  # the ttnn path: from_torch, dump_tensor, to_torch numerics
     assert ours.max_abs_err == theirs.max_abs_err
-    loaded = ttnn.load_tensor(_write(ours.packed))
+    (tmp_path / "t.tensorbin").write_bytes(bytes(ours.packed))
+    loaded = ttnn.load_tensor(str(tmp_path / "t.tensorbin"))
     back = ttnn.to_torch(ttnn.Tensor(tensor=widen_bf16(bits), data_type=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT))
     assert torch.equal(ttnn.to_torch(loaded), back)
     # Both PCCs against the exact one (float64 over ttnn's read-back values): every path sums in float64 (the C
@@ -95,12 +96,6 @@ def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path(
     exact = np.corrcoef(back.double().numpy().ravel(), widen_bf16(bits).astype(np.float64).ravel())[0, 1]
     assert ours.pcc < 1.0 and theirs.pcc == pytest.approx(exact, abs=1e-6)
     assert ours.pcc == pytest.approx(exact, abs=1e-8 if packer == "C kernel" else 1e-6)
-
-
-def _write(blob) -> str:
-    path = Path(tempfile.mkdtemp()) / "t.tensorbin"
-    path.write_bytes(bytes(blob))
-    return str(path)
 
 
 def test_checked_headers_are_kept_per_install_and_a_damaged_record_is_checked_again(tmp_path, monkeypatch):
