@@ -46,6 +46,20 @@ def test_age_and_size_never_remove_what_a_ref_points_to_unless_asked(old_and_cur
     assert _names(root) == [] and list((root / "refs").iterdir()) == []  # its ref went with it
 
 
+def test_the_port_model_kept_for_an_entry_goes_with_it_and_only_then(old_and_current):
+    root, old, current = old_and_current
+    for name in (old, current):  # what pipeline/port_n16/kept.py writes there, by hand
+        (root / "port-models" / name).mkdir(parents=True)
+        (root / "port-models" / name / "rev-key.json").write_text("{}")
+    store = LocalStore(root)
+    collect_garbage(store, older_than_days=0, dry_run=True)
+    assert sorted(p.name for p in (root / "port-models").iterdir()) == [current, old]
+    collect_garbage(store, older_than_days=0)
+    assert [p.name for p in (root / "port-models").iterdir()] == [current]
+    remove_entry(store, current, include_current=True)
+    assert list((root / "port-models").iterdir()) == []
+
+
 def test_a_dry_run_removes_nothing(old_and_current):
     root, old, current = old_and_current
     store = LocalStore(root)

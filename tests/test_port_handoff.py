@@ -78,7 +78,11 @@ def test_the_whole_model_two_ways_on_the_host(attn):
     import ttnn
 
     snapshot, cache_dir = attn
-    ours, theirs = both_ways(PORT, snapshot, cache_dir)
+    shutil.rmtree(cache_dir / "port-models", ignore_errors=True)
+    first, theirs = both_ways(PORT, snapshot, cache_dir)
+    ours = port_n16.build_model(cache_dir, PORT, check=False)  # a later start: the model the first one kept
+    assert (first.stats["model"], ours.stats["model"]) == ("traced and kept", "kept")
+    assert port_n16.differences(first.model, theirs) == []
     model_class = port_n16.PortCode.find(PORT).attr("tt.ttnn_groot_n16_model:Gr00tN16ModelTTNN")
     assert type(ours.model) is model_class and ours.layout == "tt-n16" and ours.slots == (0, 1)
     counts: dict = {}
@@ -95,10 +99,67 @@ def test_the_whole_model_two_ways_on_the_host(attn):
 
 def test_the_whole_model_two_ways_on_the_simulated_device(attn, simulated_device):
     snapshot, cache_dir = attn
-    ours, theirs = both_ways(PORT, snapshot, cache_dir, simulated_device)
-    counts: dict = {}
-    assert port_n16.differences(ours.model, theirs, counts=counts) == []
-    assert counts["ttnn"] == counts["on_device"] == 101  # weights and the mask, read back from the device
+    shutil.rmtree(cache_dir / "port-models", ignore_errors=True)
+    first, theirs = both_ways(PORT, snapshot, cache_dir, simulated_device)
+    ours = port_n16.build_model(cache_dir, PORT, simulated_device, check=False)
+    assert (first.stats["model"], ours.stats["model"]) == ("traced and kept", "kept")
+    for built in (first, ours):
+        counts: dict = {}
+        assert port_n16.differences(built.model, theirs, counts=counts) == []
+        assert counts["ttnn"] == counts["on_device"] == 101  # weights and the mask, read back from the device
+
+
+def _kept_files(cache_dir: Path, revision: str) -> list[Path]:
+    return sorted((cache_dir / "port-models").glob(f"*/{revision}-*.json"))
+
+
+def test_a_changed_port_is_traced_again_and_kept_beside(attn, tmp_path):
+    """The kept model is the port revision's: a port whose code changed after a start was kept is traced again."""
+    snapshot, cache_dir = attn
+    tree = tmp_path / "tt-metal"
+    shutil.copytree(PORT, tree)
+    before = port_n16.build_model(cache_dir, tree, check=False)
+    old = port_n16.PortCode.find(tree).revision
+    with open(tree / PORT_DIT, "a") as f:
+        f.write("\n# a local edit\n")
+    new = port_n16.PortCode.find(tree).revision
+    after = port_n16.build_model(cache_dir, tree, check=False)
+    assert old != new and before.stats["model"] in ("kept", "traced and kept")
+    assert after.stats["model"] == "traced and kept" and len(_kept_files(cache_dir, new)) == 1
+    theirs = port_n16.build_with_port(port_n16.PortCode.find(tree), snapshot, independent_config())
+    assert port_n16.differences(after.model, theirs) == []
+
+
+@pytest.mark.parametrize("damage", ["a byte of its tensors", "a byte of its graph", "a class to import, re-hashed"])
+def test_a_damaged_kept_model_is_traced_again(attn, tmp_path, damage):
+    """A kept model that does not check is never used: it is traced again (and kept again), and the model still
+    equals the port's own. A kept file naming a class outside the port's package, even with its hash made to
+    match, is refused the same way: nothing it names is imported."""
+    import xxhash
+
+    snapshot, cache_dir = attn
+    copy = tmp_path / "cache"
+    shutil.copytree(cache_dir, copy)
+    shutil.rmtree(copy / "port-models", ignore_errors=True)
+    port_n16.build_model(copy, PORT, check=False)
+    (kept,) = _kept_files(copy, port_n16.PortCode.find(PORT).revision)
+    if damage == "a byte of its tensors":
+        data = bytearray(kept.with_suffix(".bin").read_bytes())
+        data[len(data) // 2] ^= 0x01
+        kept.with_suffix(".bin").write_bytes(bytes(data))
+    elif damage == "a byte of its graph":
+        data = bytearray(kept.read_bytes())
+        data[-10] ^= 0x01
+        kept.write_bytes(bytes(data))
+    else:
+        body = kept.read_bytes().partition(b"\n")[2]
+        body = body.replace(b'"models.experimental.gr00t_n1_6.tt.ttnn_dit:DiTFFNTTNN"', b'"subprocess:Popen"')
+        kept.write_bytes(xxhash.xxh3_64_hexdigest(body).encode() + b"\n" + body)
+    ours = port_n16.build_model(copy, PORT, check=False)
+    assert ours.stats["model"] == "traced and kept"
+    theirs = port_n16.build_with_port(port_n16.PortCode.find(PORT), snapshot, independent_config())
+    assert port_n16.differences(ours.model, theirs) == []
+    assert port_n16.build_model(copy, PORT, check=False).stats["model"] == "kept"
 
 
 def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.cache.roots import pid_alive
-from tasks.entry import TMP_MARK, entry_key, manifest_key
+from tasks.entry import PORT_MODELS, TMP_MARK, entry_key, manifest_key
 from tasks.errors import CacheError
 from tasks.store import LocalStore, Store
 
@@ -87,6 +87,7 @@ def delete_unread(store: Store, name: str) -> bool:
         return False
     with lock:
         store.delete(entry_key(name))
+        store.delete(f"{PORT_MODELS}/{name}")  # the port's model kept for it (pipeline/port_n16/kept.py)
         _lock_path(store, name).unlink(missing_ok=True)
     return True
 

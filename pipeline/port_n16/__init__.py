@@ -10,6 +10,7 @@ One room per job:
 - `code.py`: finding the port's tree, importing its modules from it, its revision;
 - `trace.py`: running its constructors on traced weights, every `from_torch` listed (`intercepted`);
 - `match.py`: each listed tensor held to a target of the entry, and the layout revisions that serve a port;
+- `kept.py`: the traced model kept per entry and port revision as data (no pickle), rebuilt by later starts;
 - `build.py`: the entry's files loaded, every byte checked, and put in place of the placeholders;
 - `compare.py`: two built models compared attribute by attribute, and the port's own way of building one;
 - `verdict.py`: every port revision held once to the port's own constructor, the verdict kept under the cache.

@@ -1,17 +1,19 @@
-"""Building: the port's model from a cache entry. Its constructors run once on traced weights (trace.py); what they
-asked for is matched to the entry's targets (match.py); those files are loaded, every byte checked against its
-record, and swapped into the built model in place of its placeholders. One the walk cannot reach stops the build
-by name."""
+"""Building: the port's model from a cache entry. Its constructors run once on traced weights (trace.py), or the
+model an earlier start kept for this entry is rebuilt (kept.py); what they asked for is matched to the entry's
+targets (match.py); those files are loaded, every byte checked against its record, and swapped into the built
+model in place of its placeholders. One the walk cannot reach stops the build by name."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline import cache
 from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
+from pipeline.port_n16.kept import NotKept, keep, kept_path, restore
 from pipeline.port_n16.match import first_unserved, layouts_serving, match_targets
 from pipeline.port_n16.trace import HOST_OPS, Listing, Pending, Request, construct, port_config
 from tasks import reload
@@ -128,6 +130,7 @@ class Listed:
     model: Any
     traced: type
     started: float  # perf_counter() when the build began
+    how: str = "traced"  # or "kept" (by an earlier start: kept.py), or "traced and kept"
 
 
 def list_model(code: PortCode, store, *, entry: str | None = None, profile: str | None = None,
@@ -135,8 +138,8 @@ def list_model(code: PortCode, store, *, entry: str | None = None, profile: str 
     """Choose the entry and run the port's constructors on traced weights over it (see `build_model`)."""
     started = time.perf_counter() if started is None else started
     asked = None if embodiments is None or str(embodiments).strip() == "all" else N16.slot_ids(str(embodiments))
-    opened, listing, model, traced = _serving_entry(code, store, entry, profile or "port", asked, config, device)
-    return Listed(code=code, entry=opened, listing=listing, model=model, traced=traced, started=started)
+    opened, listing, model, traced, how = _serving_entry(code, store, entry, profile or "port", asked, config, device)
+    return Listed(code=code, entry=opened, listing=listing, model=model, traced=traced, started=started, how=how)
 
 
 def load_model(listed: Listed, *, embodiments: str | int | None = None, device=None, threads: int = 4) -> PortModel:
@@ -157,6 +160,7 @@ def load_model(listed: Listed, *, embodiments: str | int | None = None, device=N
     model = fill_in(listed.model, fill)
     check_filled(fill, listing.requests)
     stats = {"seconds": time.perf_counter() - listed.started, "listing_seconds": t_listed - listed.started,
+             "model": listed.how,
              "device_files": len(needed), "host_tensors": len(host), "bytes_read": nbytes,
              "tensor_bytes": nbytes - sum(opened.manifest.arrays[n].chunks[None].nbytes for n in host)  # stored...
                              + sum(t.numel() * 4 for t in host.values())}  # ...as the float32 the port holds
@@ -186,18 +190,40 @@ def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked
         if not shapes:
             raise CacheError(f"{opened.describe()}: made before entries recorded their checkpoint's shapes (cache "
                              f"format {opened.manifest.cache_format}); convert again to hand it to the port")
-        listing = Listing()
-        model, traced = construct(code, config or port_config(code, shapes), shapes, device, listing)
+        model, traced, listing, how = _traced_or_kept(code, opened, config, device, cache.build_root(store))
         if entry is not None or first_unserved(listing.requests, opened) is None:  # (match_targets explains)
-            return opened, listing, model, traced
+            return opened, listing, model, traced, how
         fits = layouts_serving(listing.requests, shapes, opened.manifest.profile)  # two plans: only when needed
         if opened.manifest.layout in fits or not fits:
-            return opened, listing, model, traced
+            return opened, listing, model, traced, how
         try:
             opened = cache.choose_entry(store, cache.Wanted(version=VERSION, layout=fits[0], profile=profile, slot=slot))
         except CacheError as e:
             raise CacheError(f"port revision {code.revision} at {code.root} takes layout {fits[0]}: {e}") from None
-    return opened, listing, model, traced
+    return opened, listing, model, traced, how
+
+
+def _traced_or_kept(code: PortCode, opened: Entry, config, device, root: Path):
+    """The port's model on traced weights for this entry: the one kept by an earlier start (kept.py) when there
+    is one and it checks, else traced now and kept. A config of the caller's own is always traced. Returns the
+    model, its Traced class, the listing, and which it was ("kept", "traced and kept", "traced")."""
+    shapes = opened.manifest.source_shapes
+    if config is not None:
+        listing = Listing()
+        return *construct(code, config, shapes, device, listing), listing, "traced"
+    path = kept_path(root, code, opened.name, device is not None)
+    code.attr(str(N16.port["model"]))  # this tree's modules, before any of its classes is looked up
+    try:
+        return *restore(path, code, device), "kept"
+    except NotKept:
+        pass
+    listing = Listing()
+    model, traced = construct(code, port_config(code, shapes), shapes, device, listing)
+    try:
+        kept = listing.keepable and keep(path, code, model, traced, listing, device)
+    except OSError:  # a read-only cache: every start traces
+        kept = False
+    return model, traced, listing, "traced and kept" if kept else "traced"
 
 
 def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):

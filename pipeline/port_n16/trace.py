@@ -87,12 +87,28 @@ class Request:
         return (f"a {list(self.shape)} {self.dtype} {self.layout} tensor from {', '.join(self.sources)}{slot}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Made:
+    """One `ttnn.from_torch` the port made of a tensor it computed itself (the causal mask): kept.py makes it again
+    from `tensor` the same way."""
+
+    result: object
+    tensor: object
+    dtype: str
+    layout: str
+    on_device: bool
+    dram: bool
+
+
 @dataclass
 class Listing:
     """What the port's constructors asked for, in order: each request, and the placeholder handed back for it
-    (filled with the loaded tensor once the files are read)."""
+    (filled with the loaded tensor once the files are read); and the tensors it made itself (`keepable` is False
+    when one was made in a way kept.py does not make again)."""
 
     requests: list[Request] = field(default_factory=list)
+    made: list[Made] = field(default_factory=list)
+    keepable: bool = True
 
 
 class Pending:
@@ -148,7 +164,9 @@ def intercepted(listing: Listing, traced_type) -> Iterator[None]:
                 return real(*args, **kwargs)  # ttnn says what is wrong with the call
         tensor = given.get("tensor")
         if not isinstance(tensor, traced_type):
-            return real(*args, **kwargs)
+            result = real(*args, **kwargs)
+            _note_made(listing, result, given, ttnn)
+            return result
         layout = _enum_name(given.get("layout") or ttnn.ROW_MAJOR_LAYOUT)
         request = Request(sources=tensor.sources, slot=tensor.slot, shape=tuple(tensor.shape),
                           dtype=_enum_name(given.get("dtype") or ttnn.bfloat16).lower(), layout=layout,
@@ -169,6 +187,21 @@ def intercepted(listing: Listing, traced_type) -> Iterator[None]:
         yield
     finally:
         ttnn.from_torch = real
+
+
+def _note_made(listing: Listing, result, given: Mapping, ttnn) -> None:
+    """List a tensor the port made itself, if it was made with only what kept.py gives again: a dtype, a layout,
+    a device or none, and DRAM or no memory config."""
+    import torch
+
+    tensor, device, memory = given.get("tensor"), given.get("device"), given.get("memory_config")
+    plain = set(given) <= {"tensor", "dtype", "layout", "device", "memory_config"} and type(tensor) is torch.Tensor
+    if not plain or (memory is not None and memory != ttnn.DRAM_MEMORY_CONFIG):
+        listing.keepable = False
+        return
+    listing.made.append(Made(result=result, tensor=tensor, dtype=_enum_name(given.get("dtype") or ttnn.bfloat16),
+                             layout=str(given.get("layout") or ttnn.ROW_MAJOR_LAYOUT).rsplit(".", 1)[-1],
+                             on_device=device is not None, dram=memory is not None))
 
 
 def port_config(code: PortCode, source_shapes: Mapping[str, list[int]]):
