@@ -7,8 +7,8 @@ graph and one file of the torch tensors the port computed itself (RoPE tables, t
 own package or diffusers' torch modules are rebuilt; anything else the walk meets (a ttnn object the port made some
 other way, an object with slots) means this port revision's model is not kept, and every start traces it.
 
-Each file starts with the xxh3 of the rest; a file that does not match, does not parse or names what the walk would
-not have written is dropped, and the model traced and kept again. The name is a hash of everything that decides
+The JSON file starts with the xxh3 of the rest, and holds the tensor file's; a kept model whose files do not match,
+do not parse or name what the walk would not have written is not used, and the model is traced and kept again. The name is a hash of everything that decides
 the model: the port's revision, the entry (named by its content, recipes included), whether it goes to a device,
 and this module's and trace.py's own code.
 """
@@ -27,7 +27,7 @@ from typing import Any
 import xxhash
 
 from pipeline.port_n16.code import PortCode
-from pipeline.port_n16.trace import Listing, Made, Pending, Request, _traced_class
+from pipeline.port_n16.trace import Listing, Pending, Request, traced_class
 from tasks.bulk_write import write_bytes_atomic
 from tasks.entry import PORT_MODELS
 
@@ -61,7 +61,7 @@ class _Writer:
     def value(self, v) -> Any:
         if type(v) is Pending:
             return {"p": v.index}
-        if isinstance(v, PRIMITIVES) and type(v) in PRIMITIVES:
+        if type(v) in PRIMITIVES:  # exactly: an IntEnum or a str subclass is an object to rebuild, not a value
             return v
         if id(v) in self.index:
             return {"$": self.index[id(v)]}
@@ -172,7 +172,7 @@ class _Reader:
     def __init__(self, code: PortCode, nodes: list, blob: bytes, device) -> None:
         self.code, self.nodes, self.blob, self.device = code, nodes, blob, device
         self.built: dict[int, Any] = {}
-        self.traced = _traced_class()
+        self.traced = traced_class()
 
     def value(self, v) -> Any:
         if type(v) is dict:
@@ -219,6 +219,8 @@ class _Reader:
                                   memory_config=ttnn.DRAM_MEMORY_CONFIG if spec["dram"] else None)
         elif kind == "object":
             module, _, name = spec[0].partition(":")
+            if not (module.startswith(self.code.package + ".") or module.startswith("diffusers.")):
+                raise ValueError(f"{spec[0]} is not a class the port's model is rebuilt from")  # not even imported
             cls = importlib.import_module(module)
             for part in name.split("."):
                 cls = getattr(cls, part)

@@ -18,7 +18,7 @@ from pipeline.port_n16.code import N16, PortCode, PortError
 from pipeline.state_dict import dims_of
 
 
-def _traced_class():
+def traced_class():
     import torch
 
     class Traced(torch.Tensor):
@@ -224,7 +224,7 @@ def _traced_loader(code: PortCode, source_shapes: Mapping[str, list[int]], banks
     them: it reads no file)."""
     import torch
 
-    traced = _traced_class()
+    traced = traced_class()
     loader = code.attr(str(N16.port["loader"]))()
     # The one private attribute of the port touched anywhere: common/weight_loader.py:57 keeps the loaded dict in
     # `_state_dict`, and `load()` (:61-62) returns it as it is once set, reading no file.
