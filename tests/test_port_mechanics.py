@@ -1,6 +1,8 @@
-"""The hand-off's mechanics (pipeline/port_n16/: trace.py, build.py) against a small fake port defined here, so they
-are held without the pinned port tree: `ttnn.from_torch` is intercepted however it is called and always put back, and
-every placeholder the port was handed ends up replaced, or the build stops by name."""
+"""The hand-off's mechanics (pipeline/port_n16/: trace.py, build.py, kept.py) against a small fake port defined here,
+so they are held without the pinned port tree: `ttnn.from_torch` is intercepted however it is called and always put
+back; every placeholder the port was handed ends up replaced, or the build stops by name; a kept model comes back as
+it was (shared objects, cycles, tables, the tensors the port made), a damaged one does not, and one holding anything
+else is not kept."""
 
 from __future__ import annotations
 
@@ -99,3 +101,57 @@ def test_a_constructor_error_that_is_not_about_weight_values_keeps_its_own_words
     with pytest.raises(PortError, match=r"its constructor failed on the traced weights \(TypeError: __init__\(\) got "
                                         r"an unexpected keyword argument 'cfg'\)"):
         trace.construct(FAKE_PORT, None, {}, None, Listing())
+
+
+def _model_to_keep():
+    """A fake port's model as its constructors leave it: placeholders, a config shared by two modules, a cycle, an
+    int-keyed dict holding a tuple, a torch table it computed, and a ttnn tensor it made itself (the causal mask)."""
+    import torch
+
+    listing = Listing()
+    with intercepted(listing, Traced):
+        config = Block(eps=1e-6, name="cfg", dims=(64, 32))
+        model = Block(config=config, proj=ttnn.from_torch(_weight("proj")),
+                      by_slot={0: ttnn.from_torch(_weight("bank")), 1: (2, "x")},
+                      layers=[Block(config=config, fc=ttnn.from_torch(_weight("fc")))],
+                      rope=torch.arange(12, dtype=torch.float32).reshape(3, 4), scale=torch.tensor(0.5),
+                      mask=ttnn.from_torch(torch.full((32, 32), -1e9, dtype=torch.bfloat16), dtype=ttnn.bfloat16,
+                                           layout=ttnn.TILE_LAYOUT, memory_config=ttnn.DRAM_MEMORY_CONFIG))
+        model.layers[0].parent = model
+    return model, listing
+
+
+def test_a_kept_model_is_rebuilt_as_it_was_and_a_damaged_one_is_not(tmp_path):
+    import torch
+
+    from pipeline.port_n16.kept import NotKept, keep, restore
+
+    model, listing = _model_to_keep()
+    path = tmp_path / "kept.json"
+    assert keep(path, FAKE_PORT, model, Traced, listing, None)
+    again, _, kept_listing = restore(path, FAKE_PORT, None)
+    assert kept_listing.requests == listing.requests
+    assert type(again) is Block and again.layers[0].config is again.config and again.layers[0].parent is again
+    assert (again.config.eps, again.config.name, again.config.dims) == (1e-6, "cfg", (64, 32))
+    assert [type(x).__name__ for x in (again.proj, again.by_slot[0], again.layers[0].fc)] == ["Pending"] * 3
+    assert [x.index for x in (again.proj, again.by_slot[0], again.layers[0].fc)] == [0, 1, 2]
+    assert again.by_slot[1] == (2, "x") and sorted(again.by_slot) == [0, 1]
+    assert torch.equal(again.rope, model.rope) and torch.equal(again.scale, model.scale) and again.scale.dim() == 0
+    assert (again.mask.dtype, again.mask.layout, list(again.mask.shape)) == (ttnn.bfloat16, ttnn.TILE_LAYOUT, [32, 32])
+    assert torch.equal(ttnn.to_torch(again.mask), ttnn.to_torch(model.mask))
+    data = bytearray(path.with_suffix(".bin").read_bytes())
+    data[5] ^= 0x01
+    path.with_suffix(".bin").write_bytes(bytes(data))
+    with pytest.raises(NotKept):
+        restore(path, FAKE_PORT, None)
+
+
+def test_a_model_holding_what_the_format_does_not_write_is_not_kept(tmp_path):
+    import threading
+
+    from pipeline.port_n16.kept import keep
+
+    model, listing = _model_to_keep()
+    model.layers[0].lock = threading.Lock()  # not the port's, not data
+    assert not keep(tmp_path / "kept.json", FAKE_PORT, model, Traced, listing, None)
+    assert list(tmp_path.iterdir()) == []
