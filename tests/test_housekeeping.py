@@ -47,6 +47,7 @@ def test_age_and_size_never_remove_what_a_ref_points_to_unless_asked(old_and_cur
 
 
 def test_the_port_model_kept_for_an_entry_goes_with_it_and_only_then(old_and_current):
+    """With its entry by gc or rm; one whose entry is already gone, by the next gc; never by a dry run."""
     root, old, current = old_and_current
     for name in (old, current):  # what pipeline/port_n16/kept.py writes there, by hand
         (root / "port-models" / name).mkdir(parents=True)
@@ -57,6 +58,11 @@ def test_the_port_model_kept_for_an_entry_goes_with_it_and_only_then(old_and_cur
     collect_garbage(store, older_than_days=0)
     assert [p.name for p in (root / "port-models").iterdir()] == [current]
     remove_entry(store, current, include_current=True)
+    assert list((root / "port-models").iterdir()) == []
+    (root / "port-models" / "gone-entry").mkdir()  # kept by a start while its entry was being removed
+    collect_garbage(store, dry_run=True)
+    assert [p.name for p in (root / "port-models").iterdir()] == ["gone-entry"]
+    collect_garbage(store)
     assert list((root / "port-models").iterdir()) == []
 
 

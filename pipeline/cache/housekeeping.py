@@ -8,10 +8,10 @@ import time
 
 from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless_read
 from pipeline.cache.roots import pid_alive
-from tasks.entry import ENTRIES, TMP_MARK, entry_key, list_entries, ref_object, tmp_owner
+from tasks.entry import ENTRIES, PORT_MODELS, TMP_MARK, entry_key, list_entries, ref_object, tmp_owner
 from tasks.errors import CacheError
 from tasks.refs import readable, refs
-from tasks.store import Store
+from tasks.store import LocalStore, Store
 
 
 def entry_rows(store: Store, only: str | None = None, verify: bool = False, totals: dict | None = None) -> list[dict]:
@@ -70,7 +70,8 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     if asked, published entries older than `older_than_days`, then the oldest until the cache holds at most
     `max_bytes`. An entry a ref points to is never removed by age or size unless `include_current`; a corrupt
     one is removed with its refs (it cannot be loaded anyway). An object-store entry without a manifest may be
-    a push in progress: it is listed, never removed. `dry_run` lists without removing."""
+    a push in progress: it is listed, never removed. The port models kept for entries that are gone go too.
+    `dry_run` lists without removing."""
     removed: list[dict] = []
     kept: list[dict] = []
     in_use = refs(store)
@@ -109,7 +110,17 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
                 break
             if remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True):
                 total -= row["unique_bytes"]  # a kept entry (a live reader's) still takes its room
+    if not dry_run:
+        _drop_orphan_port_models(store)
     return removed + [{**k, "kept": True, "freed_bytes": 0, "refs": []} for k in kept]
+
+
+def _drop_orphan_port_models(store: Store) -> None:
+    """Remove the port's models kept for entries that are gone (a start was keeping one while its entry was
+    removed); an entry's own go with it (`delete_unread`). Kept models live in local caches only."""
+    if isinstance(store, LocalStore):
+        for name in set(store.children(PORT_MODELS)) - set(store.children(ENTRIES)):
+            store.delete(f"{PORT_MODELS}/{name}")
 
 
 def _being_read(pids: list[int]) -> str:
