@@ -33,8 +33,8 @@ RAM_TMP_MIN_FREE = 12 << 30  # a whole run's temporaries peaked at 6.3 GB (-n 2)
 
 
 def _temporaries_in_ram(environ) -> str:
-    """Put the run's temporaries (tmp_path, and TMPDIR for the commands tests start) on /dev/shm when it is a
-    tmpfs with room to spare and TMPDIR is not set. A run creates tens of thousands of small files and folders
+    """Put the run's temporaries (tmp_path, and TMPDIR for the commands tests start) on /dev/shm (memory) when it
+    is there with room to spare and TMPDIR is not set. A run creates tens of thousands of small files and folders
     (every tiny entry is ~2,000), and on this VM's ext4 each create costs 0.1-0.4 ms of kernel time: `make test`
     took 13:19 with 8:31 of sys time on /tmp, 8:33 with 2:55 on /dev/shm. Returns the reason, for the header."""
     if environ.get("TMPDIR"):
@@ -44,7 +44,8 @@ def _temporaries_in_ram(environ) -> str:
     except OSError:
         return f"temporaries in {tempfile.gettempdir()} ({RAM_TMP.parent} is not there)"
     if free < RAM_TMP_MIN_FREE:
-        return f"temporaries in {tempfile.gettempdir()} ({RAM_TMP.parent} has {free / 2**30:.1f} GiB free, under 12)"
+        return (f"temporaries in {tempfile.gettempdir()} ({RAM_TMP.parent} has {free / 2**30:.1f} GiB free, under "
+                f"{RAM_TMP_MIN_FREE >> 30})")
     RAM_TMP.mkdir(exist_ok=True)
     environ["TMPDIR"] = tempfile.tempdir = str(RAM_TMP)
     return f"temporaries in {RAM_TMP} (tmpfs; the O_DIRECT writer's tests write to {DISK_TMP})"

@@ -1,5 +1,5 @@
-"""Kept models: what the port's constructors built on traced weights, kept per port revision and entry, so that a
-start after the first skips the tracing (0.13-0.20 s for the full N1.6 here) and goes straight to the files.
+"""Kept models: what the port's constructors built on traced weights, kept per port revision and entry, so that a start
+after the first skips the tracing (0.13-0.20 s for the full N1.6 here) and goes straight to the files.
 
 It is written as data, never as a pickle (a pickle is code run at load): one JSON document of the model's object
 graph and one file of the torch tensors the port computed itself (RoPE tables, the causal mask before its
@@ -8,13 +8,14 @@ own package or diffusers' torch modules are rebuilt; anything else the walk meet
 other way, an object with slots) means this port revision's model is not kept, and every start traces it.
 
 The JSON file starts with the xxh3 of the rest, and holds the tensor file's; a kept model whose files do not match,
-do not parse or name what the walk would not have written is not used, and the model is traced and kept again. The name is a hash of everything that decides
-the model: the port's revision, the entry (named by its content, recipes included), whether it goes to a device,
-and this module's and trace.py's own code.
+do not parse or name what the walk would not have written is not used, and the model is traced and kept again. The
+name is a hash of everything that decides the model: the port's revision, the entry (named by its content, recipes
+included), whether it goes to a device, and this module's and trace.py's own code.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -39,11 +40,16 @@ class NotKept(Exception):
     """The model holds something this format does not write, or a kept file is not what was written."""
 
 
+@functools.cache
+def _own_code() -> bytes:
+    """This module's and trace.py's source: what they write and read is theirs (read once per process)."""
+    return b"".join(Path(__file__).with_name(n).read_bytes() for n in ("kept.py", "trace.py"))
+
+
 def kept_path(root: Path, code: PortCode, entry: str, on_device: bool) -> Path:
     """`<cache>/port-models/<entry>/<key>.json` (its tensors beside it as `.bin`): removed with its entry."""
-    own = b"".join(Path(__file__).with_name(n).read_bytes() for n in ("kept.py", "trace.py"))
-    key = hashlib.sha256(f"{KEPT_FORMAT}\0{code.revision}\0{entry}\0{on_device}\0".encode() + own).hexdigest()[:20]
-    return root / PORT_MODELS / entry / f"{code.revision}-{key}.json"
+    key = hashlib.sha256(f"{KEPT_FORMAT}\0{code.revision}\0{entry}\0{on_device}\0".encode() + _own_code())
+    return root / PORT_MODELS / entry / f"{code.revision}-{key.hexdigest()[:20]}.json"
 
 
 class _Writer:
@@ -77,7 +83,8 @@ class _Writer:
         if v is self.device and v is not None:
             return ["device"]
         if type(v) in (dict, OrderedDict):
-            return ["odict" if type(v) is OrderedDict else "dict", [[self.value(k), self.value(x)] for k, x in v.items()]]
+            pairs = [[self.value(k), self.value(x)] for k, x in v.items()]
+            return ["odict" if type(v) is OrderedDict else "dict", pairs]
         if type(v) in (list, tuple):
             return [type(v).__name__, [self.value(x) for x in v]]
         if type(v) is set and all(type(x) in PRIMITIVES for x in v):
@@ -94,7 +101,8 @@ class _Writer:
         cls = type(v)
         slots = any("__slots__" in k.__dict__ for k in cls.__mro__ if k is not object)  # values outside __dict__
         if _rebuildable(cls, self.code) and not slots and hasattr(v, "__dict__"):
-            return ["object", [f"{cls.__module__}:{cls.__qualname__}", [[k, self.value(x)] for k, x in vars(v).items()]]]
+            attributes = [[k, self.value(x)] for k, x in vars(v).items()]
+            return ["object", [f"{cls.__module__}:{cls.__qualname__}", attributes]]
         raise NotKept(f"{cls.__module__}.{cls.__qualname__}")
 
     def tensor(self, t) -> dict:
@@ -108,13 +116,17 @@ class _Writer:
         return spec
 
 
+def _rebuildable_module(module: str, code: PortCode) -> bool:
+    return module.startswith(code.package + ".") or module.startswith("diffusers.")
+
+
 def _rebuildable(cls: type, code: PortCode) -> bool:
+    """A class of the port's own package, or one of diffusers' torch modules (`Timesteps`)."""
     import torch
 
-    if "<locals>" in cls.__qualname__:
+    if "<locals>" in cls.__qualname__ or not _rebuildable_module(cls.__module__, code):
         return False
-    return cls.__module__.startswith(code.package + ".") or \
-        (cls.__module__.startswith("diffusers.") and issubclass(cls, torch.nn.Module))
+    return cls.__module__.startswith(code.package + ".") or issubclass(cls, torch.nn.Module)
 
 
 def keep(path: Path, code: PortCode, model, traced: type, listing: Listing, device) -> bool:
@@ -220,13 +232,14 @@ class _Reader:
                                   memory_config=ttnn.DRAM_MEMORY_CONFIG if spec["dram"] else None)
         elif kind == "object":
             module, _, name = spec[0].partition(":")
-            if not (module.startswith(self.code.package + ".") or module.startswith("diffusers.")):
-                raise ValueError(f"{spec[0]} is not a class the port's model is rebuilt from")  # not even imported
+            refused = ValueError(f"{spec[0]} is not a class the port's model is rebuilt from")
+            if not _rebuildable_module(module, self.code):  # checked before the import: nothing else is imported
+                raise refused
             cls = importlib.import_module(module)
             for part in name.split("."):
                 cls = getattr(cls, part)
             if not isinstance(cls, type) or not _rebuildable(cls, self.code):
-                raise ValueError(f"{spec[0]} is not a class the port's model is rebuilt from")
+                raise refused
             out = self.built[at] = cls.__new__(cls)
             out.__dict__.update((k, self.value(x)) for k, x in spec[1])
         else:
