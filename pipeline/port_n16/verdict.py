@@ -32,9 +32,6 @@ def check_port(code: PortCode, layout: str | None = None, store_root: Path | Non
                force: bool = False, log=None) -> dict:
     """Build a small synthetic N1.6 both ways, with the port's own constructor and from an entry of `layout`
     (default: the first layout revision that serves this port), compare everything, and keep the verdict."""
-    from pipeline.convert import ConvertOptions, convert
-    from pipeline.synth import synthesize
-
     root = store_root or cache.cache_root(None)
     layout = layout or serving_layout(code)
     record = _verdict_path(root, code, layout)
@@ -43,6 +40,9 @@ def check_port(code: PortCode, layout: str | None = None, store_root: Path | Non
     if log:
         log(f"port-check: port revision {code.revision} at {code.root} against a synthetic "
             f"N1.6 at {CHECK_SCALE} scale in {layout} (once per port revision)")
+    from pipeline.convert import ConvertOptions, convert  # dask and more: imported only when a verdict is made
+    from pipeline.synth import synthesize
+
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="port-check-") as tmp:
         hf = Path(tmp) / "hf"
