@@ -8,7 +8,6 @@ writes stay private) and an object-store chunk is fetched on its own.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -115,19 +114,12 @@ def device_tensors(entry: Entry, chunks: list[Chunk], pool: ThreadPoolExecutor, 
         files = list(pool.map(lambda c: entry.device_file(*c), chunks))
         return [tt.load_packed(f, device) for f in files]
     arrays = entry.manifest.arrays
-    paths = []
-    for name, slot in chunks:  # a missing file, or one of another size, is refused by the entry before ttnn opens it
-        path = entry.store.local_file(entry.device_object(name, slot))
-        if path is None or path.stat().st_size != arrays[name].chunks[slot].tensorbin.nbytes:
-            path = entry.device_file(name, slot)
-        paths.append(path)
+    paths = entry.device_paths(chunks)  # a missing file, or one of another size, is refused before ttnn opens it
     tensors = [tt.load_packed(p) for p in paths]
-    real_folder = {f: os.path.realpath(f) for f in {p.parent for p in paths}}  # one realpath per folder
-    real = [os.path.join(real_folder[p.parent], p.name) for p in paths]
-    mapped = tt.mapped_files(real)
+    mapped = tt.mapped_files(paths)
 
     def check(i: int) -> None:
-        record, view = arrays[chunks[i][0]].chunks[chunks[i][1]].tensorbin, mapped.get(real[i])
+        record, view = arrays[chunks[i][0]].chunks[chunks[i][1]].tensorbin, mapped.get(paths[i])
         if view is None or len(view) < record.nbytes or not record.matches(view[:record.nbytes]):
             entry.device_file(*chunks[i])  # read and checked here: a bad file is refused by name
 

@@ -16,7 +16,7 @@ import xxhash
 from tasks import entry as fmt
 from tasks import reload
 from tasks.errors import CacheError
-from tasks.store import LocalStore
+from tasks.store import FsspecStore, LocalStore
 
 ttnn = pytest.importorskip("ttnn")
 
@@ -164,6 +164,33 @@ def test_a_damaged_device_file_is_refused_by_name_before_ttnn_uses_it(written, d
     with pytest.raises(CacheError, match="w.tensorbin: packed tensor (does not match its manifest checksum|listed in "
                                          "the manifest is missing)"):
         reload.device_tensors(entry, [("w", None)], pool, check_mapped=check_mapped)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
+def test_an_object_stores_damaged_device_file_is_refused_by_name_too(tmp_path, damage):
+    """The same entry in an object store: each `.tensorbin` is fetched into a local file for ttnn, and one that is
+    short, missing or changed is refused by name before ttnn opens it (the hand-off's read path)."""
+    values = _write_entry(tmp_path / "local")
+    store = FsspecStore(f"memory://{tmp_path.name}")
+    store.put_many({f.relative_to(tmp_path / "local").as_posix(): f.read_bytes()
+                    for f in (tmp_path / "local").rglob("*") if f.is_file()})
+    entry = fmt.open_entry(store, NAME)
+    with ThreadPoolExecutor(2) as pool:
+        (sound,) = reload.device_tensors(entry, [("w", None)], pool, check_mapped=True)
+        assert torch.equal(ttnn.to_torch(sound), _plain(values["w"]))
+        del sound  # (its file is fetched again below)
+        key = entry.device_object("w", None)
+        data = bytearray(store.get(key))
+        if damage == "flipped":
+            data[-1] ^= 1
+            store.put(key, bytes(data))
+        elif damage == "truncated":
+            store.put(key, bytes(data[:-1]))
+        else:
+            store.delete(key)
+        with pytest.raises(CacheError, match="w.tensorbin: packed tensor (does not match its manifest checksum|"
+                                             "listed in the manifest is missing)"):
+            reload.device_tensors(entry, [("w", None)], pool, check_mapped=True)
 
 
 def test_a_damaged_chunk_is_refused_in_every_form(written):
