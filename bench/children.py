@@ -381,9 +381,9 @@ def _child_port_startup(a: dict) -> dict:
 
 def _child_handoff(a: dict) -> dict:
     """Ours: the port's model from the cache entry (pipeline/port_n16.build_model), on the host or the simulated
-    device. Every tensor is read into memory (ttnn's load_tensor), as the port's are. `check`: hold the port
-    revision to its own constructor first, as `build_model` does by default (once per revision: the verdict is
-    kept, so only a cache without it pays)."""
+    device. Every tensor is read into memory (ttnn's load_tensor), as the port's are. `check` (default on, as
+    `build_model`'s): hold the port revision to its own constructor first (once per revision: the verdict is kept,
+    so only a cache without it pays)."""
     if a.get("simulated"):
         from devkit import simulator
 
@@ -403,7 +403,7 @@ def _child_handoff(a: dict) -> dict:
 
         dev = device.open_device(0)
     t0 = time.perf_counter()
-    built = build_model(Path(a["cache"]), code.root, dev, check=a.get("check", False))
+    built = build_model(Path(a["cache"]), code.root, dev, check=a.get("check", True))
     seconds = time.perf_counter() - t0
     if dev is not None:
         device.close_device(dev)

@@ -115,11 +115,14 @@ def median(runs: list[dict], key: str = "seconds") -> float:
 
 
 def _warm(*paths: Path) -> None:
-    """Read every file under `paths` once, so the contender that follows starts with its inputs in the page cache
-    like the others (every contender gets this, right before it runs)."""
-    for root in paths:
-        for f in (root.rglob("*") if root.is_dir() else [root]):
-            if f.is_file():
-                with open(f, "rb", buffering=0) as fh:
-                    while fh.read(1 << 23):
-                        pass
+    """Read every file under `paths`, twice, so the contender that follows starts with its inputs in the page cache
+    like the others (every contender gets this, right before it runs). The second pass finds them in the cache and
+    renews them: a first pass from the disk takes up to 100 s here, and this VM pages out file pages left idle for
+    60 s (its DAMON scheme), so without it the first files read could be gone before the contender starts."""
+    for _ in range(2):
+        for root in paths:
+            for f in (root.rglob("*") if root.is_dir() else [root]):
+                if f.is_file():
+                    with open(f, "rb", buffering=0) as fh:
+                        while fh.read(1 << 23):
+                            pass
