@@ -19,7 +19,6 @@ import functools
 import hashlib
 import importlib
 import json
-import os
 from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
