@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Mapping
@@ -90,7 +91,9 @@ class Store(ABC):
             if not hasattr(self, "_downloads"):
                 self._downloads = tempfile.TemporaryDirectory(prefix="gr00t-store-")
         path = Path(self._downloads.name) / key.replace("/", "%")
-        path.write_bytes(data)
+        fetched = path.with_name(f"{path.name}.{uuid.uuid4().hex}")
+        fetched.write_bytes(data)  # buffered, not O_DIRECT: ttnn reads it next, from the page cache
+        os.replace(fetched, path)  # a new file each time: a tensor mapping an earlier fetch keeps its bytes
         return path
 
     def get_json(self, key: str) -> dict | None:

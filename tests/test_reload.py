@@ -169,7 +169,8 @@ def test_a_damaged_device_file_is_refused_by_name_before_ttnn_uses_it(written, d
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
 def test_an_object_stores_damaged_device_file_is_refused_by_name_too(tmp_path, damage):
     """The same entry in an object store: each `.tensorbin` is fetched into a local file for ttnn, and one that is
-    short, missing or changed is refused by name before ttnn opens it (the hand-off's read path)."""
+    short, missing or changed is refused by name before ttnn opens it (the hand-off's read path); a tensor loaded
+    from an earlier fetch keeps its bytes (ttnn maps its file: a fetch rewriting that file in place changed them)."""
     values = _write_entry(tmp_path / "local")
     store = FsspecStore(f"memory://{tmp_path.name}")
     store.put_many({f.relative_to(tmp_path / "local").as_posix(): f.read_bytes()
@@ -178,7 +179,6 @@ def test_an_object_stores_damaged_device_file_is_refused_by_name_too(tmp_path, d
     with ThreadPoolExecutor(2) as pool:
         (sound,) = reload.device_tensors(entry, [("w", None)], pool, check_mapped=True)
         assert torch.equal(ttnn.to_torch(sound), _plain(values["w"]))
-        del sound  # (its file is fetched again below)
         key = entry.device_object("w", None)
         data = bytearray(store.get(key))
         if damage == "flipped":
@@ -191,6 +191,7 @@ def test_an_object_stores_damaged_device_file_is_refused_by_name_too(tmp_path, d
         with pytest.raises(CacheError, match="w.tensorbin: packed tensor (does not match its manifest checksum|"
                                              "listed in the manifest is missing)"):
             reload.device_tensors(entry, [("w", None)], pool, check_mapped=True)
+        assert torch.equal(ttnn.to_torch(sound), _plain(values["w"]))
 
 
 def test_a_damaged_chunk_is_refused_in_every_form(written):
