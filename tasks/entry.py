@@ -96,7 +96,11 @@ def _chunk_name(name: str, slot: int | None) -> str:
 
 def packed_path(entry: Path | PurePosixPath, name: str, slot: int | None) -> Path | PurePosixPath:
     """Where a target's `.tensorbin` lives (outside the arrays, so Zarr readers never see it)."""
-    return entry / PACKED_DIR / (_chunk_name(name, slot) + ".tensorbin")
+    return entry / PACKED_DIR / _packed_name(name, slot)
+
+
+def _packed_name(name: str, slot: int | None) -> str:
+    return _chunk_name(name, slot) + ".tensorbin"
 
 
 def tmp_name(name: str, pid: int, token: str) -> str:
@@ -501,11 +505,11 @@ class Entry:
         its record says (ttnn is never handed a short file); their bytes are not read here. One missing or of
         another size is read and refused by name (`device_file`). An object store's are fetched into local files."""
         local = isinstance(self.store, LocalStore)
-        folder = os.path.realpath(packed_path(self.path, "", None).parent) if local else ""  # once (1,387 Paths: 0.05 s)
+        folder = os.path.realpath(self.path / PACKED_DIR) if local else ""  # once (1,387 Paths cost 0.05 s)
         paths = []
         for name, slot in chunks:
             if local:
-                path = os.path.join(folder, _chunk_name(name, slot) + ".tensorbin")
+                path = os.path.join(folder, _packed_name(name, slot))
             else:
                 fetched = self.store.local_file(self.device_object(name, slot))
                 path = os.path.realpath(fetched) if fetched else ""
