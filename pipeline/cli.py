@@ -23,10 +23,10 @@ from pipeline.state_dict import straddling_unit
 from pipeline.load import load
 from pipeline.render import write_graph
 from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache
-from pipeline.synth import FORMS, fine_tune_form, synthesize
+from pipeline.synth import FORMS, ISAAC_FORMS, fine_tune_form, synthesize
 from pipeline.versions import SCALES, VERSIONS, load_config
 from tasks import device as tt
-from tasks.checkpoint import Checkpoint
+from pipeline.folder import read_folder
 from tasks.errors import CacheError, PipelineError
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
@@ -76,19 +76,24 @@ def _synth_form(a: argparse.Namespace, snap: Path, t0: float) -> dict:
                             "overwritten)")
     try:
         made = fine_tune_form(snap, a.version, a.form, out, a.seed)
+    except ValueError as e:  # a form this version's trainer never writes
+        shutil.rmtree(out, ignore_errors=True)
+        raise PipelineError(f"synth --form {a.form}: {e}") from None
     except OSError as e:
         shutil.rmtree(out, ignore_errors=True)
         raise PipelineError(f"{e.filename or out}: {e.strerror} while writing the {a.form} form; nothing was kept") from None
     if not a.json:
         print(f"wrote a SYNTHETIC {a.version} fine-tune, {a.form} form, to {made}\n"
-              f"  convert it with: python -m pipeline convert --snapshot {made} --embodiments new_embodiment")
+              f"  convert it with: python -m pipeline convert --snapshot {made} --embodiments "
+              f"{'trained' if a.form in ISAAC_FORMS + ('lerobot',) else 'new_embodiment'}")
     return {"snapshot": str(made), "form": a.form, "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,
                    synthetic: str | None = None, model: str | None = None) -> dict:
     cfg = load_config(version)
-    with Checkpoint(resolve_snapshot(cfg, snapshot, hf_cache, revision, synthetic, model)) as ck:
+    folder = read_folder(resolve_snapshot(cfg, snapshot, hf_cache, revision, synthetic, model), version)
+    with folder.checkpoint as ck:
         unit = straddling_unit(version)
         straddle = {s: [k[len(unit) + 1:] for k in ck.keys_with_prefix(unit + ".") if ck.shard_of(k) == s]
                     for s in ck.shards_for_prefix(unit + ".")}
@@ -96,7 +101,7 @@ def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, r
                 "index_total_size": ck.metadata.get("total_size"), "shards": ck.byte_accounting(),
                 "straddling_unit": unit, "straddle": straddle,
                 "embodiment_tensors": {k: list(ck.shape(k)) for k in cfg.embodiment_keys},
-                "embodiment_tags": dict(cfg.embodiment_ids)}
+                "embodiment_tags": dict(folder.embodiment_ids.value), "embodiment_map": folder.embodiment_ids.source}
 
 
 def print_inspect(r: dict) -> None:
@@ -171,9 +176,13 @@ def print_convert(s: dict) -> None:
     if src.get("key_prefix"):
         print(f"  key prefix    {src['key_prefix']!r} stripped from every key")
     for key, twin in (src.get("tied") or {}).items():
-        print(f"  tied          {key} read from {twin} (the checkpoint dropped it; its config ties them)")
+        print(f"  tied          {key} read from {twin} (the checkpoint dropped it; tied by {src.get('tied_by')})")
     if src.get("trained_embodiments"):
-        print(f"  trained for   {', '.join(src['trained_embodiments'])} (experiment_cfg/metadata.json)")
+        print(f"  trained for   {', '.join(src['trained_embodiments'])} ({src.get('trained_from')})")
+    if src.get("embodiment_map"):
+        print(f"  embodiments   tags mapped by {src['embodiment_map']}: slots {', '.join(map(str, s['slots']))}")
+    for note in s.get("notes", []):
+        print(f"  note          {note}")
     print(f"  cache entry   {s['cache_path']}")
     print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
     if s["cache_hit"]:
@@ -427,8 +436,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--hf-cache", type=Path, help="default: hf/ under the cache root (never your own HF cache)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the synthetic values (default 0); another seed is "
                                                          "another revision")
-    sp.add_argument("--form", choices=FORMS, help="also rewrite it as a fine-tune of this form (reshard, trainer, "
-                                                  "mixed: F32 action head, half: F16 vision tower, single, lerobot)")
+    sp.add_argument("--form", choices=FORMS, help="also rewrite it as a fine-tune of this form: reshard, mixed (F32 "
+                                                  "action head), half (F16 vision tower), single, lerobot; Isaac-GR00T's "
+                                                  "checkpoint, output, best, deepspeed and mapped folders")
     sp.add_argument("--out", help="with --form: the new folder (default build/fine-tunes/<version>-<form>)")
     sp = add("inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
     source_args(sp, "inspect")

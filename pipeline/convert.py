@@ -12,7 +12,8 @@ from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from pipeline import cache, finetune
+from pipeline import cache
+from pipeline.folder import Folder, read_folder
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.load import load
 from pipeline.recipe import build_plan, recipes_sha256
@@ -82,6 +83,7 @@ class Prepared:
     identity: Identity       # what the entry's bytes are a function of, and its fingerprint
     root: Path
     hashed: Mapping[str, VerifiedShard] = field(default_factory=dict)  # shards hashed (so verified) while naming it
+    notes: tuple[str, ...] = ()  # what the folder holds that the user should hear of (files left alone, …)
 
     @property
     def name(self) -> str:
@@ -99,37 +101,29 @@ class Built:
     reused: Reuse
 
 
-def open_checkpoint(opts: ConvertOptions) -> tuple[Checkpoint, str]:
-    """The checkpoint `opts` names and its GR00T version (`opts.version`, else found from its keys), checked to be
-    that version, every tensor of a weight dtype, a dropped tied table read from its twin."""
+def open_folder(opts: ConvertOptions) -> Folder:
+    """The checkpoint `opts` names, with everything its folder says about itself (pipeline/folder.py)."""
     hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     cfg = load_config(opts.version) if opts.version else None
-    ck = Checkpoint(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic, opts.model))
-    version = opts.version or finetune.detect_version(ck.keys(), ck.where)
-    finetune.recognise(version, ck.keys(), ck.where)
-    finetune.check_dtypes(ck)
-    finetune.tie_embeddings(ck, load_config(version))
-    return ck, version
+    return read_folder(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic, opts.model), opts.version)
 
 
 def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     """Open and check the snapshot, plan the targets, name the entry. `root` is the local cache the entry is
     built in (default: the one `opts.cache_root` builds in)."""
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
-    ck, version = open_checkpoint(opts)
-    cfg = load_config(version)
+    folder = open_folder(opts)
+    ck, version = folder.checkpoint, folder.version
     shapes = {k: ck.shape(k) for k in ck.keys()}
     plan = build_plan(version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
-    tags = finetune.trained_tags(ck.dir)
-    wanted = finetune.selection(opts.embodiments, tags, ck.dir)
-    slots = cfg.slot_ids(wanted, shapes[cfg.embodiment_keys[0]][0] if cfg.embodiment_keys[0] in shapes else None)
+    slots = folder.slots(opts.embodiments)
     source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic,
-              "model": opts.model, "key_prefix": ck.prefix or None, "tied": dict(ck.tied) or None,
-              "trained_embodiments": tags}
+              "model": opts.model, **folder.source_record()}
     shard_sha, hashed = cache.source_sha256(root, ck)
     ident = Identity.of(plan, source=source, shard_sha=shard_sha, slots=slots, source_shapes=shapes,
                         recipes_sha256=recipes_sha256())
-    return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, hashed=hashed)
+    return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, hashed=hashed,
+                    notes=tuple(folder.notes()))
 
 
 def convert(opts: ConvertOptions) -> dict:
@@ -144,7 +138,7 @@ def convert(opts: ConvertOptions) -> dict:
     ck, plan, slots, ident, root, name = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root, prep.name
     summary = {"version": plan.version, "version_found": opts.version is None, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident.fingerprint,
                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
-               "skipped": dict(plan.skipped), "source": ident.source}
+               "skipped": dict(plan.skipped), "source": ident.source, "notes": list(prep.notes)}
     existing = cache.find_entry(store, name) if not opts.force else None
     if opts.check_against_cache:
         if existing is None:

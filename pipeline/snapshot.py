@@ -13,7 +13,8 @@ from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
 from pipeline.cache import cache_root
 from pipeline.versions import VersionConfig
-from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, files_of
+from pipeline.folder import HUB_FILES, refuse_adapter
+from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, weight_files
 from tasks.errors import CheckpointError, ConfigError
 
 def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
@@ -54,9 +55,6 @@ def _present(repo_id: str, cache_dir: Path) -> str:
     return f"revisions present: {', '.join(revs)}" if revs else "no revision of it is present"
 
 
-HUB_PATTERNS = [INDEX_NAME, "*.safetensors", "config.json", "experiment_cfg/*"]  # what a convert reads of a repo
-
-
 def _from_hub(repo_id: str, revision: str, cache_dir: Path, offline_hint: str = "") -> Path:
     """A repo's snapshot from the HF cache, else fetched with huggingface_hub (unless offline); a miss names the
     `hf download` command (and, offline, `offline_hint`)."""
@@ -66,7 +64,7 @@ def _from_hub(repo_id: str, revision: str, cache_dir: Path, offline_hint: str = 
             return Path(found).parent
     if not hub_offline():
         try:
-            return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir), allow_patterns=HUB_PATTERNS))
+            return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir), allow_patterns=HUB_FILES))
         except Exception as e:  # network, auth, unknown revision: say what failed and what to run
             raise CheckpointError(repo_folder(repo_id, cache_dir), f"{repo_id} at revision {revision} is not "
                                   f"in the Hugging Face cache and could not be fetched ({type(e).__name__}: "
@@ -93,7 +91,8 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
         raise ConfigError(f"--revision {revision} does not apply to --snapshot {snapshot}: a folder is read as it is; "
                           "leave out --revision, or name the repo with --model OWNER/NAME --revision REV")
     if snapshot is not None:
-        files_of(Path(snapshot))  # a folder with no checkpoint in it: one sentence now
+        refuse_adapter(Path(snapshot))  # a folder with no model in it: one sentence now
+        weight_files(Path(snapshot))
         return Path(snapshot)
     if model is not None:
         if model.count("/") != 1 or not all(model.split("/")):

@@ -215,14 +215,17 @@ def tensor_specs(version: str, scale: str = "full") -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(k, s, shard_of[k]) for k, s in entries)
 
 
+def scale_of(cfg: VersionConfig, shapes: Mapping[str, Shape]) -> str:
+    """The scale (full, or a synthetic stand-in's) whose shapes most of these keys have: one odd tensor does not
+    move a checkpoint to other dims (its own check names it)."""
+    def matching(scale: str) -> int:
+        return sum(tuple(shapes.get(s.key, ())) == s.shape for s in tensor_specs(cfg.version, scale))
+    return max(SCALES, key=matching)  # a tie goes to `full`, listed first
+
+
 def dims_of(cfg: VersionConfig, shapes: Mapping[str, Shape]) -> Mapping[str, int]:
-    """The dims a checkpoint was made with: those of the scale whose every key has these shapes (a
-    synthetic stand-in), else the real ones. Recipes read head counts and head sizes from them."""
-    for scale in SCALES[1:]:
-        specs = tensor_specs(cfg.version, scale)
-        if all(tuple(shapes.get(s.key, ())) == s.shape for s in specs):  # extra keys: the recipe names them
-            return cfg.dims_for(scale)
-    return cfg.dims
+    """The dims a checkpoint was made with (those of `scale_of`). Recipes read head counts and head sizes from them."""
+    return cfg.dims_for(scale_of(cfg, shapes))
 
 
 _NUMBERED_UNIT = re.compile(r"^(.*?\.(?:layers|blocks|transformer_blocks|deepstack_merger_list)\.\d+)\.")

@@ -71,7 +71,9 @@ def synthesize(version: str, hf_cache: Path, scale: str = "tiny", seed: int = 0,
     cfg = load_config(version)
     specs = tensor_specs(version, scale)
     mark = f"synthetic {version} ({scale} scale, seed {seed}{', a fine-tune' if mutate else ''}), not NVIDIA weights"
-    revision = hashlib.sha1(json.dumps([version, scale, seed, sorted(mutate)]).encode()).hexdigest()
+    # The revision names what was synthesized, shapes included: a stand-in made at other dims is another revision.
+    revision = hashlib.sha1(json.dumps([version, scale, seed, sorted(mutate), [[s.key, list(s.shape)] for s in specs]]
+                                       ).encode()).hexdigest()
     repo = repo_folder(synthetic_repo_id(cfg, scale), hf_cache)
     blobs, snap = repo / "blobs", repo / "snapshots" / revision
     blobs.mkdir(parents=True, exist_ok=True)
@@ -118,9 +120,18 @@ def _link(path: Path, sha: str) -> None:
 
 
 # -- fine-tunes as users have them (../shared/reference/fine-tunes.md), rewritten from a synthetic snapshot ----------
-FORMS = ("reshard", "trainer", "mixed", "half", "single", "lerobot")
+# Isaac-GR00T's folders, file by file: `checkpoint` (a `checkpoint-N/` of its run folder), `output` (the run folder
+# itself, the final save at its root), `best` (a best-metric save), `deepspeed` (a multi-GPU `checkpoint-N/`),
+# `mapped` (a `checkpoint-N/` trained for a tag only its `embodiment_id.json` knows).
+ISAAC_FORMS = ("checkpoint", "output", "best", "deepspeed", "mapped")
+FORMS = ("reshard", "mixed", "half", "single", "lerobot", *ISAAC_FORMS)
+N15_ONLY_WITHOUT = ("best", "deepspeed", "mapped")  # N1.5's trainer writes none of these
 LEROBOT_PREFIX = "_groot_model."
-TRAINED_TAG = "new_embodiment"  # the tag a fine-tune's experiment_cfg/metadata.json names
+TRAINED_TAG = "new_embodiment"  # the tag a synthetic fine-tune was trained for
+MAPPED_TAG = "robocasa_gr1_tabletop"  # Isaac-GR00T N1.7 maps it to slot 10 (processing_gr00t_n1d7.py); ours do not
+CHECKPOINT_DIR = "checkpoint-1000"
+BEST_DIR = "checkpoint-800-best-eval_loss_0.0123"
+MODEL_TYPES = {"n15": "gr00t_n1_5", "n16": "Gr00tN1d6", "n17": "Gr00tN1d7"}
 
 
 def _is_host_table(key: str) -> bool:
@@ -137,7 +148,8 @@ def _wide(values: np.ndarray, dtype: np.dtype, rng: np.random.Generator) -> np.n
 _DTYPE_TAGS = {np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
 
 
-def _write_shards(out: Path, tensors: dict, shard_of: dict[str, str], mark: str, index: bool = True) -> None:
+def _write_shards(out: Path, tensors: dict, shard_of: dict[str, str], mark: str, index: bool = True,
+                  metadata: dict[str, str] | None = None) -> None:
     """Safetensors shards (and their index) of `tensors`: key -> array, or key -> (dtype tag, shape, make) whose
     `make()` gives the array when its turn comes (a full-size fine-tune is never whole in memory)."""
     specs = {k: v if isinstance(v, tuple) else (_DTYPE_TAGS[v.dtype], v.shape, lambda v=v: v) for k, v in tensors.items()}
@@ -146,11 +158,79 @@ def _write_shards(out: Path, tensors: dict, shard_of: dict[str, str], mark: str,
         keys = [k for k in specs if shard_of[k] == shard]
         with open(out / shard, "wb") as fh:
             write_file(fh, [(k, specs[k][0], specs[k][1]) for k in keys], lambda k: [specs[k][2]()],
-                       {"format": "pt", SYNTHETIC_MARK: mark})
+                       {"format": "pt", SYNTHETIC_MARK: mark, **(metadata or {})})
     if index:
         total = sum(int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[tag].itemsize for tag, shape, _ in specs.values())
         doc = {"metadata": {"total_size": total, SYNTHETIC_MARK: mark}, "weight_map": dict(sorted(shard_of.items()))}
         (out / INDEX_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _json(path: Path, doc: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _config_yaml(tag: str) -> str:
+    """`experiment_cfg/config.yaml` as Isaac-GR00T's `Config.save` writes it: `yaml.dump` of its dataclasses,
+    python tags and an enum included (gr00t/configs/base_config.py)."""
+    return (f"!!python/object:gr00t.configs.base_config.Config\n"
+            f"data: !!python/object:gr00t.configs.data.data_config.DataConfig\n"
+            f"  datasets:\n"
+            f"  - !!python/object:gr00t.configs.data.data_config.SingleDatasetConfig\n"
+            f"    dataset_paths:\n    - /data/{tag}\n    dataset_type: physical_embodiment\n"
+            f"    embodiment_tag: {tag}\n    mix_ratio: 1.0\n    val_dataset_path: null\n"
+            f"  modality_configs:\n    {tag}:\n      action: !!python/object:gr00t.data.types.ModalityConfig\n"
+            f"        action_configs:\n        - !!python/object:gr00t.data.types.ActionConfig\n"
+            f"          rep: !!python/object/apply:gr00t.data.types.ActionRepresentation\n          - relative\n"
+            f"        delta_indices:\n        - 0\n        - 1\n"
+            f"  seed: 42\nload_config_path: null\n"
+            f"training: !!python/object:gr00t.configs.training.training_config.TrainingConfig\n"
+            f"  max_steps: 1000\n  num_gpus: 1\n")
+
+
+def _conf_yaml(tag: str) -> str:
+    """`experiment_cfg/conf.yaml` as OmegaConf saves the same config: plain YAML."""
+    return (f"load_config_path: null\ndata:\n  datasets:\n  - dataset_paths:\n    - /data/{tag}\n"
+            f"    embodiment_tag: {tag}\n    mix_ratio: 1.0\n    dataset_type: physical_embodiment\n"
+            f"  seed: 42\ntraining:\n  max_steps: 1000\n  num_gpus: 1\nmax_steps: 1000\nsave_steps: 1000\n")
+
+
+def _isaac_files(folder: Path, version: str, tag: str, ids: dict[str, int], *, processor: str | None,
+                 trainer_state: bool, deepspeed: bool = False) -> None:
+    """The files Isaac-GR00T writes beside the weights (../shared/reference/fine-tunes.md): `processor` is where
+    its processor files go ("" the folder itself, "processor" a subfolder, None nowhere)."""
+    _json(folder / "config.json", {"model_type": MODEL_TYPES[version], "model_dtype": "bfloat16"})
+    if version == "n15":  # N1.5: one DatasetMetadata per embodiment tag, copied into every checkpoint
+        _json(folder / "experiment_cfg" / "metadata.json", {tag: {"statistics": {}, "modalities": {}}})
+    else:
+        cfg_dir = folder / "experiment_cfg"
+        cfg_dir.mkdir(parents=True, exist_ok=True)
+        (cfg_dir / "config.yaml").write_text(_config_yaml(tag))
+        (cfg_dir / "conf.yaml").write_text(_conf_yaml(tag))
+        for name in ("final_model_config.json", "final_processor_config.json", "dataset_statistics.json"):
+            _json(cfg_dir / name, {tag: {}} if name == "dataset_statistics.json" else {})
+        (cfg_dir / "initial_actions.npz").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip archive
+    if processor is not None and version != "n15":
+        _json(folder / processor / "processor_config.json", {"processor_class": f"{MODEL_TYPES[version]}Processor"})
+        _json(folder / processor / "statistics.json", {tag: {}})
+        _json(folder / processor / "embodiment_id.json", ids)
+    if trainer_state:
+        rng = np.random.default_rng(0)
+        for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
+            (folder / name).write_bytes(rng.bytes(4096))
+        _json(folder / "trainer_state.json", {"global_step": 1000})
+    if deepspeed:
+        step = folder / "global_step1000"
+        step.mkdir()
+        for name in ("mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+            (step / name).write_bytes(np.random.default_rng(1).bytes(4096))
+        (folder / "latest").write_text("global_step1000")
+        (folder / "zero_to_fp32.py").write_text("# DeepSpeed's own script (stand-in)\n")
+
+
+def embodiment_ids_written(version: str, extra: dict[str, int] | None = None) -> dict[str, int]:
+    """The `embodiment_id.json` Isaac-GR00T writes: its built-in tags merged with the run's own."""
+    return {**load_config(version).embodiment_ids, **(extra or {})}
 
 
 def _reshard(ck, shards: int) -> dict[str, str]:
@@ -168,15 +248,18 @@ def _reshard(ck, shards: int) -> dict[str, str]:
 def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int = 0) -> Path:
     """A synthetic snapshot rewritten into a form fine-tunes come in; returns what to pass as `--snapshot`.
 
-    reshard: the same tensors in about twice as many shards (other straddling units); trainer: a `checkpoint-1000/`
-    folder with optimizer state, trainer state and `experiment_cfg/metadata.json` (trained for `new_embodiment`);
-    mixed: the action head and q_norm/k_norm stored F32, with detail below bf16's precision (Isaac-GR00T);
-    half: the vision tower stored F16 the same way; single: one `model.safetensors`; lerobot: one file, every key
-    under `_groot_model.`, `embed_tokens` dropped (tied to `lm_head`, which is kept)."""
+    reshard: the same tensors in about twice as many shards (other straddling units); mixed: the action head and
+    q_norm/k_norm stored F32, with detail below bf16's precision (a `load_bf16` run); half: the vision tower stored
+    F16 the same way; single: one `model.safetensors`; lerobot: what LeRobot's `save_pretrained` writes, one F32
+    file with every key under `_groot_model.`, `embed_tokens` dropped for the `lm_head` it is tied to (the tie in
+    `__metadata__`) and `config.json`. The Isaac-GR00T folders (ISAAC_FORMS) are all F32, as a single-GPU run saves
+    them, except `deepspeed` (bf16, `lm_head` and `embed_tokens` both kept)."""
     from tasks.checkpoint import Checkpoint
 
     if form not in FORMS:
         raise ValueError(f"unknown fine-tune form {form!r}: expected one of {', '.join(FORMS)}")
+    if version == "n15" and form in N15_ONLY_WITHOUT:
+        raise ValueError(f"Isaac-GR00T N1.5 writes no {form} folder: use one of checkpoint, output")
     cfg = load_config(version)
     ck = Checkpoint(snapshot)
     shard_of = {k: ck.shard_of(k) for k in ck.keys()}
@@ -190,25 +273,36 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
         rng = np.random.default_rng([seed, int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")])
         return _DTYPE_TAGS[np.dtype(wide)], shape, lambda: _wide(ck.get(key), wide, rng)
 
+    all_f32 = form in ("lerobot", *ISAAC_FORMS) and form != "deepspeed"
     wide_keys = {"mixed": lambda k: k.startswith(cfg.containers["action_head"]) or _is_host_table(k),
-                 "half": lambda k: k.startswith(cfg.containers["vision"])}.get(form, lambda k: False)
-    wide_dtype = np.float32 if form == "mixed" else np.float16
+                 "half": lambda k: k.startswith(cfg.containers["vision"])}.get(form, lambda k: all_f32)
+    wide_dtype = np.float16 if form == "half" else np.float32
     tensors = {k: stored(k, wide_dtype if wide_keys(k) else None) for k in ck.keys()}
     if form == "reshard":
         shard_of = _reshard(ck, 2 * len(set(shard_of.values())))
     elif form in ("single", "lerobot"):
-        shard_of = {k: "model.safetensors" for k in tensors}
-        if form == "lerobot":
-            tensors.pop(f"{cfg.containers['llm']}embed_tokens.weight")
+        metadata = {}
+        if form == "lerobot":  # safetensors' save_model keeps lm_head (first by name) and records the dropped twin
+            embed, head = f"{cfg.containers['llm']}embed_tokens.weight", f"{cfg.containers['lm_head']}weight"
+            tensors.pop(embed)
             tensors = {LEROBOT_PREFIX + k: t for k, t in tensors.items()}
-            shard_of = {k: "model.safetensors" for k in tensors}
-        _write_shards(out, tensors, shard_of, mark, index=False)
+            metadata = {LEROBOT_PREFIX + embed: LEROBOT_PREFIX + head}
+            _json(out / "config.json", {"type": "groot", "embodiment_tag": TRAINED_TAG, "model_version": "n1.7"})
+        _write_shards(out, tensors, {k: "model.safetensors" for k in tensors}, mark, index=False, metadata=metadata)
         return out
-    folder = out / "checkpoint-1000" if form == "trainer" else out
+    if form not in ISAAC_FORMS:
+        _write_shards(out, tensors, shard_of, mark)
+        return out
+    tag = MAPPED_TAG if form == "mapped" else TRAINED_TAG
+    ids = embodiment_ids_written(version, {MAPPED_TAG: 10} if form == "mapped" else None)
+    folder = {"output": out, "best": out / BEST_DIR}.get(form, out / CHECKPOINT_DIR)
     _write_shards(folder, tensors, shard_of, mark)
-    if form == "trainer":
-        (folder / "optimizer.pt").write_bytes(np.random.default_rng(seed).bytes(4096))
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": 1000}) + "\n")
-        (folder / "experiment_cfg").mkdir()
-        (folder / "experiment_cfg" / "metadata.json").write_text(json.dumps({TRAINED_TAG: {"statistics": {}}}) + "\n")
+    if form == "output":  # the run folder: the final save at its root, the processor files under processor/
+        _isaac_files(out, version, tag, ids, processor="processor", trainer_state=False)
+    elif form == "best":  # save_pretrained plus experiment_cfg/; the processor files only in the run folder
+        _isaac_files(folder, version, tag, ids, processor=None, trainer_state=False)
+        _isaac_files(out, version, tag, ids, processor="processor", trainer_state=False)
+        (out / "config.json").unlink()
+    else:
+        _isaac_files(folder, version, tag, ids, processor="", trainer_state=True, deepspeed=form == "deepspeed")
     return folder

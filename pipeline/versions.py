@@ -76,10 +76,13 @@ class VersionConfig:
     def num_slots(self) -> int:
         return int(self.dims["embodiments"])
 
-    def slot_ids(self, selection: str | None, bank_slots: int | None = None) -> tuple[int, ...]:
+    def slot_ids(self, selection: str | None, bank_slots: int | None = None, table: Mapping[str, int] | None = None,
+                 table_source: str | None = None) -> tuple[int, ...]:
         """Parse `all`, or a comma list of tags and/or ids, into sorted unique slot ids. `bank_slots`: how many
-        slots the checkpoint's banks have (a synthetic `attn` one has 2); `all` means every one of them."""
+        slots the checkpoint's banks have (a synthetic `attn` one has 2); `all` means every one of them. `table`:
+        the tag -> slot map to use (a checkpoint's own, read from `table_source`), else the built-in one."""
         n = bank_slots or self.num_slots
+        table = self.embodiment_ids if table is None else table
         if selection is None or selection.strip() == "all":
             return tuple(range(n))
         if not selection.strip():
@@ -88,12 +91,13 @@ class VersionConfig:
         for item in (s.strip() for s in selection.split(",")):
             if item.isdigit():
                 slot = int(item)
-            elif item in self.embodiment_ids:
-                slot = self.embodiment_ids[item]
+            elif item in table:
+                slot = table[item]
             else:
-                known = ", ".join(sorted(self.embodiment_ids))
+                known = ", ".join(sorted(table))
                 raise ConfigError(f"unknown embodiment tag {item!r} for {self.version} "
-                                  f"(configs/{self.version}.toml knows: {known}); pass a tag or a slot id 0..{n - 1}")
+                                  f"({table_source or f'configs/{self.version}.toml'} knows: {known}); pass a tag or a "
+                                  f"slot id 0..{n - 1}")
             if not 0 <= slot < n:
                 which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot})"
                 raise ConfigError(f"embodiment {which} is out of range for this {self.version} checkpoint: its banks "

@@ -1,6 +1,7 @@
 """A lazy, shard-aware view of one safetensors checkpoint, in any of the shapes it comes in: a sharded snapshot
-(`model.safetensors.index.json` + shards), a folder of `*.safetensors` without an index (one `model.safetensors`,
-as `save_pretrained` writes below the shard size; the N1.6 port's loader reads such a folder too), or one file.
+(`model.safetensors.index.json` + shards), a folder without an index (`model.safetensors`, as `save_pretrained`
+writes below the shard size, or a `model-NNNNN-of-NNNNN.safetensors` set), or one file. Only the model's weight
+files are read (`weight_files`): a trainer writes other safetensors beside them (LeRobot's normalizer statistics).
 
 Opening reads only the index (if any) and the shard headers and cross-checks them: every key in exactly one shard,
 index and headers agreeing, byte accounting closing (`8 + header + data == file size` per shard, data sum ==
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -64,19 +66,48 @@ def _hf_blob_root(snapshot: Path) -> Path | None:
     return snapshot.parent.parent / "blobs" if snapshot.parent.name == "snapshots" else None
 
 
-def files_of(snapshot: Path) -> tuple[Path | None, list[str]]:
-    """(the index, or None) and the safetensors files a checkpoint is read from: the index's shards; else every
-    `*.safetensors` in the folder, sorted (the port's loader reads those); else the one file `snapshot` names."""
+SHARD_FILE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")  # as transformers numbers a sharded save
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """Which files of a checkpoint hold the model's weights: the index's shards, else `model.safetensors`, else
+    one `model-NNNNN-of-NNNNN.safetensors` set, else the one file named. Any other `*.safetensors` beside them
+    (a trainer's normalizer statistics, an adapter, an EMA copy) is `left_alone`: never read, only named."""
+    index: Path | None
+    files: tuple[str, ...]
+    left_alone: tuple[str, ...] = ()
+
+
+def weight_files(snapshot: Path) -> WeightFiles:
+    """The model's weight files in `snapshot` (a folder, or one `.safetensors` file), by the names
+    transformers' `save_pretrained` gives them; one sentence when there are none."""
     if snapshot.is_file():
-        return None, [snapshot.name]
-    if (snapshot / INDEX_NAME).is_file():
-        return snapshot / INDEX_NAME, []
+        return WeightFiles(None, (snapshot.name,))
     found = sorted(p.name for p in snapshot.glob("*.safetensors")) if snapshot.is_dir() else []
-    if not found:
-        what = "does not exist" if not snapshot.exists() else f"holds no {INDEX_NAME} and no *.safetensors file"
-        raise CheckpointError(snapshot, f"{what}: pass the folder that holds the checkpoint's safetensors file(s) "
-                                        "(or one .safetensors file)")
-    return None, found
+    if (snapshot / INDEX_NAME).is_file():
+        files = tuple(sorted(set(_read_index(snapshot / INDEX_NAME)[0].values())))
+    elif SINGLE_NAME in found:
+        files = (SINGLE_NAME,)
+    else:
+        numbered = [n for n in found if SHARD_FILE.match(n)]
+        counts = {SHARD_FILE.match(n).group(2) for n in numbered}
+        if len(counts) > 1:
+            raise CheckpointError(snapshot, f"holds model-*-of-*.safetensors files of {len(counts)} different sets "
+                                            f"({', '.join(sorted(counts))} shards): keep one save in the folder")
+        files = tuple(numbered)
+        if counts and len(files) != int(counts.pop()):
+            raise CheckpointError(snapshot / files[0], f"is one of {len(files)} model-*-of-*.safetensors shards "
+                                                       f"present of the {SHARD_FILE.match(files[0]).group(2)} it "
+                                                       "names: download or copy the missing shards")
+    if not files:
+        what = "does not exist" if not snapshot.exists() else (
+            f"holds no {INDEX_NAME}, no {SINGLE_NAME} and no model-NNNNN-of-NNNNN.safetensors"
+            + (f" (only {', '.join(found)}, which are not the model's weight files by name)" if found else ""))
+        raise CheckpointError(snapshot, f"{what}: pass the folder the trainer saved the model in, or the "
+                                        ".safetensors file itself")
+    return WeightFiles(snapshot / INDEX_NAME if (snapshot / INDEX_NAME).is_file() else None, files,
+                       tuple(n for n in found if n not in files))
 
 
 def _wrapper_of(key: str) -> str | None:
@@ -115,7 +146,9 @@ class Checkpoint:
     def __init__(self, snapshot: Path | str):
         given = Path(snapshot)
         self.dir = given.parent if given.is_file() else given
-        index, files = files_of(given)
+        chosen = weight_files(given)
+        index, files = chosen.index, list(chosen.files)
+        self.left_alone = chosen.left_alone
         self.index_path = index
         self.where = index or given  # what errors about the whole checkpoint name
         if index is not None:
@@ -176,6 +209,20 @@ class Checkpoint:
         self.names[shard][key] = self.names[shard][to]
         self.tied[key] = to
         self._view()
+
+    def recorded_ties(self) -> dict[str, tuple[str, str]]:
+        """Tensors a save dropped as duplicates of another, as safetensors' `save_model` (and huggingface_hub's
+        `save_torch_state_dict`) record them in `__metadata__`: {dropped key: (kept key, shard recording it)}, under
+        this view's names, for a dropped key the checkpoint lacks and a kept one it holds."""
+        ties = {}
+        for shard, header in sorted(self._raw.items()):
+            for dropped, kept in header.metadata.items():
+                if not (dropped.startswith(self.prefix) and isinstance(kept, str) and kept.startswith(self.prefix)):
+                    continue
+                dropped, kept = dropped[len(self.prefix):], kept[len(self.prefix):]
+                if dropped not in self._entries and kept in self._entries:
+                    ties[dropped] = (kept, shard)
+        return ties
 
     def stored_keys(self, shard: str) -> frozenset[str]:
         """The keys the shard's header holds, as stored (what re-reading the header must find)."""

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
-from pipeline.synth import FORMS, LEROBOT_PREFIX, TRAINED_TAG, fine_tune_form
+from pipeline.synth import FORMS, ISAAC_FORMS, LEROBOT_PREFIX, MAPPED_TAG, N15_ONLY_WITHOUT, TRAINED_TAG, fine_tune_form
 from pipeline.versions import load_config
 from tasks.checkpoint import INDEX_NAME
 from tasks.entry import open_entry
@@ -53,17 +55,20 @@ def _bytes(t: torch.Tensor) -> bytes:
 
 
 def _stands_for(form: str, version: str, base: Path, snapshot: Path, out: Path) -> Path:
-    """What the form is a copy of, written with safetensors.torch (bf16 sharded, with its index)."""
-    if form in ("reshard", "trainer", "single"):
+    """What the form is a copy of, written with safetensors.torch in the release's shape (GR00T keys, every table
+    present, sharded with its index): the synthetic release itself for the forms that only move its bf16 bytes;
+    for mixed and half, torch's `.to(torch.bfloat16)` of every tensor; for the all-F32 forms, the same F32 tensors."""
+    if form in ("reshard", "single", "deepspeed"):
         return base
     cfg = load_config(version)
+    _, shard_of = _read_all(base)
+    tensors, _ = _read_all(snapshot)
     if form == "lerobot":
-        tensors, _ = _read_all(base)
-        _, shard_of = _read_all(base)
+        tensors = {k[len(LEROBOT_PREFIX):]: t for k, t in tensors.items()}
         tensors[f"{cfg.containers['llm']}embed_tokens.weight"] = tensors[f"{cfg.containers['lm_head']}weight"].clone()
-        return _save_sharded(tensors, shard_of, out)
-    tensors, shard_of = _read_all(snapshot)
-    return _save_sharded({k: t.to(torch.bfloat16) for k, t in tensors.items()}, shard_of, out)
+    if form in ("mixed", "half"):
+        tensors = {k: t.to(torch.bfloat16) for k, t in tensors.items()}
+    return _save_sharded(tensors, shard_of, out)
 
 
 @pytest.fixture(scope="module")
@@ -85,24 +90,30 @@ def _reference_entry(reference: Path, version: str, slot: int, cache_dir: Path) 
     return _converted[reference]
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("version", VERSIONS)
+CASES = [(v, f) for v in VERSIONS for f in FORMS if not (v == "n15" and f in N15_ONLY_WITHOUT)]
+TRAINER_FORMS = ("lerobot", *ISAAC_FORMS)  # folders that record what they were trained for
+
+
+@pytest.mark.parametrize(("version", "form"), CASES)
 def test_every_form_reloads_as_the_conversion_of_what_it_stands_for(snapshots, tmp_path, cache_dir, version, form):
     cfg = load_config(version)
-    slot = cfg.embodiment_ids[TRAINED_TAG]
+    slot = 10 if form == "mapped" else cfg.embodiment_ids[TRAINED_TAG]  # Isaac-GR00T's map: robocasa_gr1_tabletop 10
     snapshot = fine_tune_form(snapshots[version], version, form, tmp_path / form)
-    given = "trained" if form == "trainer" else TRAINED_TAG  # the trainer folder says which embodiment it was for
+    weights, _ = _read_all(snapshot)
+    if form in TRAINER_FORMS and form != "deepspeed":  # the stand-in is all F32, as the trainer saves it
+        assert {t.dtype for t in weights.values()} == {torch.float32}
+    given = "trained" if form in TRAINER_FORMS else TRAINED_TAG  # a trainer's folder says which embodiment it was for
     reference = _stands_for(form, version, snapshots[version], snapshot, tmp_path / "reference")
     theirs = _reference_entry(reference, version, slot, cache_dir)
     # A form that re-reads the bytes in new ways (a prefix, a tie, wide dtypes) is converted from them; one that
     # only moves them (shards, folders) may link what it holds: its content ids come from hashing its own files.
     mine = _entry(ConvertOptions(None, embodiments=given, snapshot=snapshot, cache_root=cache_dir, progress=False,
-                                 reuse=form in ("reshard", "trainer", "single")))
+                                 reuse=form in ("reshard", "single", "deepspeed")))
     got = load(version, cache_dir, slot, entry=mine, synthetic=True)
     want = load(version, cache_dir, slot, entry=theirs, synthetic=True)
-    assert got.tensors.keys() == want.tensors.keys()
+    assert got.tensors.keys() == want.tensors.keys() and got.slot == slot
     arrays = open_entry(LocalStore(cache_dir), mine).manifest.arrays
-    wide = _read_all(snapshot)[0] if form == "mixed" else {}
+    wide = weights if form == "mixed" else {}
     kept_wide = 0
     for name, tensor in want.tensors.items():
         sources = arrays[name].attributes["sources"]
@@ -118,8 +129,17 @@ def test_every_form_reloads_as_the_conversion_of_what_it_stands_for(snapshots, t
     if form == "lerobot":
         assert source["key_prefix"] == LEROBOT_PREFIX and source["tied"] == {
             f"{cfg.containers['llm']}embed_tokens.weight": f"{cfg.containers['lm_head']}weight"}
-    if form == "trainer":
-        assert source["trained_embodiments"] == [TRAINED_TAG] and got.slot == slot
+        assert source["tied_by"] == "the __metadata__ of model.safetensors"
+        assert source["trained_from"] == str(snapshot / "config.json")
+    if form in ISAAC_FORMS:
+        tag = MAPPED_TAG if form == "mapped" else TRAINED_TAG
+        assert source["trained_embodiments"] == [tag]
+        record = "experiment_cfg/metadata.json" if version == "n15" else "experiment_cfg/conf.yaml"
+        assert source["trained_from"] == str(snapshot / record)
+        run = snapshot.parent if snapshot.name.startswith("checkpoint-") else snapshot
+        where = {"checkpoint": snapshot, "deepspeed": snapshot, "mapped": snapshot}.get(form, run / "processor")
+        assert source["embodiment_map"] == (f"configs/{version}.toml" if version == "n15" else
+                                            str(where / "embodiment_id.json"))
 
 
 def _refused(args: list[str], cache: Path) -> str:
@@ -139,14 +159,16 @@ def test_an_ambiguous_prefix_and_a_tie_with_no_lm_head_are_refused_in_one_senten
     save_file(mixed_prefixes, str(tmp_path / "two" / "model.safetensors"))
     msg = _refused(["--snapshot", str(tmp_path / "two")], tmp_path / "c1")
     assert "the keys are not all GR00T keys under one prefix (found '_groot_model.', 'model.')" in msg
-    stray = tmp_path / "stray"  # a release-shaped folder, and beside it a file that is not the model's
+    stray = tmp_path / "stray"  # a release-shaped folder, and beside it a file that is not the model's: left alone
     stray.mkdir()
     for shard in snapshots["n16"].glob("*.safetensors"):
         shutil.copyfile(shard, stray / shard.name)
+    shutil.copyfile(snapshots["n16"] / INDEX_NAME, stray / INDEX_NAME)
     save_file({"ema.decay": torch.zeros(4)}, str(stray / "ema.safetensors"))
-    msg = _refused(["--snapshot", str(stray)], tmp_path / "c0")
-    assert msg.startswith(f"error: {stray / 'ema.safetensors'}, key 'ema.decay': the keys are not all GR00T keys"), msg
-    assert "move a stray file out of the folder" in msg
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--snapshot", str(stray), "--embodiments", "0",
+                           "--cache", str(tmp_path / "c0")], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "note          not read: ema.safetensors (not one of the model's weight files by name)" in proc.stdout
     dropped = {k: t for k, t in tensors.items() if "embed_tokens" not in k and "lm_head" not in k}
     (tmp_path / "untied").mkdir()
     save_file(dropped, str(tmp_path / "untied" / "model.safetensors"))
@@ -159,12 +181,95 @@ def test_an_ambiguous_prefix_and_a_tie_with_no_lm_head_are_refused_in_one_senten
     assert "does not tie it to" in msg and "tie_word_embeddings is false" in msg
 
 
-def test_trained_without_metadata_and_an_empty_folder_are_refused_in_one_sentence(snapshots, tmp_path):
+def test_trained_without_a_record_and_an_empty_folder_are_refused_in_one_sentence(snapshots, tmp_path):
     msg = _refused(["--snapshot", str(snapshots["n17"]), "--embodiments", "trained"], tmp_path / "c1")
-    assert "--embodiments trained:" in msg and "experiment_cfg/metadata.json does not exist" in msg
+    assert "--embodiments trained:" in msg and "records no trained embodiment (looked for " in msg
+    assert "config.json" in msg and "experiment_cfg/conf.yaml" in msg and "experiment_cfg/metadata.json" in msg
     (tmp_path / "empty").mkdir()
     msg = _refused(["--snapshot", str(tmp_path / "empty")], tmp_path / "c2")
-    assert "holds no model.safetensors.index.json and no *.safetensors file" in msg
+    assert "holds no model.safetensors.index.json, no model.safetensors and no model-NNNNN-of-NNNNN" in msg
+
+
+def _trainer_folder(snapshots, tmp_path, version: str, form: str) -> Path:
+    return fine_tune_form(snapshots[version], version, form, tmp_path / f"{version}-{form}")
+
+
+def test_a_lora_adapter_a_statistics_only_folder_and_an_unknown_tag_are_refused_in_one_sentence(snapshots, tmp_path):
+    lora = tmp_path / "lora"  # Isaac-GR00T N1.5's utils/peft.py save: the adapter, no base weights
+    lora.mkdir()
+    save_file({"base_model.model.action_head.model.proj_out_2.lora_A.weight": torch.zeros(8, 32)},
+              str(lora / "adapter_model.safetensors"))
+    (lora / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "nvidia/GR00T-N1.5-3B",
+                                                          "peft_type": "LORA", "r": 8}))
+    msg = _refused(["--snapshot", str(lora)], tmp_path / "c1")
+    assert "is a LoRA adapter, not a model" in msg and "base: nvidia/GR00T-N1.5-3B" in msg
+    assert "merge_and_unload()" in msg and "save_pretrained" in msg
+    stats = tmp_path / "pretrained_model"  # LeRobot's folder with its normalizer files but no model.safetensors
+    stats.mkdir()
+    save_file({"action.max": torch.zeros(4)}, str(stats / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"))
+    (stats / "config.json").write_text(json.dumps({"type": "groot", "embodiment_tag": "new_embodiment"}))
+    msg = _refused(["--snapshot", str(stats)], tmp_path / "c2")
+    assert "holds no model.safetensors.index.json, no model.safetensors" in msg
+    assert "only policy_postprocessor_step_0_unnormalizer_processor.safetensors" in msg
+    folder = _trainer_folder(snapshots, tmp_path, "n17", "mapped")
+    msg = _refused(["--snapshot", str(folder), "--embodiments", "so101_follower"], tmp_path / "c3")
+    assert f"unknown embodiment tag 'so101_follower' for n17 ({folder / 'embodiment_id.json'} knows: " in msg
+    assert "robocasa_gr1_tabletop" in msg and "new_embodiment" in msg
+
+
+def test_the_checkpoints_map_wins_over_ours_and_the_convert_says_so(snapshots, tmp_path):
+    folder = _trainer_folder(snapshots, tmp_path, "n16", "checkpoint")
+    ids = json.loads((folder / "embodiment_id.json").read_text())
+    (folder / "embodiment_id.json").write_text(json.dumps({**ids, "new_embodiment": 12}))
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--snapshot", str(folder), "--embodiments",
+                           "trained", "--cache", str(tmp_path / "c"), "--json"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["slots"] == [12] and summary["source"]["embodiment_map"] == str(folder / "embodiment_id.json")
+    assert ("embodiment new_embodiment: slot 12 by " + str(folder / "embodiment_id.json") +
+            ", not 10 as in configs/n16.toml: using the checkpoint's") in summary["notes"]
+
+
+def test_isaac_config_yaml_is_read_without_importing_its_classes(snapshots, tmp_path):
+    """`config.yaml` is `yaml.dump` of the trainer's dataclasses (python tags, an enum): read as plain data."""
+    folder = _trainer_folder(snapshots, tmp_path, "n17", "best")
+    (folder / "experiment_cfg" / "conf.yaml").unlink()
+    text = (folder / "experiment_cfg" / "config.yaml").read_text()
+    assert "!!python/object:gr00t.configs.base_config.Config" in text and "!!python/object/apply:" in text
+    summary = convert(ConvertOptions(None, embodiments="trained", snapshot=folder, cache_root=tmp_path / "c",
+                                     progress=False))
+    assert summary["source"]["trained_embodiments"] == [TRAINED_TAG] and summary["slots"] == [10]
+    assert summary["source"]["trained_from"] == str(folder / "experiment_cfg" / "config.yaml")
+    assert "gr00t" not in sys.modules  # nothing the YAML names was imported
+    (folder / "experiment_cfg" / "config.yaml").write_text("data: !!python/object/new:os.system [echo hi]\n  x: [")
+    msg = _refused(["--snapshot", str(folder), "--embodiments", "trained"], tmp_path / "c2")
+    assert f"error: {folder / 'experiment_cfg' / 'config.yaml'}: is not YAML the trainer could have written" in msg
+
+
+def test_a_relabelled_tensor_is_named_with_its_dtype(snapshots, tmp_path):
+    """One DiT weight relabelled F32 with its shape halved (the file still valid): the refusal names it."""
+    tensors, shard_of = _read_all(snapshots["n17"])
+    key = "action_head.model.transformer_blocks.3.ff.net.2.weight"
+    out_dim, in_dim = tensors[key].shape
+    tensors[key] = tensors[key].reshape(-1).view(torch.float32).reshape(out_dim // 2, in_dim)
+    folder = _save_sharded(tensors, shard_of, tmp_path / "relabelled")
+    msg = _refused(["--snapshot", str(folder)], tmp_path / "c")
+    assert f"key '{key}': F32 tensor of shape [{out_dim // 2}, {in_dim}], where GR00T n17 has [{out_dim}, {in_dim}]" in msg
+
+
+def test_the_hub_fetch_takes_the_weights_and_the_small_files_only():
+    """What `--model` downloads of a trainer's repo, filtered by huggingface_hub's own pattern matching."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from pipeline.folder import HUB_FILES
+
+    repo = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+            "config.json", "embodiment_id.json", "processor/embodiment_id.json", "experiment_cfg/conf.yaml",
+            "experiment_cfg/config.yaml", "experiment_cfg/metadata.json", "optimizer.pt", "rng_state.pth",
+            "global_step1000/mp_rank_00_model_states.pt", "zero_to_fp32.py", "latest", "statistics.json",
+            "policy_preprocessor_step_3_normalizer_processor.safetensors", "experiment_cfg/initial_actions.npz"]
+    fetched = sorted(filter_repo_objects(repo, allow_patterns=HUB_FILES))
+    assert fetched == sorted(repo[:9])
 
 
 def test_a_model_repo_offline_names_the_download_command(tmp_path, monkeypatch):
@@ -209,7 +314,66 @@ def test_the_readmes_fine_tune_lines_run_as_written(tmp_path):
         proc = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True, env=env)
         assert proc.returncode == 0, (line, proc.stderr[-1500:])
         outputs.append(proc.stdout)
-    assert "trained for   new_embodiment (experiment_cfg/metadata.json)" in outputs[1]
-    assert "key prefix    '_groot_model.' stripped from every key" in outputs[5] and "n17 (found from its keys)" in outputs[5]
-    assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[7] and "n15 (found from its keys)" in outputs[7]
-    assert "(trained for new_embodiment)" in outputs[8]  # cache ls
+    tmp = str(tmp_path)
+    assert f"trained for   new_embodiment ({tmp}/build/fine-tunes/isaac-n16/checkpoint-1000/experiment_cfg/conf.yaml)" in outputs[1]
+    assert f"tags mapped by {tmp}/build/fine-tunes/isaac-n16/checkpoint-1000/embodiment_id.json: slots 10" in outputs[1]
+    assert f"tags mapped by {tmp}/build/fine-tunes/isaac-n17/processor/embodiment_id.json: slots 10" in outputs[3]
+    assert "trained for   new_embodiment" in outputs[5] and "slots 31" in outputs[5]
+    assert "trained for   new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/config.json)" in outputs[6]
+    assert "note          not read: policy_postprocessor_step_0_" in outputs[6] and "SYNTHETIC" in outputs[6]
+    assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[10] and "n15 (found from its keys)" in outputs[10]
+    assert outputs[11].count("(trained for new_embodiment)") == 4  # cache ls
+
+
+# -- what LeRobot itself wrote (tests/fixtures/lerobot-n17: generate.py, VERSIONS.json) -------------------------------
+FIXTURE = ROOT / "tests" / "fixtures" / "lerobot-n17"
+
+
+def _rebuilt(variant: str, out: Path) -> Path:
+    """A variant kept as its JSON files and its safetensors header, its data laid out again from
+    pretrained_model's tensors (the generator checked they are the same tensors) at the header's offsets."""
+    full = load_file(str(FIXTURE / "pretrained_model" / "model.safetensors"))
+    folder = out / variant
+    shutil.copytree(FIXTURE / variant, folder)
+    for path in folder.glob("*.safetensors.header"):
+        raw = path.read_bytes()
+        header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+        entries = {k: e for k, e in header.items() if k != "__metadata__"}
+        data = bytearray(max(e["data_offsets"][1] for e in entries.values()))
+        for key, e in entries.items():
+            assert list(full[key].shape) == e["shape"] and e["dtype"] == "F32", key
+            data[e["data_offsets"][0]:e["data_offsets"][1]] = _bytes(full[key])
+        path.with_name(path.name[:-len(".header")]).write_bytes(raw + bytes(data))
+        path.unlink()
+    return folder
+
+
+@pytest.mark.parametrize("variant", ["pretrained_model", "save_pretrained", "hub_save"])
+def test_what_lerobot_wrote_converts_as_the_same_weights_in_the_release_shape(snapshots, tmp_path, cache_dir, variant):
+    cfg = load_config("n17")
+    embed, head = f"{cfg.containers['llm']}embed_tokens.weight", f"{cfg.containers['lm_head']}weight"
+    written = FIXTURE / "pretrained_model" / "model.safetensors"
+    with safe_open(str(written), "pt") as f:  # what LeRobot's save recorded: the tie, F32 throughout
+        assert f.metadata()[LEROBOT_PREFIX + embed] == LEROBOT_PREFIX + head
+    tensors = load_file(str(written))
+    assert {t.dtype for t in tensors.values()} == {torch.float32} and LEROBOT_PREFIX + embed not in tensors
+    release = {k[len(LEROBOT_PREFIX):]: t for k, t in tensors.items()}
+    release[embed] = release[head].clone()
+    _, shard_of = _read_all(snapshots["n17"])  # the release's shards: the same keys, cut where the release cuts them
+    assert release.keys() == shard_of.keys()
+    theirs = _reference_entry(_save_sharded(release, shard_of, tmp_path / "reference"), "n17", 10, cache_dir)
+    snapshot = FIXTURE / variant if variant == "pretrained_model" else _rebuilt(variant, tmp_path)
+    if variant == "save_pretrained":
+        snapshot = snapshot / "model.safetensors"  # the file itself
+    summary = convert(ConvertOptions(None, embodiments="trained", snapshot=snapshot, cache_root=cache_dir,
+                                     progress=False, reuse=False))
+    assert summary["version"] == "n17" and summary["slots"] == [10] and summary["source"]["synthetic"]
+    assert summary["source"]["trained_embodiments"] == ["new_embodiment"]
+    if variant == "pretrained_model":
+        assert sorted(summary["source"]["left_alone"]) == sorted(
+            p.name for p in snapshot.glob("policy_*processor_step_*.safetensors")) and len(summary["notes"]) == 2
+    got = load("n17", cache_dir, 10, entry=Path(summary["cache_path"]).name, synthetic=True)
+    want = load("n17", cache_dir, 10, entry=theirs, synthetic=True)
+    assert got.tensors.keys() == want.tensors.keys()
+    for name, tensor in want.tensors.items():
+        assert got.tensors[name].dtype == tensor.dtype and _bytes(got.tensors[name]) == _bytes(tensor), name

@@ -1,0 +1,352 @@
+"""What a checkpoint folder says about itself, read once into one record (`Folder`) that convert and inspect take:
+which files are the model's weights, the GR00T version its keys are, the embodiments it was trained for, the
+tag -> slot map it carries, and the tables a save tied. Each trainer's rules (../shared/reference/fine-tunes.md)
+live here and nowhere else:
+
+- Isaac-GR00T N1.5: `experiment_cfg/metadata.json`, keyed by the trained tags;
+- Isaac-GR00T N1.6/N1.7: `experiment_cfg/conf.yaml` / `config.yaml` (`data.datasets[].embodiment_tag`), and the
+  checkpoint's own `embodiment_id.json` (in `checkpoint-N/`, or under `processor/` of the run folder above it);
+- LeRobot: `config.json` (`"type": "groot"`, `"embodiment_tag"`), keys under `_groot_model.`, and the dropped
+  `embed_tokens` recorded in the safetensors `__metadata__`.
+
+A fact that cannot be had is one sentence naming the file and the remedy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+from pipeline.state_dict import scale_of, tensor_specs
+from pipeline.versions import VERSIONS, VersionConfig, load_config
+from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
+from tasks.errors import CheckpointError, ConfigError
+from tasks.precision import check_dtype
+
+TRAINED = "trained"  # --embodiments trained: the slots of the tags the fine-tune was trained for
+EXPERIMENT_CFG = "experiment_cfg"
+N15_METADATA = f"{EXPERIMENT_CFG}/metadata.json"
+ISAAC_CONFIGS = (f"{EXPERIMENT_CFG}/conf.yaml", f"{EXPERIMENT_CFG}/config.yaml")
+EMBODIMENT_MAP = "embodiment_id.json"
+MAP_PLACES = (EMBODIMENT_MAP, f"processor/{EMBODIMENT_MAP}")
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+# What `--model` fetches of a hub repo: the weights, the index, and the small files read here (never optimizer
+# states, DeepSpeed's `global_step*/`, or a trainer's other safetensors).
+HUB_FILES = [INDEX_NAME, SINGLE_NAME, "model-*-of-*.safetensors", "config.json", N15_METADATA, *ISAAC_CONFIGS,
+             *MAP_PLACES, "adapter_config.json"]
+_RUN_CHECKPOINT = re.compile(r"^checkpoint-\d+")  # a trainer's save inside its run folder (also `-best-…`)
+_SMALL_FILE = 64 << 20  # a trainer's JSON/YAML is kilobytes: anything past this is not one
+
+
+@dataclass(frozen=True)
+class Read:
+    """A fact and the file it was read from (or what it defaulted to)."""
+    value: object
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Folder:
+    """One checkpoint as its folder describes it."""
+    checkpoint: Checkpoint
+    version: str
+    version_found: bool                     # found from the keys (no --version given)
+    left_alone: Mapping[str, str]           # *.safetensors not read -> why
+    trained: Read | None                    # tags (a tuple) the trainer recorded, and where
+    embodiment_ids: Read                    # tag -> slot, and where: the checkpoint's map, else the built-in table
+    overridden: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # tag -> (built-in, checkpoint's)
+    ties: Read | None = None                # {key read from its twin: twin}, and who said they are tied
+
+    @property
+    def config(self) -> VersionConfig:
+        return load_config(self.version)
+
+    def slots(self, embodiments: str) -> tuple[int, ...]:
+        """`--embodiments` (all, tags, slot ids, `trained`) as slot ids of this checkpoint's banks."""
+        cfg, items = self.config, [s.strip() for s in embodiments.split(",")]
+        if TRAINED in items:
+            if self.trained is None:
+                raise ConfigError(f"--embodiments trained: {self.checkpoint.dir} records no trained embodiment (looked "
+                                  f"for {', '.join(_trained_places(self.checkpoint.dir))}); pass tags or slot ids")
+            items = [t for item in items for t in (self.trained.value if item == TRAINED else [item])]
+        bank = cfg.embodiment_keys[0]
+        bank_slots = self.checkpoint.shape(bank)[0] if bank in self.checkpoint else None
+        return cfg.slot_ids(",".join(items), bank_slots, self.embodiment_ids.value, self.embodiment_ids.source)
+
+    def source_record(self) -> dict:
+        """What the entry's `source` records of the folder (recorded, not hashed)."""
+        ck = self.checkpoint
+        return {"key_prefix": ck.prefix or None, "tied": dict(ck.tied) or None,
+                "tied_by": self.ties.source if self.ties else None,
+                "trained_embodiments": list(self.trained.value) if self.trained else None,
+                "trained_from": self.trained.source if self.trained else None,
+                "embodiment_map": self.embodiment_ids.source,
+                "left_alone": dict(self.left_alone) or None}
+
+    def notes(self) -> list[str]:
+        """One line each for what the convert should say: files left alone, the checkpoint's map overriding ours."""
+        lines = [f"not read: {name} ({why})" for name, why in self.left_alone.items()]
+        lines += [f"embodiment {tag}: slot {theirs} by {self.embodiment_ids.source}, not {ours} as in "
+                  f"configs/{self.version}.toml: using the checkpoint's" for tag, (ours, theirs) in self.overridden.items()]
+        return lines
+
+
+def read_folder(path: Path, version: str | None = None) -> Folder:
+    """Open the checkpoint at `path` (a folder or one file) and read everything it says about itself; `version`
+    None finds it from the keys."""
+    refuse_adapter(path)
+    ck = Checkpoint(path)
+    found = version or detect_version(ck.keys(), ck.where)
+    recognise(found, ck.keys(), ck.where)
+    check_dtypes(ck)
+    cfg = load_config(found)
+    check_shapes(ck, cfg)
+    ties = tie_tables(ck, cfg)
+    ids, overridden = embodiment_map(ck.dir, cfg)
+    return Folder(checkpoint=ck, version=found, version_found=version is None,
+                  left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained_tags(ck.dir),
+                  embodiment_ids=ids, overridden=overridden, ties=ties)
+
+
+# -- which files are weights ----------------------------------------------------------------------------------------
+def refuse_adapter(path: Path) -> None:
+    """A LoRA adapter folder (Isaac-GR00T N1.5's `utils/peft.py`, or any peft save) holds no base weights."""
+    if not path.is_dir() or not all((path / n).is_file() for n in ADAPTER_FILES) or (path / SINGLE_NAME).exists() \
+            or (path / INDEX_NAME).exists():
+        return
+    doc = _small_json(path / "adapter_config.json", "pass the merged model instead")
+    base = doc.get("base_model_name_or_path") if isinstance(doc, dict) else None
+    raise CheckpointError(path, f"is a LoRA adapter, not a model: it holds no base weights "
+                                f"(base: {base or 'not named in adapter_config.json'}); merge it into its base with "
+                                "peft (PeftModel.from_pretrained(base, folder).merge_and_unload().save_pretrained(out)) "
+                                "and convert the merged folder")
+
+
+def _why_left_alone(name: str) -> str:
+    if name.startswith(("policy_preprocessor_step_", "policy_postprocessor_step_")):
+        return "LeRobot's normalizer statistics, not model weights"
+    if name == ADAPTER_FILES[0]:
+        return "a LoRA adapter, not model weights"
+    return "not one of the model's weight files by name"
+
+
+# -- the version ----------------------------------------------------------------------------------------------------
+@cache
+def _version_keys(version: str) -> frozenset[str]:
+    return frozenset(s.key for s in tensor_specs(version, "full"))
+
+
+def _shares(keys: list[str]) -> dict[str, float]:
+    return {v: sum(k in _version_keys(v) for k in keys) / max(1, len(keys)) for v in VERSIONS}
+
+
+def detect_version(keys: list[str], where: object) -> str:
+    """The GR00T version whose keys these are (90 % of them at least, and one version only)."""
+    shares = _shares(keys)
+    looks = [v for v in VERSIONS if shares[v] >= 0.9]
+    if len(looks) == 1:
+        return looks[0]
+    raise ConfigError(f"{where}: {_unlike(keys, shares)}; pass --version "
+                      f"{'|'.join(looks or VERSIONS)} if it is a GR00T checkpoint")
+
+
+def recognise(version: str, keys: list[str], where: object) -> None:
+    """Refuse, in one sentence, a snapshot that is not this GR00T version: most of its keys are none of the
+    version's (a fine-tune's odd extra key is left to the recipe, which names it)."""
+    shares = _shares(keys)
+    if shares[version] >= 0.9:
+        return
+    looks = [v for v in VERSIONS if shares[v] >= 0.9]
+    like = f"; it is a GR00T {looks[0]} checkpoint: pass --version {looks[0]}" if looks else \
+        "; it matches no GR00T version this project converts"
+    raise ConfigError(f"{where}: not a GR00T {version} checkpoint: {_unlike(keys, shares, version)}{like}")
+
+
+def _unlike(keys: list[str], shares: dict[str, float], version: str | None = None) -> str:
+    prefixes = Counter(".".join(k.split(".")[:2]) for k in keys).most_common(3)
+    best = version or max(shares, key=shares.get)
+    return (f"{len(keys)} tensors, {shares[best]:.0%} of them {best} keys, mostly under "
+            f"{', '.join(f'{p}. ({n})' for p, n in prefixes)}")
+
+
+def check_dtypes(ck: Checkpoint) -> None:
+    """Every tensor is BF16, F16 or F32, before anything is planned or read."""
+    for key in ck.keys():
+        check_dtype(ck.shard_path(ck.shard_of(key)), key, ck.dtype(key))
+
+
+def check_shapes(ck: Checkpoint, cfg: VersionConfig) -> None:
+    """Every key the version knows has the shape it has at the scale most of the keys match, so a tensor saved
+    with another shape is named itself (not a correct one whose rule is read at the wrong dims)."""
+    shapes = {k: ck.shape(k) for k in ck.keys()}
+    specs = {s.key: s.shape for s in tensor_specs(cfg.version, scale_of(cfg, shapes))}
+    for key in ck.keys():
+        if key in specs and shapes[key] != specs[key]:
+            raise CheckpointError(ck.shard_path(ck.shard_of(key)), f"{ck.dtype(key)} tensor of shape {list(shapes[key])}"
+                                  f", where GR00T {cfg.version} has {list(specs[key])}: the file was saved wrongly or "
+                                  "is not this model's", key)
+
+
+# -- tied tables ----------------------------------------------------------------------------------------------------
+def _config_ties(folder: Path) -> bool | None:
+    """What `config.json` says of `tie_word_embeddings` (at any depth: the LLM's config is nested), or None."""
+    try:
+        doc = _small_json(folder / "config.json", "")
+    except CheckpointError:
+        return None
+    found: list[bool] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("tie_word_embeddings"), bool):
+                found.append(node["tie_word_embeddings"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    return None if not found else all(found)
+
+
+def tie_tables(ck: Checkpoint, cfg: VersionConfig) -> Read | None:
+    """Read a table the save dropped from the one it is tied to: as the file's `__metadata__` records it first,
+    then as `config.json` says, else as every GR00T release ties them (embed_tokens to lm_head). Nothing is tied
+    when both are present."""
+    embed, head = f"{cfg.containers['llm']}embed_tokens.weight", f"{cfg.containers['lm_head']}weight"
+    recorded = ck.recorded_ties()
+    for key, (twin, _) in sorted(recorded.items()):
+        ck.tie(key, twin)
+    said = Read({k: t for k, (t, _) in sorted(recorded.items())},
+                f"the __metadata__ of {sorted({s for _, s in recorded.values()})[0]}") if recorded else None
+    if embed in ck:
+        return said
+    if head not in ck:
+        raise CheckpointError(ck.where, f"neither the token embedding nor {head!r} it is tied to is in the checkpoint; "
+                                        "save the fine-tune with its embeddings", embed)
+    ties = _config_ties(ck.dir)
+    if ties is False:
+        raise CheckpointError(ck.where, f"the token embedding is missing and {ck.dir / 'config.json'} does not tie it to "
+                                        f"{head!r} (tie_word_embeddings is false); save the fine-tune with its embeddings", embed)
+    ck.tie(embed, head)
+    return Read({**(said.value if said else {}), embed: head}, "config.json (tie_word_embeddings)" if ties else
+                f"GR00T {cfg.version}'s own config (every release ties them; the folder says nothing)")
+
+
+# -- embodiments ----------------------------------------------------------------------------------------------------
+def _places(folder: Path) -> list[Path]:
+    """The folder, and the run folder above a trainer's `checkpoint-N/` (Isaac-GR00T keeps its configs there)."""
+    return [folder, folder.parent] if _RUN_CHECKPOINT.match(folder.name) else [folder]
+
+
+def _trained_places(folder: Path) -> list[str]:
+    return [str(p / name) for p in _places(folder) for name in ("config.json", *ISAAC_CONFIGS, N15_METADATA)]
+
+
+def trained_tags(folder: Path) -> Read | None:
+    """The embodiment tags the fine-tune was trained for, as its trainer recorded them, or None."""
+    for place in _places(folder):
+        lerobot = _lerobot_tag(place / "config.json")
+        if lerobot is not None:
+            return lerobot
+        for name in ISAAC_CONFIGS:
+            if (place / name).is_file():
+                return _isaac_tags(place / name)
+        if (place / N15_METADATA).is_file():
+            doc = _small_json(place / N15_METADATA, "pass --embodiments with tags or slot ids instead")
+            if not isinstance(doc, dict) or not doc:
+                raise CheckpointError(place / N15_METADATA, "must be an object keyed by embodiment tag; pass "
+                                                            "--embodiments with tags or slot ids instead")
+            return Read(tuple(sorted(doc)), str(place / N15_METADATA))
+    return None
+
+
+def _lerobot_tag(path: Path) -> Read | None:
+    if not path.is_file():
+        return None
+    doc = _small_json(path, "pass --embodiments with tags or slot ids instead")
+    if not isinstance(doc, dict) or doc.get("type") != "groot" or "embodiment_tag" not in doc:
+        return None
+    tag = doc["embodiment_tag"]
+    if not isinstance(tag, str) or not tag:
+        raise CheckpointError(path, f"embodiment_tag must be a tag name, found {tag!r}; pass --embodiments with tags "
+                                    "or slot ids instead")
+    return Read((tag,), str(path))
+
+
+class _TrainerYaml(yaml.SafeLoader):
+    """YAML as Isaac-GR00T's `Config.save` writes it (`yaml.dump` of dataclasses): `!!python/...` tags are read
+    as the plain data they hold; nothing is imported or called."""
+
+
+def _plain(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> object:
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    return loader.construct_scalar(node)
+
+
+_TrainerYaml.add_multi_constructor("tag:yaml.org,2002:python/", _plain)
+
+
+def _isaac_tags(path: Path) -> Read:
+    remedy = "pass --embodiments with tags or slot ids instead"
+    try:
+        doc = yaml.load(_small_text(path, remedy), Loader=_TrainerYaml)
+    except (yaml.YAMLError, RecursionError) as e:
+        raise CheckpointError(path, f"is not YAML the trainer could have written ({str(e).splitlines()[0]}); {remedy}") from None
+    datasets = doc.get("data", {}).get("datasets") if isinstance(doc, dict) and isinstance(doc.get("data"), dict) else None
+    tags: list[str] = []
+    for ds in datasets if isinstance(datasets, list) else []:
+        tag = ds.get("embodiment_tag") if isinstance(ds, dict) else None
+        tag = tag[0] if isinstance(tag, list) and len(tag) == 1 else tag  # an enum, dumped as its value
+        if isinstance(tag, str) and tag and tag not in tags:
+            tags.append(tag)
+    if not tags:
+        raise CheckpointError(path, f"names no data.datasets[].embodiment_tag; {remedy}")
+    return Read(tuple(tags), str(path))
+
+
+def embodiment_map(folder: Path, cfg: VersionConfig) -> tuple[Read, dict[str, tuple[int, int]]]:
+    """The tag -> slot map: the checkpoint's own `embodiment_id.json` merged over the built-in table (as the
+    trainer's processor merges them), and the tags on which the two disagree."""
+    builtin = dict(cfg.embodiment_ids)
+    for place in _places(folder):
+        for name in MAP_PLACES:
+            path = place / name
+            if not path.is_file():
+                continue
+            doc = _small_json(path, "fix or remove it, or pass --embodiments with slot ids")
+            if not isinstance(doc, dict) or not all(isinstance(k, str) and type(v) is int and 0 <= v
+                                                    for k, v in doc.items()):
+                raise CheckpointError(path, "must be an object of embodiment tag -> slot id; fix or remove it, or "
+                                            "pass --embodiments with slot ids")
+            overridden = {t: (builtin[t], s) for t, s in sorted(doc.items()) if t in builtin and builtin[t] != s}
+            return Read({**builtin, **doc}, str(path)), overridden
+    return Read(builtin, f"configs/{cfg.version}.toml"), {}
+
+
+# -- small files ----------------------------------------------------------------------------------------------------
+def _small_text(path: Path, remedy: str) -> str:
+    try:
+        if path.stat().st_size > _SMALL_FILE:
+            raise CheckpointError(path, f"is {path.stat().st_size} bytes, too large for a trainer's config; {remedy}")
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:  # a folder, a FIFO, a permission, bytes that are not text
+        raise CheckpointError(path, f"cannot be read ({getattr(e, 'strerror', None) or e}); {remedy}") from None
+
+
+def _small_json(path: Path, remedy: str) -> object:
+    try:
+        return json.loads(_small_text(path, remedy))
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(path, f"is not valid JSON ({str(e)[:200]}); {remedy}") from None
