@@ -269,3 +269,24 @@ void transpose_u16(const uint16_t *src, int64_t rows, int64_t cols, int64_t src_
                 for (int64_t r = c < c8 ? r8 : r0; r < r1; r++) dst[c * dst_stride + r] = src[r * src_stride + c];
         }
 }
+
+/* float32 -> bfloat16 bits as torch's `.to(torch.bfloat16)` gives them: finite values rounded to nearest, ties to
+ * even (c10's round_to_nearest_even), +-Inf kept, and every NaN written as `nan`, the one NaN torch writes (0xFFFF
+ * from float32 on x86's vectorised path, 0x7FC0 from float16: no payload survives either). Branch-free, so the
+ * compiler vectorises it. Returns -1, or the index of the first finite value that rounded to +-Inf (past bf16's
+ * largest finite value), which the caller refuses by name. */
+int64_t round_f32_bf16(const uint32_t *src, int64_t n, uint16_t *dst, uint16_t nan) {
+    uint32_t overflowed = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits = src[i], magnitude = bits & 0x7FFFFFFFu;
+        uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+        uint32_t finite = magnitude < 0x7F800000u;
+        uint32_t out = finite ? rounded : magnitude > 0x7F800000u ? nan : bits >> 16;
+        overflowed |= finite & ((out & 0x7F80u) == 0x7F80u);
+        dst[i] = (uint16_t)out;
+    }
+    if (!overflowed) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if ((src[i] & 0x7FFFFFFFu) < 0x7F800000u && (dst[i] & 0x7F80u) == 0x7F80u) return i;
+    return -1;
+}

@@ -1,5 +1,5 @@
-"""tasks/kernels.c through ctypes: ttnn's TILE layout (bfloat16, bfloat8_b) and the 2-D transpose, one pass each
-(ctypes lets go of the GIL, so the graph's two threads run them side by side).
+"""tasks/kernels.c through ctypes: ttnn's TILE layout (bfloat16, bfloat8_b), the 2-D transpose and the float32 ->
+bfloat16 rounding, one pass each (ctypes lets go of the GIL, so the graph's two threads run them side by side).
 
 Built on first use with the system C compiler, for this CPU, into a file named by the source, flags and CPU (so an
 edited source or another machine never gets a stale build); `make` builds it up front. Without a compiler,
@@ -112,6 +112,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.transpose_u16.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64]
     for fn in (lib.tilize_bf16, lib.pack_bfp8, lib.transpose_u16):
         fn.restype = None
+    lib.round_f32_bf16.argtypes = [_PTR, _I64, _PTR, ctypes.c_uint16]
+    lib.round_f32_bf16.restype = _I64
     return lib
 
 
@@ -172,3 +174,14 @@ def transpose_into(out: np.ndarray, x: np.ndarray) -> None:
     if not out.flags.writeable:
         raise ValueError("transpose_into: the output is read-only")
     _lib().transpose_u16(x.ctypes.data, rows, cols, stride, out.ctypes.data, out_stride)
+
+
+def round_f32_bf16(wide: np.ndarray, out: np.ndarray, nan: int) -> int:
+    """`out` (bf16 bits, as many values) = `wide` (contiguous float32) rounded as `.to(torch.bfloat16)` rounds, every
+    NaN written as `nan`; the flat index of the first finite value that rounds to ±Inf, or -1."""
+    if wide.dtype != np.float32 or not wide.flags.c_contiguous:
+        raise ValueError(f"round_f32_bf16: expected contiguous float32, got {wide.dtype}")
+    if out.dtype not in _BF16_BITS:
+        raise ValueError(f"round_f32_bf16: the output must hold bf16 bits, got {out.dtype}")
+    _output(out, wide.size * 2, "round_f32_bf16")
+    return int(_lib().round_f32_bf16(wide.ctypes.data, wide.size, out.ctypes.data, nan))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from tasks import kernels
 from tasks.errors import CheckpointError
 
 FLOAT_SOURCES = ("BF16", "F16", "F32")  # what a GR00T weight may be stored as
@@ -47,31 +48,51 @@ def _round_f32_bits(bits: np.ndarray) -> np.ndarray:
 
 def to_bf16(array: np.ndarray, key: str, origin: object) -> np.ndarray:
     """`array` (BF16, F16 or F32 values of source `key`) as torch's `.to(torch.bfloat16)` gives it. A finite value
-    that rounds to ±Inf is refused, naming the key and the value; NaN/Inf of the source pass through unchanged
-    for the finite check to name. A BF16 array is returned as it is."""
+    that rounds to ±Inf is refused, naming the key and the value; ±Inf and NaN of the source stay ±Inf and NaN
+    (torch's own NaN) for the finite check to name. A BF16 array is returned as it is."""
     if array.dtype == ml_dtypes.bfloat16:
         return array
+    out = np.empty(array.shape, ml_dtypes.bfloat16)
+    round_into(array, out.reshape(-1).view(np.uint16), key, origin)
+    return out
+
+
+_BLOCK = 1 << 18  # values rounded at a time on the numpy path, and F16 values widened at a time: in cache
+# The NaN torch's `.to(torch.bfloat16)` writes for any NaN (measured, torch 2.14 on x86: its vectorised float32
+# path blends in 0xFFFF; float16 goes through c10's scalar conversion, 0x7FC0). A NaN weight is refused later
+# by name (tasks/convert.py's finite check), so only its NaN-ness reaches anyone.
+NAN_FROM = {np.dtype(np.float32): 0xFFFF, np.dtype(np.float16): 0x7FC0}
+
+
+def round_into(array: np.ndarray, out: np.ndarray, key: str, origin: object, first: int = 0) -> None:
+    """`out` (uint16, flat, as many values) = `array` (F16 or F32) rounded as `.to(torch.bfloat16)` rounds: in C
+    where the kernels are built (tasks/kernels.c), else in numpy, to the same bits. `first`: the flat index of
+    `array`'s first value in its tensor, for the refusal's message."""
     if array.dtype not in (np.float16, np.float32):
         raise CheckpointError(origin, f"dtype {array.dtype} has no bf16 rounding here", key)
-    wide = np.ascontiguousarray(array, dtype=np.float32)  # F16 -> F32 is exact (torch converts through float too)
-    out = np.empty(wide.shape, ml_dtypes.bfloat16)
-    flat_in, flat_out = wide.reshape(-1), out.reshape(-1).view(np.uint16)
-    for i in range(0, flat_in.size, 1 << 18):  # blocks: temporaries stay in cache
-        block = flat_in[i:i + (1 << 18)]
-        finite = np.isfinite(block)
-        rounded = _round_f32_bits(block.view(np.uint32))
-        if not finite.all():  # Inf stays Inf, NaN stays NaN (quiet): the finite check names them
-            bad = block[~finite]
-            rounded[~finite] = (bad.view(np.uint32) >> np.uint32(16)).astype(np.uint16) | \
-                np.where(np.isnan(bad), np.uint16(0x40), np.uint16(0))
-        overflow = finite & ((rounded & np.uint16(0x7F80)) == np.uint16(0x7F80))
-        if overflow.any():
-            at = int(np.argmax(overflow))
-            raise CheckpointError(origin, f"value {float(block[at]):.9g} (flat index {i + at}) rounds to "
+    flat, in_c, nan = array.reshape(-1), kernels.available(), NAN_FROM[array.dtype]
+    step = flat.size if in_c and array.dtype == np.float32 else _BLOCK
+    for i in range(0, flat.size, step or 1):
+        block = np.ascontiguousarray(flat[i:i + step], dtype=np.float32)  # F16 -> F32 is exact (as torch's)
+        at = kernels.round_f32_bf16(block, out[i:i + block.size], nan) if in_c else \
+            _round_numpy(block, out[i:i + block.size], nan)
+        if at >= 0:
+            raise CheckpointError(origin, f"value {float(block[at]):.9g} (flat index {first + i + at}) rounds to "
                                           f"{'-' if block[at] < 0 else '+'}Inf in bf16, past its largest finite value "
                                           f"{_BF16_MAX:.6g}; the checkpoint diverged or was saved wrongly", key)
-        flat_out[i:i + block.size] = rounded
-    return out
+
+
+def _round_numpy(block: np.ndarray, out: np.ndarray, nan: int) -> int:
+    """round_f32_bf16 of tasks/kernels.c in numpy: the same bits, or the index of the first finite value that
+    rounds to ±Inf (-1 when none does)."""
+    finite = np.isfinite(block)
+    rounded = _round_f32_bits(block.view(np.uint32))
+    if not finite.all():  # Inf stays Inf; every NaN becomes torch's one NaN
+        rounded[~finite] = np.where(np.isnan(block[~finite]), np.uint16(nan),
+                                    (block[~finite].view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+    overflow = finite & ((rounded & np.uint16(0x7F80)) == np.uint16(0x7F80))
+    out[:] = rounded
+    return int(np.argmax(overflow)) if overflow.any() else -1
 
 
 def to_float32(array: np.ndarray) -> np.ndarray:

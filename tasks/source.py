@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 import xxhash
 
@@ -137,7 +138,32 @@ def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray
     or, for a host table (`host`), at its own precision (tasks/precision.py). The graph's read task."""
     if host:  # a BF16 table as read (widened to float32 as it is staged: tasks/entry.py write_widened_chunk)
         return read_tensor(header, key) if header.entries[key].dtype == "BF16" else _read_float32(header, key)
-    return precision.to_bf16(read_tensor(header, key), key, header.path)
+    if header.entries[key].dtype == "BF16":
+        return read_tensor(header, key)
+    return _read_rounded(header, key)
+
+
+_ROUND_BLOCK_BYTES = 4 << 20  # source bytes read per block while a wide tensor is rounded: in L2/L3 when rounded
+
+
+def _read_rounded(header: ShardHeader, key: str) -> np.ndarray:
+    """An F32/F16 tensor rounded to bf16 as it is read: block by block into one reused buffer, each block rounded
+    while it is still in cache. One pass over the source bytes, and the wide tensor is never whole in memory."""
+    entry = header.entries[key]
+    wide = safetensors_file.NUMPY_DTYPES[entry.dtype]
+    out = aligned_empty(entry.shape, ml_dtypes.bfloat16)  # page-aligned: staged without a bounce copy
+    bits, total = out.reshape(-1).view(np.uint16), out.size
+    per = max(1, _ROUND_BLOCK_BYTES // wide.itemsize)
+    buffer = aligned_empty((min(per, total),), wide)
+    fd = os.open(header.path, os.O_RDONLY)
+    try:
+        for lo in range(0, total, per):
+            block = buffer[:min(per, total - lo)]
+            safetensors_file.read_into(fd, header.data_start + entry.start + lo * wide.itemsize, block, header.path)
+            precision.round_into(block, bits[lo:lo + block.size], key, header.path, lo)
+    finally:
+        os.close(fd)
+    return out
 
 
 _WIDEN_ROWS_BYTES = 8 << 20  # source bytes read per block while a host table is widened

@@ -32,23 +32,76 @@ def _torch_bf16_bits(values: np.ndarray) -> np.ndarray:
     return torch.from_numpy(values.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
-def test_f32_rounds_to_bf16_exactly_as_torch_does():
+def _special_f32() -> np.ndarray:
+    """Every pattern the rounding can get wrong: ties (exactly half-way, odd and even), one ulp either side of a
+    tie, denormals (the smallest, the largest, random ones), zeros, the largest values that still round to a finite
+    bf16, ±Inf, and NaNs with payloads, quiet and signalling, of either sign."""
+    top = np.arange(1 << 16, dtype=np.uint32) << 16
+    ties = top | 0x8000
+    near = np.concatenate([top | 0x7FFF, top | 0x8001])
+    rng = np.random.default_rng(3)
+    denormals = np.concatenate([np.array([1, 0x7FFFFF, 0x8000, 0x18000, 0x807FFFFF, 0x80000001], np.uint32),
+                                rng.integers(1, 1 << 23, 4096, dtype=np.uint32) | (rng.integers(0, 2, 4096) << 31).astype(np.uint32)])
+    edges = np.array([0, 0x80000000, 0x7F7F7FFF, 0xFF7F7FFF, 0x7F7F0000, 0x7F800000, 0xFF800000], np.uint32)
+    nans = np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0xFFC00000, 0x7FA5A5A5, 0xFFFFFFFF, 0x7FBFFFFF], np.uint32)
+    bits = np.concatenate([ties, near, denormals, edges, nans])
+    magnitude = bits & 0x7FFFFFFF
+    keep = (magnitude < 0x7F7F8000) | (magnitude >= 0x7F800000)  # a finite value from the tie up rounds to Inf
+    return bits[keep].view(np.float32)
+
+
+@pytest.fixture(params=["C", "numpy"])
+def rounding_path(request, monkeypatch):
+    if request.param == "C":
+        _needs_kernels()
+    monkeypatch.setenv("GR00T_TT_KERNELS", "1" if request.param == "C" else "0")
+    return request.param
+
+
+def _torch_nan_is_vectorised() -> bool:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def test_f32_rounds_to_bf16_exactly_as_torch_does(rounding_path):
     rng = np.random.default_rng(0)
     values = rng.integers(0, 2 ** 32, 1 << 21, dtype=np.uint64).astype(np.uint32).view(np.float32)
     values = values[np.isfinite(values) & (np.abs(values) < 3.38e38)]
-    ties = (np.arange(1 << 12, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # exactly half-way: to even
-    for batch in (values, ties[np.isfinite(ties)], np.array([0.0, -0.0, 1e-45, -1e-45, 1.17e-38], np.float32)):
+    specials = _special_f32()
+    if not _torch_nan_is_vectorised():  # torch's scalar path writes 0x7FC0 for NaN: hold the rest to it
+        specials = specials[~np.isnan(specials)]
+    for batch in (values, specials, specials[::-1].copy(), specials[:7].copy()):
         assert np.array_equal(to_bf16(batch, "k", "f").view(np.uint16), _torch_bf16_bits(batch))
 
 
-def test_every_finite_f16_rounds_to_bf16_exactly_as_torch_does():
-    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
-    values = values[np.isfinite(values)]
+def test_every_f16_rounds_to_bf16_exactly_as_torch_does(rounding_path):
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)  # every pattern: Inf, NaNs, denormals included
     assert np.array_equal(to_bf16(values, "k", "f").view(np.uint16), _torch_bf16_bits(values))
 
 
-@pytest.mark.parametrize("value", [3.3962e38, -3.4e38, 3.4028235e38])
-def test_a_finite_value_that_rounds_to_inf_is_named_with_its_key(value):
+def test_a_wide_tensor_is_rounded_as_it_is_read_and_refused_by_its_flat_index(rounding_path, tmp_path):
+    """The graph's read (tasks/source.py read_weight): block by block from the file, the same bits as torch."""
+    from safetensors.numpy import save_file
+
+    from tasks import source
+
+    values = np.random.default_rng(5).standard_normal((1500, 1100)).astype(np.float32)  # several read blocks
+    values.reshape(-1)[[7, 1_234_567]] = [np.inf, np.nan]
+    save_file({"w": values}, str(tmp_path / "m.safetensors"))
+    got = source.read_weight(read_header(tmp_path / "m.safetensors"), "w")
+    assert got.dtype == ml_dtypes.bfloat16 and np.array_equal(got.view(np.uint16), _torch_bf16_bits(values))
+    values.reshape(-1)[1_600_000] = 3.4e38
+    save_file({"w": values}, str(tmp_path / "m.safetensors"))
+    with pytest.raises(CheckpointError, match=r"value 3.39999995e\+38 \(flat index 1600000\) rounds to \+Inf"):
+        source.read_weight(read_header(tmp_path / "m.safetensors"), "w")
+
+
+TIE_TO_INF = float(np.array(0x7F7F8000, np.uint32).view(np.float32))  # half-way past bf16's largest: to even, Inf
+
+
+@pytest.mark.parametrize("value", [3.3962e38, -3.4e38, 3.4028235e38, TIE_TO_INF])
+def test_a_finite_value_that_rounds_to_inf_is_named_with_its_key(value, rounding_path):
     with pytest.raises(CheckpointError) as err:
         to_bf16(np.array([0.5, value], np.float32), "action_head.vlln.weight", "model.safetensors")
     msg = str(err.value)
@@ -134,6 +187,12 @@ for shape in {shapes}:
             tensorbin.pack(bad, "bfloat8_b")
         except ValueError:
             pass
+for n in (0, 1, 31, 1000):
+    w = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    w[:n // 2] = np.float32(3.4e38)  # the overflow scan runs to its end
+    o = np.zeros(n + 4, np.uint16)
+    kernels.round_f32_bf16(w, o[:n], 0xFFFF)
+    assert not o[n:].any()
 print("sanitized run: clean")
 """
 
