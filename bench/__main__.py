@@ -13,6 +13,19 @@ from tasks.errors import PipelineError
 from bench.report import run_all, run_finetune, run_handoff, run_port, run_versions, run_zarr
 
 
+def own_peak_rss_bytes() -> int | None:
+    """This process's own peak RSS since its exec (VmHWM of its memory map). Not the rusage `ru_maxrss` the parent
+    gets from wait4: Linux carries the forking parent's peak into it, so a child started by a large parent (the
+    bench after a full-size synth: 2.79 GB) reported that parent's figure whatever it used itself."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--child")
@@ -41,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                   "writable, or drop --cold (every contender's inputs are then read right before it)", file=sys.stderr)
             return 2
     if a.child:
-        print(json.dumps(CHILDREN[a.child](json.loads(a.child_args))))
+        result = CHILDREN[a.child](json.loads(a.child_args))
+        print(json.dumps({**result, "own_peak_rss_bytes": own_peak_rss_bytes()}))
         return 0
     try:
         return _run(a)

@@ -9,6 +9,15 @@ import time
 from pathlib import Path
 
 
+def _child_allocate(a: dict) -> dict:
+    """Touch `mb` megabytes and let go: the harness's own test of its peak-RSS figure (tests/test_commands.py)."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    block = np.ones(int(a["mb"]) << 20, np.uint8)
+    return {"seconds": time.perf_counter() - t0, "touched": int(block.sum())}
+
+
 def _child_convert(a: dict) -> dict:
     """A cold convert: the parent emptied the cache root (bench/harness.py `remove`), so nothing is reused or hit."""
     from pipeline.convert import ConvertOptions, convert
@@ -410,7 +419,7 @@ def _child_handoff(a: dict) -> dict:
     return {"seconds": seconds, **{k: v for k, v in built.stats.items() if k != "seconds"}}
 
 
-CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_port_startup, _child_handoff, _child_convert, _child_raw_copy, _child_copy_changed, _child_load, _child_raw_read, _child_cat,
+CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_allocate, _child_port_startup, _child_handoff, _child_convert, _child_raw_copy, _child_copy_changed, _child_load, _child_raw_read, _child_cat,
                                                      _child_naive, _child_as_tensor, _child_plain_loop,
                                                      _child_port_path, _child_as_tensor_port, _child_zarr_io)}
 

@@ -86,7 +86,8 @@ ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b:?")  # a tra
 
 
 def run_child(name: str, args: dict, cold: bool = False, fresh: Path | None = None) -> dict:
-    """One measurement in a fresh process; adds its peak RSS and CPU seconds as the OS counted them (wait4).
+    """One measurement in a fresh process; adds its own peak RSS (VmHWM, which the child reports as it ends) and its
+    CPU seconds as the OS counted them (wait4).
     `fresh`: an output folder the child creates files in; removed first, and the quarantine waited out."""
     if fresh is not None:
         remove(fresh)
@@ -105,7 +106,10 @@ def run_child(name: str, args: dict, cold: bool = False, fresh: Path | None = No
         raise ChildFailed(name, os.waitstatus_to_exitcode(status), BENCH / "last-child-stderr.log")
     # the child's one JSON line (tt-metal's simulator prints a line of its own at exit)
     result = json.loads(next(line for line in reversed(out.strip().splitlines()) if line.startswith("{")))
-    return {**result, "process_seconds": time.perf_counter() - started, "peak_rss_bytes": usage.ru_maxrss * 1024,
+    own = result.pop("own_peak_rss_bytes", None)  # the child's VmHWM: its own (bench/__main__.py own_peak_rss_bytes)
+    return {**result, "process_seconds": time.perf_counter() - started,
+            "peak_rss_bytes": own if own is not None else usage.ru_maxrss * 1024,
+            "rusage_maxrss_bytes": usage.ru_maxrss * 1024,
             "cpu_seconds": usage.ru_utime + usage.ru_stime, "user_seconds": usage.ru_utime,
             "sys_seconds": usage.ru_stime, "minor_faults": usage.ru_minflt, "major_faults": usage.ru_majflt}
 

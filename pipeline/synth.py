@@ -233,6 +233,19 @@ def embodiment_ids_written(version: str, extra: dict[str, int] | None = None) ->
     return {**load_config(version).embodiment_ids, **(extra or {})}
 
 
+def hf_shards(nbytes: dict[str, int], max_bytes: int = 5_000_000_000) -> dict[str, str]:
+    """Key -> file as transformers' `save_pretrained` (the HF Trainer's save) cuts a state dict at its 5 GB default:
+    a shard is closed when the next tensor would pass the size; one shard is a plain `model.safetensors`."""
+    numbered, n, used = {}, 1, 0
+    for key, size in nbytes.items():
+        if used and used + size > max_bytes:
+            n, used = n + 1, 0
+        numbered[key], used = n, used + size
+    if n == 1:
+        return {k: "model.safetensors" for k in numbered}
+    return {k: f"model-{i:05d}-of-{n:05d}.safetensors" for k, i in numbered.items()}
+
+
 def _reshard(ck, shards: int) -> dict[str, str]:
     """Key -> shard file, as Hugging Face cuts them (close a shard when the next tensor would pass the size) at a
     size giving about `shards` shards: other boundaries, so other straddling units."""
@@ -296,7 +309,8 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
     tag = MAPPED_TAG if form == "mapped" else TRAINED_TAG
     ids = embodiment_ids_written(version, {MAPPED_TAG: 10} if form == "mapped" else None)
     folder = {"output": out, "best": out / BEST_DIR}.get(form, out / CHECKPOINT_DIR)
-    _write_shards(folder, tensors, shard_of, mark)
+    shard_of = hf_shards({k: int(np.prod(t[1], dtype=np.int64)) * NUMPY_DTYPES[t[0]].itemsize for k, t in tensors.items()})
+    _write_shards(folder, tensors, shard_of, mark, index=len(set(shard_of.values())) > 1)
     if form == "output":  # the run folder: the final save at its root, the processor files under processor/
         _isaac_files(out, version, tag, ids, processor="processor", trainer_state=False)
     elif form == "best":  # save_pretrained plus experiment_cfg/; the processor files only in the run folder

@@ -261,3 +261,19 @@ def test_a_bench_child_that_fails_is_one_sentence_with_its_last_error_line(tmp_p
     assert err == (f"error: bench child no-such-child failed (exit 1): KeyError: 'no-such-child'; its whole stderr "
                    f"is in {tmp_path / 'last-child-stderr.log'}")
     assert "Traceback" in (tmp_path / "last-child-stderr.log").read_text()
+
+
+def test_each_bench_row_has_its_own_childs_peak_rss():
+    """A child started by a large parent reports its own peak, not the parent's (which Linux carries into wait4's
+    ru_maxrss): the bench's rows once all showed the 2.79 GB of the synth that ran before them."""
+    import numpy as np
+
+    from bench import harness
+
+    held = np.ones(1200 << 20, np.uint8)  # this process: 1.2 GB resident while the children start
+    small = harness.run_child("allocate", {"mb": 20})
+    large = harness.run_child("allocate", {"mb": 400})
+    assert held.sum() == 1200 << 20
+    assert small["rusage_maxrss_bytes"] > 1.1e9  # what the rows used to show: the parent's peak
+    assert 20e6 < small["peak_rss_bytes"] < 300e6
+    assert 400e6 < large["peak_rss_bytes"] < 700e6 and large["peak_rss_bytes"] - small["peak_rss_bytes"] > 350e6

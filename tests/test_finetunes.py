@@ -377,3 +377,17 @@ def test_what_lerobot_wrote_converts_as_the_same_weights_in_the_release_shape(sn
     assert got.tensors.keys() == want.tensors.keys()
     for name, tensor in want.tensors.items():
         assert got.tensors[name].dtype == tensor.dtype and _bytes(got.tensors[name]) == _bytes(tensor), name
+
+
+def test_isaac_forms_are_cut_as_the_hf_trainer_cuts_them():
+    """Full size, all F32 (13.8 GB for N1.7): three shards of at most 5 GB, in key order; below 5 GB one file."""
+    from pipeline.state_dict import tensor_specs
+    from pipeline.synth import hf_shards
+
+    sizes = {s.key: 2 * s.nbytes for s in tensor_specs("n17", "full")}  # F32: twice the bf16 bytes
+    cut = hf_shards(sizes)
+    names = sorted(set(cut.values()))
+    assert names == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert all(sum(n for k, n in sizes.items() if cut[k] == name) <= 5_000_000_000 for name in names)
+    assert list(cut.values()) == sorted(cut.values())  # consecutive keys, as the save walks the state dict
+    assert set(hf_shards({k: n for k, n in list(sizes.items())[:10]}).values()) == {"model.safetensors"}
