@@ -453,3 +453,61 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
     lines = _finetune_report(raw, ctx, _out(scale))
     print("\n".join(lines))
     return 0
+
+
+F32_SHAPES = {"F32, one file (LeRobot)": "lerobot", "F32, 5 GB shards (Isaac-GR00T)": "checkpoint"}
+
+
+def _f32_report(raw: dict[str, list], ctx: dict, out: Path) -> list[str]:
+    """bench/f32-results.{json,md}: each all-F32 shape's cold convert against the bf16 release's."""
+    base = raw["release (bf16), cold"]
+    table = contender_table(raw, columns=("convert, cold cache",),
+                            extra={"read stage (summed)": lambda r: f"{median(r, 'read_seconds'):.1f} s"})
+    goals = []
+    for name in F32_SHAPES:
+        ratio, peak = median(raw[name]) / median(base), median(raw[name], "peak_rss_bytes") / 1e9
+        goals.append(f"- {name}: wall / the bf16 release's **{ratio:.2f}** (goal <= 1.2, "
+                     f"runs {', '.join(f'{r['seconds']:.1f}' for r in raw[name])} s against "
+                     f"{', '.join(f'{r['seconds']:.1f}' for r in base)} s); peak RSS **{peak:.2f} GB** (goal <= 1.2)")
+    what = f"{ctx['scale']} synthetic {ctx['version']}, {ctx['layout']} / {ctx['profile']}, every slot, a cold cache each"
+    return write(out, "f32-results", ctx=ctx, raw=raw, what=what, tables=[table], after=goals)
+
+
+def run_f32(scale: str, runs: int, cold: bool, version: str = "n17") -> int:
+    """An all-F32 fine-tune of N1.7 as the trainers save it (pipeline/synth.py: LeRobot's one file, Isaac-GR00T's
+    5 GB shards; every value F32 with detail below bf16's), each converted into an empty cache in a fresh process,
+    alternating with the bf16 release's cold convert. Writes bench/f32-results.{json,md}."""
+    from pipeline.recipe import resolve
+    from pipeline.synth import fine_tune_form
+
+    hf, release = _synthetic_snapshot(scale, version)
+    forms = {}
+    for name, form in F32_SHAPES.items():
+        out = DATA / f"f32-{scale}-{version}-{form}"
+        made = out / "checkpoint-1000" if form == "checkpoint" else out
+        if not (made / "config.json").is_file():
+            remove(out)
+            print(f"writing the {name} fine-tune of {version} ({scale}) into {out} (once)", flush=True)
+            made = fine_tune_form(release, version, form, out)
+        forms[name] = made
+    layout, profile = resolve(version)
+    cache = DATA / f"cache-{scale}-f32"
+    args = {"version": version, "profile": profile, "layout": layout, "cache": str(cache)}
+    raw: dict[str, list] = {}
+    started = time.time()
+    for _ in range(runs):
+        for name, snapshot in {"release (bf16), cold": release, **forms}.items():
+            remove(cache)
+            settle()
+            _warm(*(p.resolve() for p in snapshot.iterdir() if p.suffix == ".safetensors"))
+            run = run_child("convert", {**args, "snapshot": str(snapshot)}, cold)
+            run["read_seconds"] = run["stage_seconds"].get("read", 0.0)
+            raw.setdefault(name, []).append(run)
+            print(f"  {name}: {run['seconds']:.1f} s, read stage {run['read_seconds']:.1f} s, "
+                  f"{run['peak_rss_bytes'] / 1e9:.2f} GB peak", flush=True)
+    remove(cache)
+    ctx = context(only="f32", scale=scale, runs=runs, cold=cold, started=started, version=version, layout=layout,
+                  profile=profile, slots="all 32")
+    lines = _f32_report(raw, ctx, _out(scale))
+    print("\n".join(lines))
+    return 0

@@ -28,7 +28,6 @@ from tasks.publish import push
 from tasks.refs import write_ref
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
-from tasks.source import VerifiedShard
 from tasks.store import LocalStore
 
 
@@ -82,7 +81,7 @@ class Prepared:
     slots: tuple[int, ...]
     identity: Identity       # what the entry's bytes are a function of, and its fingerprint
     root: Path
-    hashed: Mapping[str, VerifiedShard] = field(default_factory=dict)  # shards hashed (so verified) while naming it
+    identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # shard -> tensor xxh3, taken to name it
     notes: tuple[str, ...] = ()  # what the folder holds that the user should hear of (files left alone, …)
 
     @property
@@ -119,10 +118,10 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     slots = folder.slots(opts.embodiments)
     source = {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic,
               "model": opts.model, **folder.source_record()}
-    shard_sha, hashed = cache.source_sha256(root, ck)
-    ident = Identity.of(plan, source=source, shard_sha=shard_sha, slots=slots, source_shapes=shapes,
+    identities, identified = cache.source_identity(root, ck)
+    ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
                         recipes_sha256=recipes_sha256())
-    return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, hashed=hashed,
+    return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, identified=identified,
                     notes=tuple(folder.notes()))
 
 
@@ -187,13 +186,13 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
             attrs = {name: doc["attributes"] for name, doc in arrays.items()}
-            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp=tmp, array_attrs=attrs, hashed=prep.hashed)
+            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp=tmp, array_attrs=attrs, identified=prep.identified)
         done = _still_staged(tmp, plan, slots, reused.records)
         read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}
-        # A shard known only by its sha256 is trusted like a cache hit, unless something is read from it.
-        prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from} | \
-            dict(prep.hashed)
+        # A shard known by its identity alone (an earlier entry's) is trusted like a cache hit, unless something is
+        # read from it; every other shard is hashed by the graph's verify task, beside the conversion.
+        prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from}
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")

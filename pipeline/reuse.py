@@ -2,8 +2,9 @@
 
 Every published array carries a content id: a hash of its source tensors' bytes (xxh3-128 per tensor, taken during
 the verify pass), its transform and device format, and the converter version. Before a conversion runs, the
-tensors of each shard are identified — from an earlier entry when the shard's sha256 is unchanged, by one xxh3
-pass otherwise (its sha256 is then checked by the graph's verify task, beside the conversion) — and every target whose content id some published entry already holds is hard-linked from there
+tensors of each shard are identified — from an earlier entry when the shard's identity (its HF blob sha256, or
+its content identity) is unchanged, by one xxh3 pass otherwise (its sha256 is then taken by the graph's verify
+task, beside the conversion) — and every target whose content id some published entry already holds is hard-linked from there
 instead of being read, converted and written. A typical fine-tune changes the action head: the backbone shard is
 untouched, so only the action-head shard is hashed and only the changed targets are converted.
 """
@@ -24,15 +25,15 @@ from tasks.plan import Plan, work_units
 from tasks.entry import CONVERTER_VERSION, Entry, Staged, chunk_file, content_id, list_entries, packed_path
 from tasks.progress import record_progress
 from tasks.errors import CacheError
-from tasks.source import VerifiedShard, hash_shard
+from tasks.source import VerifiedShard, identify_shards
 from tasks.store import LocalStore
 
 
 @dataclass
 class Reuse:
     records: dict = field(default_factory=dict)    # (target, slot) -> Staged, linked from another entry
-    verified: dict = field(default_factory=dict)   # shard -> VerifiedShard identified before the graph by its sha256
-    identified: set = field(default_factory=set)   # shards known by sha256 alone: verified only if read from
+    verified: dict = field(default_factory=dict)   # shard -> VerifiedShard identified before the graph by its identity
+    identified: set = field(default_factory=set)   # shards known by identity alone: verified only if read from
     linked_bytes: int = 0
 
 
@@ -41,14 +42,17 @@ def _published(root: Path, version: str) -> list[Entry]:
     return sorted(out, key=lambda e: e.manifest.published_unix, reverse=True)
 
 
-def _known_tensor_hashes(entries: list[Entry], shard_sha: str) -> dict[str, str]:
-    """Per-key hashes recorded by entries converted from a shard with this sha256."""
+def _known_tensor_hashes(entries: list[Entry], identity: str) -> tuple[dict[str, str], str | None]:
+    """Per-key hashes recorded by entries converted from a shard of this identity, and its sha256 as recorded."""
     known: dict[str, str] = {}
+    sha256 = None
     for e in entries:
-        if shard_sha in e.manifest.shards.values():
+        names = [s for s, v in e.manifest.shards.items() if v == identity]
+        if names:
+            sha256 = sha256 or e.manifest.shards_sha256.get(names[0])
             for arr in e.manifest.arrays.values():
                 known.update(arr.source_xxh3)
-    return known
+    return known, sha256
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -60,37 +64,36 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
 
 
-def _tensor_hashes(ck: Checkpoint, entries: list[Entry], shard_sha: dict[str, str],
-                   hashed: Mapping[str, VerifiedShard], reuse: Reuse) -> dict[str, str]:
-    """Every key's xxh3-128: from the hashing that named the entry, from an earlier entry of an unchanged shard
-    (recorded in `reuse` as identified), or, for a changed shard, by one xxh3 pass, both shards at once (its
-    sha256 is left to the graph's verify task, beside the conversion; sha256 is the slow hash)."""
+def _tensor_hashes(ck: Checkpoint, entries: list[Entry], identities: dict[str, str],
+                   identified: Mapping[str, Mapping[str, str]], reuse: Reuse) -> dict[str, str]:
+    """Every key's xxh3-128: from the pass that named the entry (`identified`), from an earlier entry of a shard of
+    the same identity (recorded in `reuse` as identified), or, for a changed shard, by one xxh3 pass, both shards
+    at once (its sha256 is left to the graph's verify task, beside the conversion; sha256 is the slow hash)."""
     hashes: dict[str, str] = {}
     unknown = []
     for shard, header in ck.headers.items():
-        known = _known_tensor_hashes(entries, shard_sha[shard])
-        if shard in hashed:
-            hashes.update(hashed[shard].tensor_xxh3)
+        known, sha256 = _known_tensor_hashes(entries, identities[shard])
+        if shard in identified:
+            hashes.update(identified[shard])
         elif all(k in known for k in header.entries):
             hashes.update({k: known[k] for k in header.entries})
-            reuse.verified[shard] = VerifiedShard(header, shard_sha[shard], {k: known[k] for k in header.entries})
+            reuse.verified[shard] = VerifiedShard(header, sha256, {k: known[k] for k in header.entries})
             reuse.identified.add(shard)
         else:
             unknown.append(header)
-    with ThreadPoolExecutor(max(1, min(len(unknown), os.cpu_count() or 1))) as pool:
-        for _, tensors in pool.map(lambda h: hash_shard(h, with_sha256=False), unknown):
-            hashes.update(tensors)
+    for tensors in identify_shards(unknown, os.cpu_count() or 1) if unknown else ():
+        hashes.update(tensors)
     return hashes
 
 
-def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, shard_sha: dict[str, str], *,
-               tmp: Path, array_attrs: dict[str, dict], hashed: Mapping[str, VerifiedShard] | None = None) -> Reuse:
+def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, identities: dict[str, str], *,
+               tmp: Path, array_attrs: dict[str, dict], identified: Mapping[str, Mapping[str, str]] | None = None) -> Reuse:
     """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
     reuse = Reuse()
     entries = _published(root, plan.version)
     if not entries:
         return reuse
-    hashes = _tensor_hashes(ck, entries, shard_sha, hashed or {}, reuse)
+    hashes = _tensor_hashes(ck, entries, identities, identified or {}, reuse)
     by_id: dict[str, tuple[Entry, str]] = {}
     for e in reversed(entries):  # newest wins
         for name, arr in e.manifest.arrays.items():

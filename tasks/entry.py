@@ -241,7 +241,7 @@ class Identity:
     synthetic: str | None
     layout: str
     profile: str
-    shards: Mapping[str, str]          # shard file -> sha256
+    shards: Mapping[str, str]          # shard file -> its identity: the HF blob's sha256, else its content id
     recipes_sha256: str
     slots: list[int]
     source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
@@ -282,15 +282,19 @@ class Manifest(Identity):
     arrays: Mapping[str, ArrayRecord] = field(default_factory=dict)
     bytes: int = 0
     chunks: int = 0
+    shards_sha256: Mapping[str, str] = field(default_factory=dict)  # every shard's sha256 (not hashed: taken in the graph)
 
     def to_json(self) -> dict:
         return {**Identity.to_json(self), "published_unix": self.published_unix,
-                "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks}
+                "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks,
+                "shards_sha256": dict(sorted(self.shards_sha256.items()))}
 
     @classmethod
-    def published(cls, identity: Identity, arrays: Mapping[str, ArrayRecord], nbytes: int, chunks: int) -> "Manifest":
+    def published(cls, identity: Identity, arrays: Mapping[str, ArrayRecord], nbytes: int, chunks: int,
+                  shards_sha256: Mapping[str, str]) -> "Manifest":
         """The manifest of an entry being published now."""
-        return cls(**Identity.to_json(identity), published_unix=time.time(), arrays=arrays, bytes=nbytes, chunks=chunks)
+        return cls(**Identity.to_json(identity), published_unix=time.time(), arrays=arrays, bytes=nbytes, chunks=chunks,
+                   shards_sha256=shards_sha256)
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "Manifest":
@@ -301,7 +305,9 @@ class Manifest(Identity):
                    source=doc.get("source", {}), source_shapes=doc.get("source_shapes", {}),
                    published_unix=doc.get("published_unix", 0.0),
                    arrays={n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
-                   bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0))
+                   bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0),
+                   shards_sha256=doc.get("shards_sha256") or {s: v for s, v in doc.get("shards", {}).items()
+                                                              if not v.startswith("xxh3")})
 
     @property
     def is_synthetic(self) -> bool:

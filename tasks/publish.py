@@ -102,7 +102,8 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
         orphan.unlink(missing_ok=True)
     arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.converter)
-    manifest = Manifest.published(identity, arrays, sum(s.record.nbytes for s in staged), len(staged))
+    shards_sha256 = {v.header.path.name: v.sha256 for v in verified if v.sha256}
+    manifest = Manifest.published(identity, arrays, sum(s.record.nbytes for s in staged), len(staged), shards_sha256)
     fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest.to_json(), durable=True)
     _fsync(tmp_dir)

@@ -8,6 +8,7 @@ checkpoint reader (tasks/checkpoint.py) reads through the same functions.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -84,25 +85,33 @@ def hash_shard(header: ShardHeader, with_sha256: bool = True) -> tuple[str | Non
     return sha and sha.hexdigest(), {k: digests[keys[0]] for keys in aliases.values() for k in keys}
 
 
-def hash_shards(headers: Sequence[ShardHeader], workers: int) -> list[VerifiedShard]:
-    """Each shard's sha256 and per-tensor xxh3 (as `hash_shard` gives them), the two hashes of every shard as
-    jobs of their own, the longest first: sha256 runs at 1.4 GB/s a core here, so in one pass per shard a full
-    N1.6 fine-tune's 6.2 GB shard held one core for 7 s while the other finished the 3.2 GB one and idled. Split,
-    both shards took 5 s instead of 7 (page cache warm; each shard is mapped twice, not read twice from disk)."""
-    by_size = sorted(headers, key=lambda h: -h.path.stat().st_size)
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        sha = {h.path: pool.submit(file_sha256, h.path) for h in by_size}
-        tensors = {h.path: pool.submit(hash_shard, h, False) for h in by_size}
-        return [VerifiedShard(h, sha[h.path].result(), tensors[h.path].result()[1]) for h in headers]
+CONTENT_ID = "xxh3-128:"  # the prefix of a shard identity taken from its tensors (a sha256 has none)
 
 
-def verify_shard(header: ShardHeader, expected_sha256: str | None) -> VerifiedShard:
-    """Hash the shard; when its content identity is known (the HF blob name), the bytes must match it."""
+def content_identity(header: ShardHeader, tensor_xxh3: Mapping[str, str]) -> str:
+    """A shard's identity when no sha256 is known before the conversion (a plain file, not an HF blob): its tensors'
+    names, dtypes, shapes and xxh3-128, which a pass at memory speed gives. The sha256, the slow hash, is then
+    taken in the graph beside the conversion (verify_shard) and recorded in the manifest."""
+    doc = [[k, e.dtype, list(e.shape), tensor_xxh3[k]] for k, e in sorted(header.entries.items())]
+    return CONTENT_ID + xxhash.xxh3_128_hexdigest(json.dumps(doc, separators=(",", ":")).encode())
+
+
+def identify_shards(headers: Sequence[ShardHeader], workers: int) -> list[dict[str, str]]:
+    """Every tensor's xxh3-128 of each shard (no sha256), the shards side by side."""
+    with ThreadPoolExecutor(max(1, min(workers, len(headers)))) as pool:
+        return [tensors for _, tensors in pool.map(lambda h: hash_shard(h, with_sha256=False), headers)]
+
+
+def verify_shard(header: ShardHeader, expected: str | None) -> VerifiedShard:
+    """Hash the shard (sha256 and every tensor's xxh3 in one pass); when its identity is known (the HF blob name's
+    sha256, or the content identity the entry is named by), the bytes must match it."""
     digest, tensors = hash_shard(header)
-    if expected_sha256 is not None and digest != expected_sha256:
-        raise CheckpointError(header.path, f"content sha256 is {digest}, expected {expected_sha256} (its HF blob name, "
-                                           "or the hash recorded when it was first converted): the file changed or is "
-                                           "corrupt; download it again")
+    found = content_identity(header, tensors) if expected and expected.startswith(CONTENT_ID) else digest
+    if expected is not None and found != expected:
+        what = "content identity" if expected.startswith(CONTENT_ID) else "content sha256"
+        raise CheckpointError(header.path, f"{what} is {found}, expected {expected} (its HF blob name, or what was "
+                                           "read when this conversion began or when it was first converted): the "
+                                           "file changed or is corrupt; download it again")
     return VerifiedShard(header, digest, tensors)
 
 

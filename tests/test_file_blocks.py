@@ -19,7 +19,7 @@ import xxhash
 
 from tasks import file_blocks
 from tasks.safetensors_file import read_header
-from tasks.source import hash_shard, hash_shards
+from tasks.source import content_identity, hash_shard, identify_shards, verify_shard
 
 BLOCK = 8192
 
@@ -116,7 +116,8 @@ def _spans(path: Path) -> dict[str, bytes]:
 def test_shard_hashes_equal_plain_hashes(snapshots):
     shards = sorted(snapshots["n16"].glob("*.safetensors"))
     headers = [read_header(p) for p in shards]
-    for verified, path in zip(hash_shards(headers, 2), shards):
+    for tensors, header, path in zip(identify_shards(headers, 2), headers, shards):
+        verified = verify_shard(header, content_identity(header, tensors))  # the graph's pass: sha256 beside
         assert verified.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-        assert verified.tensor_xxh3 == {k: xxhash.xxh3_128_hexdigest(b) for k, b in _spans(path).items()}
+        assert tensors == verified.tensor_xxh3 == {k: xxhash.xxh3_128_hexdigest(b) for k, b in _spans(path).items()}
         assert hash_shard(read_header(path)) == (verified.sha256, dict(verified.tensor_xxh3))

@@ -7,6 +7,7 @@ sentence, exit 2, nothing published."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import struct
@@ -112,7 +113,13 @@ def test_every_form_reloads_as_the_conversion_of_what_it_stands_for(snapshots, t
     got = load(version, cache_dir, slot, entry=mine, synthetic=True)
     want = load(version, cache_dir, slot, entry=theirs, synthetic=True)
     assert got.tensors.keys() == want.tensors.keys() and got.slot == slot
-    arrays = open_entry(LocalStore(cache_dir), mine).manifest.arrays
+    manifest = open_entry(LocalStore(cache_dir), mine).manifest
+    files = sorted(snapshot.glob("*.safetensors")) if snapshot.is_dir() else [snapshot]
+    # every shard's sha256 is recorded, taken by the graph beside the conversion (hashlib: the reference)
+    assert manifest.shards_sha256 == {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    if not snapshot.is_relative_to(snapshots[version].parent.parent):  # a plain folder: named by its tensors' content
+        assert all(v.startswith("xxh3-128:") for v in manifest.shards.values())
+    arrays = manifest.arrays
     wide = weights if form == "mixed" else {}
     kept_wide = 0
     for name, tensor in want.tensors.items():

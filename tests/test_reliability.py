@@ -161,15 +161,24 @@ def test_bad_snapshot(copy_snapshot, tmp_path, capsys, case, corrupt, expected, 
 
 
 def _remember_original_hash(snap: Path, root: Path) -> None:
-    """Record what the shard's sha256 was before the flip, as a first (clean) run would have."""
-    data = bytearray((snap / S2).read_bytes())
-    data[-1] ^= 0x01
+    """Record what the shard's content identity was before the flip, as a first (clean) run would have."""
     import hashlib
 
+    from tasks.safetensors_file import read_header
+    from tasks.source import content_identity, hash_shard
+
+    data = bytearray((snap / S2).read_bytes())
+    data[-1] ^= 0x01
+    original = root / "original.safetensors"
+    original.parent.mkdir(parents=True, exist_ok=True)
+    original.write_bytes(bytes(data))
+    header = read_header(original)
+    content = content_identity(header, hash_shard(header, with_sha256=False)[1])
+    original.unlink()
     stat = sources._stat_key(snap / S2)  # the memo's own key of the file
     record = root / "sources" / (hashlib.sha256(stat["path"].encode()).hexdigest()[:32] + ".json")
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"stat": stat, "sha256": hashlib.sha256(bytes(data)).hexdigest()}))
+    record.write_text(json.dumps({"stat": stat, "content": content}))
 
 
 def _assert_nothing_published(root: Path) -> None:

@@ -1,4 +1,5 @@
-"""A simulated Wormhole for the device tests: Tenstorrent's open-source ttsim, built from its source tarball.
+"""A simulated Wormhole and Blackhole for the device tests: Tenstorrent's open-source ttsim, built from its source
+tarball (`wh`: an N150, `wh_x2`: an N300, `bh`: a P150, the N1.6 port's own board).
 
 tt-metal talks to `libttsim.so` instead of a PCIe card when `TT_METAL_SIMULATOR` names it. What it needs besides
 (../shared/reference/simulated-device.md): a `soc_descriptor.yaml` beside the library, slow dispatch, no mock
@@ -25,9 +26,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "ttsim"
 SOURCE_TARBALL = Path(os.environ.get("GR00T_TTSIM_SOURCE", ROOT.parent / "shared" / "vendor" / "ttsim-1.10.0-src.tar.gz"))
-CONFIGS = ("wh", "wh_x2")            # a Wormhole N150, and the two-chip N300
-SOC_DESCRIPTOR = "wormhole_b0_80_arch.yaml"
-FIRMWARE_CORES = ("brisc", "ncrisc", "trisc0", "trisc1", "trisc2", "erisc", "idle_erisc")
+CONFIGS = ("wh", "wh_x2", "bh")      # a Wormhole N150, the two-chip N300, a Blackhole P150
+SOC_DESCRIPTORS = {"wh": "wormhole_b0_80_arch.yaml", "wh_x2": "wormhole_b0_80_arch.yaml", "bh": "blackhole_140_arch.yaml"}
+ARCH_NAMES = {"wh": "Wormhole N150", "wh_x2": "Wormhole N300", "bh": "Blackhole P150"}
+# The firmware each architecture's pre-compiled sets hold, and the `-mcpu` tt-metal compiles them for.
+FIRMWARE_CORES = {"tt-wh": ("brisc", "ncrisc", "trisc0", "trisc1", "trisc2", "erisc", "idle_erisc"),
+                  "tt-bh": ("brisc", "ncrisc", "trisc0", "trisc1", "trisc2", "drisc", "active_erisc", "idle_erisc",
+                            "subordinate_active_erisc", "subordinate_idle_erisc")}
 
 
 def _ttnn_package() -> Path:
@@ -67,7 +72,8 @@ def build(config: str = "wh", log=print) -> Path | None:
         raise RuntimeError(f"building {target} in {src} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     lib.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / target, lib)
-    shutil.copyfile(_ttnn_package() / "tt_metal" / "soc_descriptors" / SOC_DESCRIPTOR, lib.parent / "soc_descriptor.yaml")
+    shutil.copyfile(_ttnn_package() / "tt_metal" / "soc_descriptors" / SOC_DESCRIPTORS[config],
+                    lib.parent / "soc_descriptor.yaml")
     log(f"simulator: built {lib}")
     return lib
 
@@ -89,18 +95,21 @@ def _symbol_size(elf: bytes, name: bytes) -> int | None:
     return None
 
 
-def firmware_sets(precompiled: Path) -> dict[str, str]:
-    """NUM_L1_BANKS -> one pre-compiled Wormhole firmware set built for it. Sets of one bank count differ only in
-    build paths (their code and data are byte-identical), so any one serves."""
-    sets: dict[str, str] = {}
+def firmware_sets(precompiled: Path) -> dict[str, dict[str, str]]:
+    """-mcpu (tt-wh, tt-bh) -> NUM_L1_BANKS -> one pre-compiled firmware set built for it. Sets of one architecture
+    and bank count differ only in build paths (their code and data are byte-identical), so any one serves."""
+    sets: dict[str, dict[str, str]] = {mcpu: {} for mcpu in FIRMWARE_CORES}
     for folder in sorted(precompiled.iterdir()):
         brisc = folder / "brisc" / "brisc.elf"
-        if not brisc.is_file() or not all((folder / c / f"{c}.elf").is_file() for c in FIRMWARE_CORES):
+        if not brisc.is_file():
             continue
         elf = brisc.read_bytes()
-        size = _symbol_size(elf, b"bank_to_l1_offset") if b"-mcpu=tt-wh" in elf else None
+        mcpu = next((m for m in FIRMWARE_CORES if f"-mcpu={m}".encode() in elf), None)
+        if mcpu is None or not all((folder / c / f"{c}.elf").is_file() for c in FIRMWARE_CORES[mcpu]):
+            continue
+        size = _symbol_size(elf, b"bank_to_l1_offset")
         if size:
-            sets.setdefault(str(size // 4), folder.name)  # the table holds one 32-bit offset per L1 bank
+            sets[mcpu].setdefault(str(size // 4), folder.name)  # the table holds one 32-bit offset per L1 bank
     return sets
 
 
@@ -119,9 +128,10 @@ def runtime_root() -> Path:
     bin_dir = root / "runtime" / "sfpi" / "compiler" / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     table = bin_dir / "firmware-sets.json"
-    if not table.is_file():
-        table.write_text(json.dumps({"precompiled": str(package / "tt_metal" / "pre-compiled"),
-                                     "sets": firmware_sets(package / "tt_metal" / "pre-compiled")}))
+    wanted = json.dumps({"precompiled": str(package / "tt_metal" / "pre-compiled"),
+                         "sets": firmware_sets(package / "tt_metal" / "pre-compiled")})
+    if not table.is_file() or table.read_text() != wanted:  # another wheel, or a table of an older layout
+        table.write_text(wanted)
     compiler = bin_dir / "riscv-tt-elf-g++"
     script = (f'#!/bin/sh\nGR00T_FIRMWARE_SETS="{table}" exec "{sys.executable}" '
               f'"{Path(__file__).parent / "firmware_cc.py"}" "$@"\n')
@@ -132,18 +142,20 @@ def runtime_root() -> Path:
 
 
 def unavailable_reason(config: str = "wh") -> str | None:
-    """Why no simulated device can be had here, or None when one can."""
-    if os.environ.get("TT_METAL_SIMULATOR"):
+    """Why no simulated `config` can be had here, or None when one can."""
+    if config == "wh" and os.environ.get("TT_METAL_SIMULATOR"):
         return None if Path(os.environ["TT_METAL_SIMULATOR"]).is_file() else \
             f"TT_METAL_SIMULATOR={os.environ['TT_METAL_SIMULATOR']} is not a file"
     if library(config).is_file() or SOURCE_TARBALL.is_file():
         return None
     return (f"no simulator: neither TT_METAL_SIMULATOR nor the ttsim source ({SOURCE_TARBALL}) is present; "
-            "download libttsim_wh.so from github.com/tenstorrent/ttsim/releases and point TT_METAL_SIMULATOR at it")
+            f"download libttsim_{config}.so from github.com/tenstorrent/ttsim/releases and point TT_METAL_SIMULATOR "
+            "at it")
 
 
 def environment(config: str = "wh", log=print) -> dict[str, str] | None:
-    """The variables that make tt-metal open the simulated `config` (None when it cannot be had)."""
+    """The variables that make tt-metal open the simulated `config` (None when it cannot be had). A user's
+    TT_METAL_SIMULATOR stands for the Wormhole: the other configurations are always the ones built here."""
     if unavailable_reason(config) is not None:
         return None
     user = os.environ.get("TT_METAL_SIMULATOR") if config == "wh" else None
@@ -151,12 +163,12 @@ def environment(config: str = "wh", log=print) -> dict[str, str] | None:
     if lib is None:
         return None
     return {"TT_METAL_SIMULATOR": str(lib), "TT_METAL_SLOW_DISPATCH_MODE": "1",
-            "TT_METAL_RUNTIME_ROOT": f"{runtime_root()}/", "TT_METAL_CACHE": str(BUILD / "jit-cache"),
+            "TT_METAL_RUNTIME_ROOT": f"{runtime_root()}/", "TT_METAL_CACHE": str(BUILD / "jit-cache" / config),
             "TT_METAL_LOGS_PATH": str(BUILD / "logs")}  # else tt-metal writes generated/ into the working folder
 
 
 def use(environ: dict | os._Environ, config: str = "wh") -> bool:
-    """Point this process's ttnn at the simulated device (before ttnn is imported). False when none can be had,
+    """Point this process's ttnn at the simulated `config` (before ttnn is imported). False when none can be had,
     or when GR00T_TEST_SIMULATOR=0 asks for the mock cluster only."""
     if environ.get("GR00T_TEST_SIMULATOR") == "0":
         return False
@@ -166,5 +178,3 @@ def use(environ: dict | os._Environ, config: str = "wh") -> bool:
     environ.pop("TT_METAL_MOCK_CLUSTER_DESC_PATH", None)  # a mock cluster would hide the simulator
     environ.update(env)
     return True
-
-

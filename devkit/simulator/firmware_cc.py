@@ -6,7 +6,8 @@ so this answers for the firmware build alone:
 - `--version` prints the toolchain string the wheel was built with;
 - `-x c++-header` (precompiled headers) is refused, and tt-metal goes on without them;
 - a firmware compile (`-DFW_BUILD`) writes a small record of the flags that pick the firmware instead of code;
-- a link of such records (with the wheel's start-up objects) copies the wheel's pre-compiled ELF for that core and L1 bank count to `-o`.
+- a link of such records (with the wheel's start-up objects) copies the wheel's pre-compiled ELF for that
+  architecture (`-mcpu=tt-wh` or `tt-bh`), core and L1 bank count to `-o`.
 Anything else, that is any real kernel, exits 1 naming the missing toolchain: tt-metal must never believe it
 compiled a kernel.
 """
@@ -42,7 +43,8 @@ def main(args: list[str]) -> None:
             sources = [a for a in args if a.endswith((".cc", ".cpp", ".c", ".S"))]
             refuse(f"cannot compile kernel {sources[0] if sources else '?'}")
         banks = next((a.split("=", 1)[1] for a in args if a.startswith("-DNUM_L1_BANKS=")), None)
-        out.write_text(RECORD + json.dumps({"num_l1_banks": banks}))
+        mcpu = next((a.split("=", 1)[1] for a in args if a.startswith("-mcpu=")), None)
+        out.write_text(RECORD + json.dumps({"num_l1_banks": banks, "mcpu": mcpu}))
         if "-MF" in args:  # tt-metal reads the dependency file it asked for
             Path(args[args.index("-MF") + 1]).write_text(f"{out}:\n")
         return
@@ -58,11 +60,11 @@ def main(args: list[str]) -> None:
         refuse(f"cannot link {out.name} (no firmware objects)")
     core = out.parent.name  # tt-metal builds each core's firmware in a folder named for the core
     table = json.loads(Path(os.environ["GR00T_FIRMWARE_SETS"]).read_text())
-    banks = records[0]["num_l1_banks"]
-    chosen = table["sets"].get(str(banks))
+    banks, mcpu = records[0]["num_l1_banks"], records[0].get("mcpu")
+    chosen = table["sets"].get(str(mcpu), {}).get(str(banks))
     elf = Path(table["precompiled"]) / str(chosen) / core / f"{core}.elf"
     if chosen is None or not elf.is_file():
-        refuse(f"no pre-compiled {core} firmware for {banks} L1 banks")
+        refuse(f"no pre-compiled {core} firmware for -mcpu={mcpu} and {banks} L1 banks in the ttnn wheel")
     shutil.copyfile(elf, out)
 
 

@@ -1,5 +1,6 @@
-"""The source-hash memo: a shard without an HF blob name is hashed once and remembered by its path, size, mtime
-and inode under `sources/`, so the next convert of the same folder names its entry without reading it."""
+"""The source-identity memo: a shard without an HF blob name is identified once (its tensors' xxh3) and remembered
+by its path, size, mtime and inode under `sources/`, so the next convert of the same folder names its entry
+without reading it."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ def _stat_key(path: Path) -> dict:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def source_sha256(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str, source.VerifiedShard]]:
-    """Content identity per shard: the HF blob name when there is one, else a remembered hash of this exact file
-    (path, size, mtime, inode), else hashed now and remembered. A shard hashed now gets its sha256 and every
-    tensor's xxh3 at once, on every core (tasks/source.py: hash_shards); those are returned too, verified (the
-    graph and reuse take them as they are: a fresh folder is not hashed twice)."""
+def source_identity(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Content identity per shard, what the entry is named by: the HF blob name's sha256 when there is one; else
+    the shard's content identity (its tensors' xxh3-128: tasks/source.py `content_identity`), remembered for this
+    exact file (path, size, mtime, inode), else taken now, at memory speed, and remembered. The sha256 of such a
+    shard is taken by the graph's verify task, beside the conversion, and recorded in the manifest. Returns the
+    identities, and the tensor hashes of the shards identified now (reuse takes them: read once)."""
     out, todo = {}, []
     for shard in sorted(ck.headers):
         named = ck.blob_sha256(shard)
@@ -33,16 +35,15 @@ def source_sha256(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str,
         record = root / "sources" / (hashlib.sha256(stat["path"].encode()).hexdigest()[:32] + ".json")
         try:
             known = json.loads(record.read_text())
-            if known["stat"] == stat:
-                out[shard] = known["sha256"]
+            if known["stat"] == stat and known["content"].startswith(source.CONTENT_ID):
+                out[shard] = known["content"]
                 continue
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, AttributeError):  # none, unreadable, or of an older converter
             pass
         todo.append((shard, stat, record))
-    hashed = dict(zip((t[0] for t in todo), source.hash_shards([ck.headers[t[0]] for t in todo], os.cpu_count() or 1)))
+    found = source.identify_shards([ck.headers[t[0]] for t in todo], os.cpu_count() or 1)
+    tensors = {shard: hashes for (shard, _, _), hashes in zip(todo, found)}
     for shard, stat, record in todo:
-        out[shard] = hashed[shard].sha256
-        write_json_atomic(record, {"stat": stat, "sha256": out[shard]})
-    return out, hashed
-
-
+        out[shard] = source.content_identity(ck.headers[shard], tensors[shard])
+        write_json_atomic(record, {"stat": stat, "content": out[shard]})
+    return out, tensors
