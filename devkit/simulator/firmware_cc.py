@@ -60,8 +60,9 @@ def main(args: list[str]) -> None:
         refuse(f"cannot link {out.name} (no firmware objects)")
     core = out.parent.name  # tt-metal builds each core's firmware in a folder named for the core
     table = json.loads(Path(os.environ["GR00T_FIRMWARE_SETS"]).read_text())
-    banks, mcpu = records[0]["num_l1_banks"], records[0].get("mcpu")
-    chosen = table["sets"].get(str(mcpu), {}).get(str(banks))
+    banks, mcpu = records[0]["num_l1_banks"], str(records[0].get("mcpu"))
+    arch = next((a for a in table["sets"] if mcpu.startswith(a)), mcpu)  # tt-wh-tensix (a trisc) is tt-wh firmware
+    chosen = table["sets"].get(arch, {}).get(str(banks))
     elf = Path(table["precompiled"]) / str(chosen) / core / f"{core}.elf"
     if chosen is None or not elf.is_file():
         refuse(f"no pre-compiled {core} firmware for -mcpu={mcpu} and {banks} L1 banks in the ttnn wheel")
