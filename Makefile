@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m pipeline demo
 
-# A simulated Wormhole for the device tests, built from ../shared/vendor's ttsim source when it is there
+# A simulated Wormhole and Blackhole for the device tests, built from ../shared/vendor's ttsim source when it is there
 # (devkit/simulator); without it (and without TT_METAL_SIMULATOR) the device tests skip and say why.
 simulator: $(STAMP)
 	$(PY) -m devkit.simulator build

@@ -158,6 +158,7 @@ def opened_device(choice: str):
         raise PipelineError(f"--device {choice}: the Tenstorrent device could not be opened ({reason[:200]}); check "
                             "the driver (tt-smi) or the simulator set-up, or use --device none") from None
     try:
+        print(f"--device {choice}: opened {tt.describe_opened(dev)}", file=sys.stderr)
         yield dev
     finally:
         tt.close_device(dev)

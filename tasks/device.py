@@ -50,6 +50,13 @@ def describe_devices() -> str:
     return f"a simulated device ({SIMULATOR_ENV}={os.environ[SIMULATOR_ENV]})"
 
 
+def describe_opened(device) -> str:
+    """What was opened, for the line `--device auto` prints: the architecture ttnn reports, and how many chips."""
+    arch = str(device.arch()).split(".")[-1].replace("_B0", "").capitalize()
+    n = mesh_size(device)
+    return f"{arch}, {n} chip{'s' if n > 1 else ''}"
+
+
 def configure_ttnn_env(environ: MutableMapping[str, str], has_device: bool) -> str | None:
     """Point ttnn at the shipped mock descriptor unless a device (hardware or simulator) is present or the user
     chose one. Returns the descriptor in use (None with a device). Must run before the first ttnn conversion."""

@@ -20,9 +20,12 @@ from pipeline.versions import VERSIONS, load_config
 from tasks.device import configure_ttnn_env, device_present
 from devkit import simulator
 
-# Where a simulated Wormhole can be had (built from ../shared/vendor, or TT_METAL_SIMULATOR), the whole session
-# runs against it: ttnn fixes its runtime at import, so one process cannot switch from the mock cluster later.
-SIMULATED = simulator.use(os.environ)
+# Where a simulated device can be had (built from ../shared/vendor, or TT_METAL_SIMULATOR), the whole session
+# runs against it: ttnn fixes its runtime at import, so one process cannot switch from the mock cluster, or from
+# one architecture to another, later. GR00T_TEST_DEVICE picks it: `wh` (a Wormhole N150, the default) or `bh` (a
+# Blackhole P150, the port's board; tests/test_blackhole.py runs the device tests again in a child session on it).
+TEST_DEVICE = os.environ.setdefault("GR00T_TEST_DEVICE", "wh")
+SIMULATED = simulator.use(os.environ, TEST_DEVICE)
 configure_ttnn_env(os.environ, device_present())
 os.environ["HF_HUB_OFFLINE"] = "1"  # the tests never reach the hub; the offline path says what to run
 
@@ -98,9 +101,10 @@ def s3_url():
 
 @pytest.fixture(scope="session")
 def simulated_device():
-    """One simulated Wormhole N150, opened once per test run; skips (with the reason) only where none can be had."""
+    """One simulated device (GR00T_TEST_DEVICE: a Wormhole N150, or a Blackhole P150), opened once per test run;
+    skips (with the reason) only where none can be had."""
     if not SIMULATED:
-        pytest.skip(simulator.unavailable_reason() or "the simulator could not be built")
+        pytest.skip(simulator.unavailable_reason(TEST_DEVICE) or "the simulator could not be built")
     from tasks import device
 
     dev = device.open_device(0)

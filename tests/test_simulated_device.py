@@ -1,4 +1,4 @@
-"""Uploads on a simulated Wormhole N150 (devkit/simulator): what lands on the device, read back, is bit for bit the
+"""Uploads on a simulated device (devkit/simulator; a Wormhole N150, and in tests/test_blackhole.py a Blackhole P150): what lands on the device, read back, is bit for bit the
 host tensor the entry holds. The reference is ttnn itself: each readback is serialized by `ttnn.dump_tensor` and
 compared with the entry's `.tensorbin` file (dtype, layout, shape, padded shape and packed bytes in one file), or,
 for targets without one, with a host tensor ttnn builds from the source checkpoint read by safetensors."""
@@ -119,6 +119,13 @@ def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+ARCHES = {"wh": ("Arch.WORMHOLE_B0", "Wormhole"), "bh": ("Arch.BLACKHOLE", "Blackhole")}
+
+
+def test_the_simulated_device_is_the_architecture_asked_for(simulated_device):
+    assert str(simulated_device.arch()) == ARCHES[os.environ["GR00T_TEST_DEVICE"]][0]
+
+
 def test_device_choices_on_the_command_line(simulated_device, port_entry):
     root, _ = port_entry
     env = dict(os.environ)
@@ -126,6 +133,7 @@ def test_device_choices_on_the_command_line(simulated_device, port_entry):
                 env=env)
     assert auto.returncode == 0, auto.stderr
     assert f"--device auto: a simulated device (TT_METAL_SIMULATOR={env['TT_METAL_SIMULATOR']})" in auto.stderr
+    assert f"--device auto: opened {ARCHES[env['GR00T_TEST_DEVICE']][1]}, 1 chip" in auto.stderr
     assert json.loads(auto.stdout)["tensors"] > 900
     missing = _cli("load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root), "--device", "7", env=env)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
