@@ -25,7 +25,7 @@ from tasks.plan import Plan, work_units
 from tasks.entry import CONVERTER_VERSION, Entry, Staged, chunk_file, content_id, list_entries, packed_path
 from tasks.progress import record_progress
 from tasks.errors import CacheError
-from tasks.source import VerifiedShard, identify_shards
+from tasks.source import CONTENT_ID, VerifiedShard, identify_shards
 from tasks.store import LocalStore
 
 
@@ -49,7 +49,9 @@ def _known_tensor_hashes(entries: list[Entry], identity: str) -> tuple[dict[str,
     for e in entries:
         names = [s for s, v in e.manifest.shards.items() if v == identity]
         if names:
-            sha256 = sha256 or e.manifest.shards_sha256.get(names[0])
+            # an entry written before shards_sha256 existed was named by the sha256 itself
+            sha256 = sha256 or e.manifest.shards_sha256.get(names[0]) or (
+                None if identity.startswith(CONTENT_ID) else identity)
             for arr in e.manifest.arrays.values():
                 known.update(arr.source_xxh3)
     return known, sha256

@@ -287,7 +287,7 @@ class Manifest(Identity):
     def to_json(self) -> dict:
         return {**Identity.to_json(self), "published_unix": self.published_unix,
                 "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks,
-                "shards_sha256": dict(sorted(self.shards_sha256.items()))}
+                **({"shards_sha256": dict(sorted(self.shards_sha256.items()))} if self.shards_sha256 else {})}
 
     @classmethod
     def published(cls, identity: Identity, arrays: Mapping[str, ArrayRecord], nbytes: int, chunks: int,
@@ -306,8 +306,7 @@ class Manifest(Identity):
                    published_unix=doc.get("published_unix", 0.0),
                    arrays={n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
                    bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0),
-                   shards_sha256=doc.get("shards_sha256") or {s: v for s, v in doc.get("shards", {}).items()
-                                                              if not v.startswith("xxh3")})
+                   shards_sha256=doc.get("shards_sha256", {}))  # absent in entries written before 2026-12-04
 
     @property
     def is_synthetic(self) -> bool:

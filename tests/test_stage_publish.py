@@ -114,7 +114,7 @@ IDENTITY = Identity(fingerprint="ab" * 10 + "0" * 44, cache_format=CACHE_FORMAT,
                     revision=None, synthetic=None, layout="tt-n16", profile="port", shards={"s": "0" * 64},
                     recipes_sha256="0" * 64, slots=[5], source={}, source_shapes={})
 NAME = "n16-tt-n16-port-" + "ab" * 10
-VERIFIED = [SimpleNamespace(tensor_xxh3={"k1": "h1", "k2": "h2"}, header=SimpleNamespace(path=Path("s")))]
+VERIFIED = [SimpleNamespace(tensor_xxh3={"k1": "h1", "k2": "h2"}, header=SimpleNamespace(path=Path("s")), sha256="ab" * 32)]
 
 
 def _publish(root: Path, tag: str, replace: bool = False) -> dict:
