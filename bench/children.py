@@ -224,8 +224,8 @@ def _child_plain_loop(a: dict) -> dict:
     verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
     staged = []
     for t, slot in work_units(plan.targets, slots):
-        inputs = [source.read_tensor(headers[ck.shard_of(k)], k) if slot is None
-                  else source.read_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
+        inputs = [source.read_weight(headers[ck.shard_of(k)], k, t.host) if slot is None  # the graph's read tasks
+                  else source.read_weight_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
         converted = convert_target(transforms.apply(t.transform, inputs, t.params), t, slot)
         staged.append(stage.stage_target(tmp, converted))
     publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident, arrays,

@@ -19,6 +19,7 @@ import numpy as np
 from tasks import device, tensorbin
 from tasks.errors import CheckpointError
 from tasks.plan import HOST, Target
+from tasks.source import HostTable
 
 _EXPONENT = {2: np.uint16(0x7F80), 4: np.uint32(0x7F800000)}  # bf16's, float32's: all ones means Inf or NaN
 _BLOCK = 1 << 18               # elements per finite-check block: temporaries stay in L2
@@ -28,7 +29,7 @@ _BLOCK = 1 << 18               # elements per finite-check block: temporaries st
 class Converted:
     name: str
     slot: int | None
-    array: np.ndarray          # bf16 (a host table: float32, or bf16 widened as staged), logical shape
+    array: np.ndarray | HostTable  # bf16, logical shape; a host table: left in its file, streamed as float32
     device_dtype: str
     layout: str
     padded_shape: tuple[int, ...]
@@ -53,10 +54,17 @@ def _count_nonfinite(bits: np.ndarray) -> tuple[int, int]:
     return count, first
 
 
-def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin: str = "") -> None:
+def check_finite(array: np.ndarray | HostTable, name: str, sources: tuple[str, ...], origin: str = "") -> None:
     """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys (checked on the
-    bits: bf16, or a host table's float32). `origin` names the shard file(s) the sources came from."""
-    count, first = _count_nonfinite(array.reshape(-1).view(np.uint16 if array.dtype.itemsize == 2 else np.uint32))
+    bits: bf16, or a host table's float32, streamed from its file). `origin` names the shard file(s) the sources
+    came from."""
+    if isinstance(array, HostTable):
+        count, first = 0, -1
+        for at, block in array.blocks():
+            n, i = _count_nonfinite(block.view(np.uint32))
+            count, first = count + n, first if first >= 0 or i < 0 else at + i
+    else:
+        count, first = _count_nonfinite(array.reshape(-1).view(np.uint16 if array.dtype.itemsize == 2 else np.uint32))
     if count:
         raise CheckpointError(origin or ", ".join(sources), f"{count} NaN/Inf value(s) in target {name!r} (first at flat index "
                                                   f"{first}); the checkpoint is corrupt or was saved mid-divergence", sources[0])
@@ -71,7 +79,7 @@ def _floor(pcc: float, max_abs_err: float, name: str, sources: tuple[str, ...], 
                                                     "configs/recipes.toml", sources[0])
 
 
-def convert_target(array: np.ndarray, target: Target, slot: int | None = None, check_bf16: bool = False,
+def convert_target(array: np.ndarray | HostTable, target: Target, slot: int | None = None, check_bf16: bool = False,
                    origin: str = "") -> Converted:
     """Finite check, then (for packed dtypes, device files, or when asked) the ttnn host tensor of `target` (one
     slot of a bank) and its shape checks and numerics; the `.tensorbin` when kept. `origin` names the shard

@@ -27,7 +27,6 @@ from tasks.bulk_write import write_made_in_place
 from tasks.errors import CacheError
 from tasks.file_blocks import each_read
 from tasks.plan import Plan, Target
-from tasks.precision import widen_bf16
 from tasks.store import LocalStore, Store
 from tasks.zarr_v3 import DATA_TYPES, array_metadata, chunk_path, create_array, group_metadata, write_chunk as _write_chunk
 
@@ -359,17 +358,16 @@ def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> N
     _write_chunk(entry / name, chunk_coords(data.ndim, slot), data)
 
 
-def write_widened_chunk(entry: Path, name: str, slot: int | None, table: np.ndarray) -> str:
-    """A bf16 host table's chunk, stored as the float32 the port keeps it in (exact), widened block by block as it
-    is written: the float32 table (embed_tokens: 1.24 GB) is never held whole. Returns the stored bytes' xxh3."""
-    bits, digest = table.reshape(-1).view(np.uint16), xxhash.xxh3_64()
+def write_host_chunk(entry: Path, name: str, slot: int | None, table) -> str:
+    """A host table's chunk (tasks/source.py HostTable), stored as the float32 the port keeps it in, read from its
+    shard block by block as it is written: the table is never held whole. Returns the stored bytes' xxh3."""
+    digest = xxhash.xxh3_64()
 
     def make(block: memoryview, pos: int) -> None:
-        out = np.frombuffer(block, np.uint32)
-        widen_bf16(bits[pos // 4:pos // 4 + out.size], out)
+        table.read_float32(pos // 4, np.frombuffer(block, np.float32))
         digest.update(block)
 
-    write_made_in_place(chunk_path(entry / name, chunk_coords(table.ndim, slot)), bits.size * 4, make)
+    write_made_in_place(chunk_path(entry / name, chunk_coords(table.ndim, slot)), table.size * 4, make)
     return digest.hexdigest()
 
 

@@ -13,7 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -142,11 +142,62 @@ def read_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
     return read_rows(header, key, slot, slot + 1)[0]
 
 
-def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray:
+@dataclass(frozen=True)
+class HostTable:
+    """A host table (q_norm, k_norm, embed_tokens) left in its shard until the stage writes it: it is streamed into
+    the entry as the float32 the port keeps (`.to(torch.float32)`: F32 copied, BF16 and F16 widened exactly),
+    block by block, so an F32 embed_tokens (1.24 GB) is never whole in memory. What the read task hands on for a
+    host target; the finite check and the stage read it through `read_float32`."""
+    header: ShardHeader
+    key: str
+    dtype = np.dtype(np.float32)  # what it is stored and handed out as
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.header.entries[self.key].shape
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def read_float32(self, first: int, out: np.ndarray) -> None:
+        """Values [first, first + out.size) of the flat table as float32 into `out` (contiguous float32)."""
+        entry = self.header.entries[self.key]
+        wide = safetensors_file.NUMPY_DTYPES[entry.dtype]
+        fd = os.open(self.header.path, os.O_RDONLY)
+        try:
+            offset = self.header.data_start + entry.start + first * wide.itemsize
+            if wide == np.float32:  # straight into the output: no copy
+                safetensors_file.read_into(fd, offset, out, self.header.path)
+                return
+            stored = np.empty(out.size, wide)
+            safetensors_file.read_into(fd, offset, stored, self.header.path)
+            if wide.itemsize == 2 and stored.dtype == ml_dtypes.bfloat16:
+                precision.widen_bf16(stored.view(np.uint16), out.view(np.uint32))
+            else:
+                out[:] = stored
+        finally:
+            os.close(fd)
+
+    def blocks(self, values: int = 1 << 20) -> Iterator[tuple[int, np.ndarray]]:
+        """(first flat index, float32 block) over the table, one reused block of `values` at a time."""
+        buffer = np.empty(min(values, self.size), np.float32)
+        for first in range(0, self.size, values):
+            block = buffer[:min(values, self.size - first)]
+            self.read_float32(first, block)
+            yield first, block
+
+
+def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray | HostTable:
     """A source tensor as its target is made from it: rounded to bf16 as the port's `.to(torch.bfloat16)` does,
-    or, for a host table (`host`), at its own precision (tasks/precision.py). The graph's read task."""
-    if host:  # a BF16 table as read (widened to float32 as it is staged: tasks/entry.py write_widened_chunk)
-        return read_tensor(header, key) if header.entries[key].dtype == "BF16" else _read_float32(header, key)
+    or, for a host table (`host`), left in its file to be streamed into the entry at float32 (`HostTable`). The
+    graph's read task: the one place a source dtype becomes what is stored."""
+    if host:
+        return HostTable(header, key)
     if header.entries[key].dtype == "BF16":
         return read_tensor(header, key)
     return _read_rounded(header, key)
@@ -170,28 +221,6 @@ def _read_rounded(header: ShardHeader, key: str) -> np.ndarray:
             block = buffer[:min(per, total - lo)]
             safetensors_file.read_into(fd, header.data_start + entry.start + lo * wide.itemsize, block, header.path)
             precision.round_into(block, bits[lo:lo + block.size], key, header.path, lo)
-    finally:
-        os.close(fd)
-    return out
-
-
-_WIDEN_ROWS_BYTES = 8 << 20  # source bytes read per block while a host table is widened
-
-
-def _read_float32(header: ShardHeader, key: str) -> np.ndarray:
-    """A host table at float32 (F16: widened block by block as it is read into the one float32 array, so the F16
-    table and a widening temporary are never held beside it)."""
-    entry = header.entries[key]
-    if entry.dtype == "F32" or len(entry.shape) < 1 or entry.shape[0] < 2:
-        return precision.to_float32(read_tensor(header, key))
-    rows = entry.shape[0]
-    out = aligned_empty(entry.shape, np.float32)  # page-aligned, as every read is: staged without a bounce copy
-    step = max(1, _WIDEN_ROWS_BYTES // (entry.nbytes // rows or 1))
-    fd = os.open(header.path, os.O_RDONLY)
-    try:
-        for lo in range(0, rows, step):
-            hi = min(rows, lo + step)
-            out[lo:hi] = precision.to_float32(safetensors_file.read_rows(fd, header, key, lo, hi))
     finally:
         os.close(fd)
     return out

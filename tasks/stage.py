@@ -12,16 +12,16 @@ from pathlib import Path
 
 from tasks.bulk_write import write_bytes_in_place
 from tasks.convert import Converted
-from tasks.entry import ChunkRecord, FileRecord, Staged, checksum, packed_path, write_chunk, write_widened_chunk
-from tasks.plan import HOST
+from tasks.entry import ChunkRecord, FileRecord, Staged, checksum, packed_path, write_chunk, write_host_chunk
+from tasks.source import HostTable
 from tasks.progress import in_folder, record_progress
 
 
 def stage_target(entry: Path | str, converted: Converted) -> Staged:
     """Write one target (or one slot of a bank) as a chunk of its array, then its progress record."""
     entry, data = Path(entry), converted.array
-    if converted.layout == HOST and data.dtype.itemsize == 2:  # a bf16 host table, stored float32: widened as written
-        nbytes, xxh3 = data.nbytes * 2, write_widened_chunk(entry, converted.name, converted.slot, data)
+    if isinstance(data, HostTable):  # a host table, streamed from its file as float32 as it is written
+        nbytes, xxh3 = data.size * 4, write_host_chunk(entry, converted.name, converted.slot, data)
     else:
         write_chunk(entry, converted.name, converted.slot, data)
         nbytes, xxh3 = data.nbytes, checksum(data)

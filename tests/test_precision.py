@@ -278,9 +278,10 @@ def test_a_f32_value_past_bf16s_range_refuses_the_convert_by_key_and_value(snaps
 @pytest.mark.parametrize("direct", [False, True], ids=["buffered", "O_DIRECT"])
 @pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
 def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(disk_path, monkeypatch, dtype, direct):
-    """A host table (embed_tokens) is kept as the float32 the port holds: F16 widened a few rows at a time as it
-    is read, BF16 as it is written, one bounce block at a time. Every block boundary and the last short block
-    give, on disk and in the record, what torch's `.to(torch.float32)` gives of the whole tensor."""
+    """A host table (embed_tokens) is kept as the float32 the port holds, streamed from its file as it is written
+    (F32 copied, BF16 and F16 widened), one bounce block at a time: never whole in memory. Every block boundary
+    and the last short block give, on disk and in the record, what torch's `.to(torch.float32)` gives of the whole
+    tensor."""
     import torch
     import xxhash
     from safetensors.torch import save_file
@@ -293,7 +294,6 @@ def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(disk_path
     rows = torch.randn(37, 96, dtype=torch.float32)
     stored = rows.to({"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[dtype])
     save_file({"embed_tokens.weight": stored}, str(disk_path / "m.safetensors"))
-    monkeypatch.setattr(source, "_WIDEN_ROWS_BYTES", 5 * 96 * stored.element_size())  # 5 rows a block: 8 blocks
     monkeypatch.setattr(bulk_write, "BOUNCE", 4096)      # 4 blocks of the 14,208-byte float32 table
     monkeypatch.setattr(bulk_write, "DIRECT_MIN", 0 if direct else 1 << 40)
     read = source.read_weight(read_header(disk_path / "m.safetensors"), "embed_tokens.weight", host=True)
@@ -305,3 +305,24 @@ def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(disk_path
     got = (disk_path / "entry" / target.name / "c.0.0").read_bytes()
     assert got == want
     assert (staged.record.nbytes, staged.record.xxh3) == (len(want), xxhash.xxh3_64_hexdigest(want))
+
+
+def test_a_nan_in_a_streamed_host_table_is_named_by_its_flat_index(tmp_path):
+    """A host table is checked as it is streamed, block by block: a NaN past the first block is still named."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tasks import source
+    from tasks.convert import convert_target
+    from tasks.plan import HOST, Target
+
+    table = torch.randn(1500, 1000, dtype=torch.float32)  # 1.5 M values: two blocks of 1 M
+    table.view(-1)[1_200_000] = float("nan")
+    table.view(-1)[1_300_000] = float("inf")
+    save_file({"embed_tokens.weight": table}, str(tmp_path / "m.safetensors"))
+    read = source.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
+    target = Target(name="language.embed_tokens.weight", sources=("embed_tokens.weight",), transform="identity",
+                    kind="host", shape=(1500, 1000), device_dtype="float32", layout=HOST)
+    with pytest.raises(CheckpointError, match=r"2 NaN/Inf value\(s\) in target 'language.embed_tokens.weight' "
+                                              r"\(first at flat index 1200000\)"):
+        convert_target(read, target, origin="m.safetensors")
