@@ -276,13 +276,13 @@ void transpose_u16(const uint16_t *src, int64_t rows, int64_t cols, int64_t src_
  * compiler vectorises it. Returns -1, or the index of the first finite value that rounded to +-Inf (past bf16's
  * largest finite value), which the caller refuses by name. */
 int64_t round_f32_bf16(const uint32_t *src, int64_t n, uint16_t *dst, uint16_t nan) {
-    uint32_t overflowed = 0;
-    for (int64_t i = 0; i < n; i++) {
+    uint32_t overflowed = 0, nan_bits = nan;
+    for (int64_t i = 0; i < n; i++) {  /* masks, not branches: one vector lane per value */
         uint32_t bits = src[i], magnitude = bits & 0x7FFFFFFFu;
         uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-        uint32_t finite = magnitude < 0x7F800000u;
-        uint32_t out = finite ? rounded : magnitude > 0x7F800000u ? nan : bits >> 16;
-        overflowed |= finite & ((out & 0x7F80u) == 0x7F80u);
+        uint32_t finite = 0u - (uint32_t)(magnitude < 0x7F800000u), is_nan = 0u - (uint32_t)(magnitude > 0x7F800000u);
+        uint32_t out = (finite & rounded) | (~finite & ((is_nan & nan_bits) | (~is_nan & (bits >> 16))));
+        overflowed |= finite & (uint32_t)((out & 0x7F80u) == 0x7F80u);
         dst[i] = (uint16_t)out;
     }
     if (!overflowed) return -1;
