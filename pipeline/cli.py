@@ -306,7 +306,9 @@ def cmd_cache(a: argparse.Namespace) -> dict:
             for r in rows:
                 src = "synthetic" if r["source"] == "synthetic" else ("snapshot" if r["source"] else "-")
                 tail = r["state"] + (f"  <- {', '.join(r['refs'])}" if r["refs"] else "") + \
-                    (f"  (trained for {', '.join(r['trained_for'])})" if r.get("trained_for") else "")
+                    (f"  (trained for {', '.join(r['trained_for'])}" + (f", read from {r['trained_from']}"
+                                                                         if r.get("trained_from") else "") + ")"
+                     if r.get("trained_for") else "")
                 age = _age(r["age_s"]) if r["age_s"] is not None else "-"
                 print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
                       f"{_slots(r['slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "

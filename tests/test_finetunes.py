@@ -325,11 +325,16 @@ def test_the_readmes_fine_tune_lines_run_as_written(tmp_path):
     assert f"trained for   new_embodiment ({tmp}/build/fine-tunes/isaac-n16/checkpoint-1000/experiment_cfg/conf.yaml)" in outputs[1]
     assert f"tags mapped by {tmp}/build/fine-tunes/isaac-n16/checkpoint-1000/embodiment_id.json: slots 10" in outputs[1]
     assert f"tags mapped by {tmp}/build/fine-tunes/isaac-n17/processor/embodiment_id.json: slots 10" in outputs[3]
-    assert "trained for   new_embodiment" in outputs[5] and "slots 31" in outputs[5]
-    assert "trained for   new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/config.json)" in outputs[6]
-    assert "note          not read: policy_postprocessor_step_0_" in outputs[6] and "SYNTHETIC" in outputs[6]
-    assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[10] and "n15 (found from its keys)" in outputs[10]
-    assert outputs[11].count("(trained for new_embodiment)") == 4  # cache ls
+    run = f"{tmp}/build/fine-tunes/isaac-n17-run"  # a best-metric save: its own experiment_cfg, the run's map
+    assert f"trained for   new_embodiment ({run}/checkpoint-800-best-eval_loss_0.0123/experiment_cfg/conf.yaml)" in outputs[5]
+    assert f"tags mapped by {run}/processor/embodiment_id.json: slots 10" in outputs[5]
+    assert "trained for   new_embodiment" in outputs[7] and "note" not in outputs[7]  # DeepSpeed's files left alone
+    assert "trained for   new_embodiment" in outputs[9] and "slots 31" in outputs[9]
+    assert "trained for   new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/config.json)" in outputs[10]
+    assert "note          not read: policy_postprocessor_step_0_" in outputs[10] and "SYNTHETIC" in outputs[10]
+    assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[14] and "n15 (found from its keys)" in outputs[14]
+    assert "(trained for new_embodiment, read from " in outputs[15]  # cache ls
+    assert f"read from {tmp}/build/fine-tunes/isaac-n15/checkpoint-1000/experiment_cfg/metadata.json)" in outputs[15]
 
 
 # -- what LeRobot itself wrote (tests/fixtures/lerobot-n17: generate.py, VERSIONS.json) -------------------------------

@@ -33,6 +33,7 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
                      "profile": m and m.profile, "slots": m and m.slots, "revision": m and m.revision,
                      "source": m and ("synthetic" if m.source.get("synthetic") or m.synthetic else m.source.get("snapshot")),
                      "trained_for": m and m.source.get("trained_embodiments"),
+                     "trained_from": m and m.source.get("trained_from"),
                      "bytes": size, "unique_bytes": unique, "shared_bytes": size - unique,
                      "published_unix": m and m.published_unix,
                      "age_s": round(now - m.published_unix) if m else None, "refs": in_use.get(name, [])})
