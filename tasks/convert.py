@@ -36,6 +36,8 @@ class Converted:
     max_abs_err: float
     pcc: float
     packed: bytes | None = None  # `.tensorbin` of a packed-dtype target: reloads without repacking
+    sources: tuple[str, ...] = ()  # a streamed host table's source keys and shard(s), for the stage's finite check
+    origin: str = ""
 
 
 def _count_nonfinite(bits: np.ndarray) -> tuple[int, int]:
@@ -54,20 +56,33 @@ def _count_nonfinite(bits: np.ndarray) -> tuple[int, int]:
     return count, first
 
 
-def check_finite(array: np.ndarray | HostTable, name: str, sources: tuple[str, ...], origin: str = "") -> None:
-    """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys (checked on the
-    bits: bf16, or a host table's float32, streamed from its file). `origin` names the shard file(s) the sources
-    came from."""
-    if isinstance(array, HostTable):
-        count, first = 0, -1
-        for at, block in array.blocks():
-            n, i = _count_nonfinite(block.view(np.uint32))
-            count, first = count + n, first if first >= 0 or i < 0 else at + i
-    else:
-        count, first = _count_nonfinite(array.reshape(-1).view(np.uint16 if array.dtype.itemsize == 2 else np.uint32))
-    if count:
-        raise CheckpointError(origin or ", ".join(sources), f"{count} NaN/Inf value(s) in target {name!r} (first at flat index "
-                                                  f"{first}); the checkpoint is corrupt or was saved mid-divergence", sources[0])
+class NonFinite:
+    """Inf/NaN found in a target's values as they pass, block by block (a streamed host table is checked as the
+    stage writes it: read once)."""
+
+    def __init__(self) -> None:
+        self.count, self.first = 0, -1
+
+    def add(self, first: int, bits: np.ndarray) -> None:
+        """`bits`: bf16 or float32 bits of the flat values from index `first`."""
+        n, at = _count_nonfinite(bits)
+        self.count += n
+        self.first = self.first if self.first >= 0 or at < 0 else first + at
+
+    def check(self, name: str, sources: tuple[str, ...], origin: str = "") -> None:
+        """NaN/Inf in weights is a broken checkpoint: name the file, the target and its source keys."""
+        if self.count:
+            raise CheckpointError(origin or ", ".join(sources), f"{self.count} NaN/Inf value(s) in target {name!r} "
+                                                                f"(first at flat index {self.first}); the checkpoint is "
+                                                                "corrupt or was saved mid-divergence", sources[0])
+
+
+def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin: str = "") -> None:
+    """NaN/Inf in weights is a broken checkpoint (checked on the bits: bf16, or a host table's float32). `origin`
+    names the shard file(s) the sources came from."""
+    found = NonFinite()
+    found.add(0, array.reshape(-1).view(np.uint16 if array.dtype.itemsize == 2 else np.uint32))
+    found.check(name, sources, origin)
 
 
 def _floor(pcc: float, max_abs_err: float, name: str, sources: tuple[str, ...], device_dtype: str, origin: str,
@@ -86,11 +101,13 @@ def convert_target(array: np.ndarray | HostTable, target: Target, slot: int | No
     file(s) for errors; `check_bf16` also round-trips bf16 targets through ttnn."""
     name, sources, device_dtype, layout = target.name, target.sources, target.device_dtype, target.layout
     device_file, min_pcc = target.device_file, target.min_pcc
-    check_finite(array, name, sources, origin)
     expected = device.padded_shape(array.shape, layout)
     if layout == HOST:  # kept on the host as the float32 the port holds: nothing goes through ttnn
+        if not isinstance(array, HostTable):  # a streamed table is checked as the stage writes it (read once)
+            check_finite(array, name, sources, origin)
         return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,
-                         padded_shape=expected, max_abs_err=0.0, pcc=1.0)
+                         padded_shape=expected, max_abs_err=0.0, pcc=1.0, sources=sources, origin=origin)
+    check_finite(array, name, sources, origin)
     exact = device_dtype == "bfloat16"
     if exact and not check_bf16 and not device_file:
         return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,

@@ -358,13 +358,17 @@ def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> N
     _write_chunk(entry / name, chunk_coords(data.ndim, slot), data)
 
 
-def write_host_chunk(entry: Path, name: str, slot: int | None, table) -> str:
+def write_host_chunk(entry: Path, name: str, slot: int | None, table, seen=None) -> str:
     """A host table's chunk (tasks/source.py HostTable), stored as the float32 the port keeps it in, read from its
-    shard block by block as it is written: the table is never held whole. Returns the stored bytes' xxh3."""
+    shard block by block as it is written: the table is never held whole, and read once (`seen(first, block)` is
+    shown every block, for the finite check). Returns the stored bytes' xxh3."""
     digest = xxhash.xxh3_64()
 
     def make(block: memoryview, pos: int) -> None:
-        table.read_float32(pos // 4, np.frombuffer(block, np.float32))
+        values = np.frombuffer(block, np.float32)
+        table.read_float32(pos // 4, values)
+        if seen is not None:
+            seen(pos // 4, values)
         digest.update(block)
 
     write_made_in_place(chunk_path(entry / name, chunk_coords(table.ndim, slot)), table.size * 4, make)

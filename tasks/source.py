@@ -13,7 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -147,7 +147,7 @@ class HostTable:
     """A host table (q_norm, k_norm, embed_tokens) left in its shard until the stage writes it: it is streamed into
     the entry as the float32 the port keeps (`.to(torch.float32)`: F32 copied, BF16 and F16 widened exactly),
     block by block, so an F32 embed_tokens (1.24 GB) is never whole in memory. What the read task hands on for a
-    host target; the finite check and the stage read it through `read_float32`."""
+    host target; the stage reads it through `read_float32`, checking it as it writes it."""
     header: ShardHeader
     key: str
     dtype = np.dtype(np.float32)  # what it is stored and handed out as
@@ -182,14 +182,6 @@ class HostTable:
                 out[:] = stored
         finally:
             os.close(fd)
-
-    def blocks(self, values: int = 1 << 20) -> Iterator[tuple[int, np.ndarray]]:
-        """(first flat index, float32 block) over the table, one reused block of `values` at a time."""
-        buffer = np.empty(min(values, self.size), np.float32)
-        for first in range(0, self.size, values):
-            block = buffer[:min(values, self.size - first)]
-            self.read_float32(first, block)
-            yield first, block
 
 
 def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray | HostTable:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.bulk_write import write_bytes_in_place
-from tasks.convert import Converted
+import numpy as np
+
+from tasks.convert import Converted, NonFinite
 from tasks.entry import ChunkRecord, FileRecord, Staged, checksum, packed_path, write_chunk, write_host_chunk
 from tasks.source import HostTable
 from tasks.progress import in_folder, record_progress
@@ -20,8 +22,11 @@ from tasks.progress import in_folder, record_progress
 def stage_target(entry: Path | str, converted: Converted) -> Staged:
     """Write one target (or one slot of a bank) as a chunk of its array, then its progress record."""
     entry, data = Path(entry), converted.array
-    if isinstance(data, HostTable):  # a host table, streamed from its file as float32 as it is written
-        nbytes, xxh3 = data.size * 4, write_host_chunk(entry, converted.name, converted.slot, data)
+    if isinstance(data, HostTable):  # a host table, streamed from its file as float32 and checked as it is written
+        found = NonFinite()
+        nbytes, xxh3 = data.size * 4, write_host_chunk(entry, converted.name, converted.slot, data,
+                                                       lambda first, block: found.add(first, block.view(np.uint32)))
+        found.check(converted.name, converted.sources, converted.origin)
     else:
         write_chunk(entry, converted.name, converted.slot, data)
         nbytes, xxh3 = data.nbytes, checksum(data)

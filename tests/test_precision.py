@@ -308,7 +308,8 @@ def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(disk_path
 
 
 def test_a_nan_in_a_streamed_host_table_is_named_by_its_flat_index(tmp_path):
-    """A host table is checked as it is streamed, block by block: a NaN past the first block is still named."""
+    """A host table is checked as the stage streams it into the entry, block by block (read once): a NaN past the
+    first block is still named."""
     import torch
     from safetensors.torch import save_file
 
@@ -320,9 +321,12 @@ def test_a_nan_in_a_streamed_host_table_is_named_by_its_flat_index(tmp_path):
     table.view(-1)[1_200_000] = float("nan")
     table.view(-1)[1_300_000] = float("inf")
     save_file({"embed_tokens.weight": table}, str(tmp_path / "m.safetensors"))
+    from tasks.stage import stage_target
+
     read = source.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
     target = Target(name="language.embed_tokens.weight", sources=("embed_tokens.weight",), transform="identity",
                     kind="host", shape=(1500, 1000), device_dtype="float32", layout=HOST)
-    with pytest.raises(CheckpointError, match=r"2 NaN/Inf value\(s\) in target 'language.embed_tokens.weight' "
-                                              r"\(first at flat index 1200000\)"):
-        convert_target(read, target, origin="m.safetensors")
+    (tmp_path / "entry" / target.name).mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"m.safetensors, key 'embed_tokens.weight': 2 NaN/Inf value\(s\) in "
+                                              r"target 'language.embed_tokens.weight' \(first at flat index 1200000\)"):
+        stage_target(tmp_path / "entry", convert_target(read, target, origin="m.safetensors"))
