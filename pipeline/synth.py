@@ -247,15 +247,9 @@ def hf_shards(nbytes: dict[str, int], max_bytes: int = 5_000_000_000) -> dict[st
 
 
 def _reshard(ck, shards: int) -> dict[str, str]:
-    """Key -> shard file, as Hugging Face cuts them (close a shard when the next tensor would pass the size) at a
-    size giving about `shards` shards: other boundaries, so other straddling units."""
-    limit, used, n, numbered = ck.total_bytes // shards + 1, 0, 1, {}
-    for k in ck.keys():
-        size = ck.info(k).nbytes
-        if used and used + size > limit:
-            n, used = n + 1, 0
-        numbered[k], used = n, used + size
-    return {k: f"model-{i:05d}-of-{n:05d}.safetensors" for k, i in numbered.items()}
+    """Key -> shard file, cut as Hugging Face cuts them (`hf_shards`) at a size giving about `shards` shards: other
+    boundaries, so other straddling units."""
+    return hf_shards({k: ck.info(k).nbytes for k in ck.keys()}, ck.total_bytes // shards + 1)
 
 
 def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int = 0) -> Path:

@@ -95,15 +95,6 @@ def _round_numpy(block: np.ndarray, out: np.ndarray, nan: int) -> int:
     return int(np.argmax(overflow)) if overflow.any() else -1
 
 
-def to_float32(array: np.ndarray) -> np.ndarray:
-    """A host table as `.to(torch.float32)` keeps it: BF16 and F16 widened (exact), F32 as it is."""
-    if array.dtype == ml_dtypes.bfloat16:
-        out = np.empty(array.shape, np.uint32)
-        widen_bf16(array.reshape(-1).view(np.uint16), out.reshape(-1))
-        return out.view(np.float32)
-    return array if array.dtype == np.float32 else array.astype(np.float32)
-
-
 def widen_bf16(bits: np.ndarray, out: np.ndarray) -> None:
     """bf16 bits (uint16) as float32 bits into `out` (uint32, as many values), exactly as `.to(torch.float32)`:
     bf16 is float32's top half, so a shift, not a conversion loop, and no temporary."""
