@@ -71,6 +71,18 @@ def _child_copy_changed(a: dict) -> dict:
     return {"seconds": seconds, "bytes": total, "files": len(files)}
 
 
+def _child_sha256(a: dict) -> dict:
+    """The fine-tune's largest shard through hashlib's sha256, as `sha256sum` would: one stream cannot be split
+    across cores, so no convert that records every shard's sha256 before it publishes is faster than this."""
+    import hashlib
+
+    path = max(Path(a["snapshot"]).glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"seconds": time.perf_counter() - t0, "bytes": path.stat().st_size, "sha256": digest}
+
+
 def _child_load(a: dict) -> dict:
     import torch  # noqa: F401  (imports are not timed)
 
@@ -419,7 +431,7 @@ def _child_handoff(a: dict) -> dict:
     return {"seconds": seconds, **{k: v for k, v in built.stats.items() if k != "seconds"}}
 
 
-CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_allocate, _child_port_startup, _child_handoff, _child_convert, _child_raw_copy, _child_copy_changed, _child_load, _child_raw_read, _child_cat,
+CHILDREN = {f.__name__[len("_child_"):]: f for f in (_child_allocate, _child_port_startup, _child_handoff, _child_convert, _child_raw_copy, _child_copy_changed, _child_sha256, _child_load, _child_raw_read, _child_cat,
                                                      _child_naive, _child_as_tensor, _child_plain_loop,
                                                      _child_port_path, _child_as_tensor_port, _child_zarr_io)}
 

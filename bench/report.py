@@ -395,6 +395,7 @@ def _changed_bytes(fine_tune: Path, release: Path) -> int:
 
 
 FLOOR = "floor: copying the files it wrote, synced"
+SHA256 = "bound: sha256 of its largest shard (one core)"
 
 
 def _finetune_report(raw: dict[str, list], ctx: dict, out: Path) -> list[str]:
@@ -403,9 +404,13 @@ def _finetune_report(raw: dict[str, list], ctx: dict, out: Path) -> list[str]:
     ratio, floor = median(after) / median(base), median(raw[FLOOR]) / median(base)
     written, changed = median(after, "bytes"), median(after, "changed_bytes")
     table = contender_table(raw, columns=("convert",), extra={"bytes written": lambda r: f"{median(r, 'bytes') / 1e6:,.0f} MB"})
-    goals = [f"- fine-tune after the release / the release cold: **{ratio:.2f}** (goal <= 0.4)",
+    goals = [f"- fine-tune after the release / the release cold: **{ratio:.2f}** (issue 41's goal <= 0.5)",
+             f"- fine-tune after the release / the floor: **{ratio / floor:.2f}** (issue 41's goal <= 1.3)",
              f"- the floor (the files the fine-tune wrote, copied and synced) / the release cold: **{floor:.2f}**: "
              "no convert that writes what changed, durably, is faster on this disk",
+             f"- the sha256 of the fine-tune's largest shard, which the entry records before it publishes: "
+             f"**{median(raw[SHA256]):.2f} s**, {median(raw[SHA256]) / median(raw[FLOOR]):.2f}x the floor and "
+             f"{median(raw[SHA256]) / median(base):.2f}x the release cold, on one core (a hash stream is not split)",
              f"- bytes written / the changed targets' bytes: **{written / max(1, changed):.3f}** "
              f"({written / 1e6:,.0f} of {changed / 1e6:,.0f} MB; goal <= 1.05)",
              f"- the fine-tune's cold convert: peak RSS **{median(coldft, 'peak_rss_bytes') / 1e9:.2f} GB** (goal <= 1.5)"]
@@ -441,13 +446,15 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
         settle()
         _warm(release)
         raw.setdefault("release, cold", []).append(run_child("convert", {**args, "snapshot": str(release), "cache": str(warm)}, cold))
-        _warm(fine_tune, warm)
+        _warm(warm, fine_tune)  # its own shards last: the convert reads them, and only the manifests of the cache
         after = run_child("convert", {**args, "snapshot": str(fine_tune), "cache": str(warm)}, cold)
         after["changed_bytes"] = _changed_bytes(Path(after["cache_path"]), Path(raw["release, cold"][-1]["cache_path"]))
         raw.setdefault("fine-tune, release cached", []).append(after)
         _warm(Path(after["cache_path"]))
         raw.setdefault(FLOOR, []).append(run_child("copy_changed", {"entry": after["cache_path"], "scratch": str(scratch)},
                                                    cold, fresh=scratch))
+        _warm(fine_tune)
+        raw.setdefault(SHA256, []).append(run_child("sha256", {"snapshot": str(fine_tune)}, cold))
         remove(cold_cache)
         settle()
         _warm(fine_tune)
