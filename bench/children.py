@@ -53,10 +53,10 @@ def _child_raw_copy(a: dict) -> dict:
 def _child_copy_changed(a: dict) -> dict:
     """The floor of a fine-tune's convert after its release: copy the files of its entry that it wrote itself (one
     link: not shared with the release's entry) into a fresh folder, made durable as publish makes them
-    (tasks/publish.py `fsync_tree`). A convert that writes what changed cannot take less."""
+    (tasks/entries/publish.py `fsync_tree`). A convert that writes what changed cannot take less."""
     import shutil
 
-    from tasks.publish import fsync_tree
+    from tasks.entries.publish import fsync_tree
 
     files = [p for p in sorted(Path(a["entry"]).rglob("*")) if p.is_file() and p.stat().st_nlink == 1]
     out_dir = Path(a["scratch"])
@@ -219,7 +219,10 @@ def _child_plain_loop(a: dict) -> dict:
     """The same stage functions as the graph, called in a plain loop on one thread (Dask-overhead baseline)."""
     from pipeline import cache
     from pipeline.convert import ConvertOptions, prepare
-    from tasks import entry, publish, source, stage, transforms
+    from tasks import source, stage, transforms
+    from tasks.entries import publish
+    from tasks.entries.chunks import create_arrays
+    from tasks.entries.manifest import array_documents
     from tasks.convert import convert_target
     from tasks.plan import work_units
 
@@ -230,8 +233,8 @@ def _child_plain_loop(a: dict) -> dict:
                                   layout="generic", synthetic=a.get("synthetic")))
     ck, plan, slots, ident, root = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root
     tmp = cache.claim_tmp(root, "plain-loop")
-    arrays = entry.array_documents(plan, slots)
-    entry.create_arrays(tmp, arrays)
+    arrays = array_documents(plan, slots)
+    create_arrays(tmp, arrays)
     headers = {s: source.index_shard(h.path, ck.stored_keys(s), ck.stored_names(s)) for s, h in ck.headers.items()}
     verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
     staged = []
@@ -340,9 +343,9 @@ def _child_zarr_io(a: dict) -> dict:
     import zarr
 
     from pipeline.cache import entry_at
-    from tasks.entry import chunk_coords
-    from tasks.store import LocalStore
-    from tasks.zarr_v3 import chunk_path, write_chunk
+    from tasks.entries.names import chunk_coords
+    from tasks.entries.store import LocalStore
+    from tasks.entries.zarr_v3 import chunk_path, write_chunk
 
     entry, out = entry_at(Path(a["entry"])), Path(a["scratch"])
     shutil.rmtree(out, ignore_errors=True)

@@ -14,7 +14,7 @@ from pipeline.cache import entry_at, resolve_ref
 from pipeline.snapshot import resolve_snapshot
 from pipeline.versions import load_config
 from tasks.errors import CheckpointError
-from tasks.store import LocalStore
+from tasks.entries.store import LocalStore
 
 VERSION = "n16"  # the release whose layout is verified byte for byte
 
@@ -312,7 +312,7 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
     from bench.children import PORT_TREE
     from pipeline.convert import ConvertOptions, convert
     from pipeline.port_n16 import PortCode
-    from tasks.entry import PORT_MODELS
+    from tasks.entries.names import PORT_MODELS
 
     code = PortCode.find(port_tree or PORT_TREE)  # a tree without the port: one sentence, before anything runs
     hf, snapshot = _synthetic_snapshot(scale)

@@ -22,13 +22,16 @@ from pipeline.run import check_scheduler, run
 from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
-from tasks.entry import Entry, Identity, array_documents, create_arrays, entry_key, scratch_name
-from tasks.progress import already_staged, staged_records
-from tasks.publish import push
-from tasks.refs import write_ref
+from tasks.entries.chunks import create_arrays
+from tasks.entries.entry import Entry
+from tasks.entries.manifest import Identity, array_documents
+from tasks.entries.names import entry_key, scratch_name
+from tasks.entries.progress import already_staged, staged_records
+from tasks.entries.publish import push
+from tasks.entries.refs import write_ref
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
-from tasks.store import LocalStore
+from tasks.entries.store import LocalStore
 
 
 @dataclass(frozen=True)

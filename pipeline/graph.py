@@ -26,9 +26,9 @@ from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
-from tasks.publish import publish_entry, unit_done
+from tasks.entries.publish import publish_entry, unit_done
 from tasks.source import index_shard, read_weight, read_weight_slot, verify_shard
-from tasks.entry import Identity, Staged
+from tasks.entries.manifest import Identity, Staged
 from tasks.stage import stage_target
 from tasks.transforms import apply
 

@@ -1,6 +1,6 @@
 """Reload converted weights from the cache: no safetensors, no source checkpoint, no conversion.
 
-Wiring only: which entry (`cache.choose_entry`), under a lease, read into which form (tasks/reload.py). Every chunk
+Wiring only: which entry (`cache.choose_entry`), under a lease, read into which form (tasks/entries/reload.py). Every chunk
 is checked against its manifest record before use. For one embodiment, a bank contributes only that slot's chunk:
 about 1/32 of the bank's bytes.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 from pipeline import cache
 from pipeline.recipe import layout_and_profile
 from pipeline.versions import VersionConfig, load_config
-from tasks import reload
+from tasks.entries import reload
 from tasks.errors import CacheError, ConfigError
-from tasks.store import Store
+from tasks.entries.store import Store
 
 READ_THREADS = 4  # chunk reads and checks overlap on a small pool (I/O waits and hashing release the GIL)
 FORMS = ("torch", "ttnn")  # `into=`: torch bf16 on the host, ttnn host tensors; or an open device

@@ -17,7 +17,8 @@ import graphviz
 from pipeline import cache
 from pipeline.convert import prepare
 from pipeline.graph import GraphInputs, ancestors, build_graph, dependencies
-from tasks.entry import array_documents, tmp_name
+from tasks.entries.manifest import array_documents
+from tasks.entries.names import tmp_name
 from tasks.errors import ConfigError
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +21,13 @@ from typing import Mapping
 from pipeline import cache
 from tasks.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
-from tasks.entry import CONVERTER_VERSION, Entry, Staged, chunk_file, content_id, list_entries, packed_path
-from tasks.progress import record_progress
+from tasks.entries.entry import Entry, list_entries
+from tasks.entries.manifest import Staged, content_id
+from tasks.entries.names import CONVERTER_VERSION, chunk_file, packed_path
+from tasks.entries.progress import record_progress
 from tasks.errors import CacheError
 from tasks.source import CONTENT_ID, VerifiedShard, identify_shards
-from tasks.store import LocalStore
+from tasks.entries.store import LocalStore
 
 
 @dataclass

@@ -219,7 +219,7 @@ def close_device(device) -> None:
 @dataclass(frozen=True)
 class Uploaded:
     """A staged target that is also on the device (the upload stage's record)."""
-    staged: object             # its tasks.entry.Staged
+    staged: object             # its tasks.entries.manifest.Staged
     tensor: object             # the ttnn device tensor
 
 

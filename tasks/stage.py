@@ -2,7 +2,7 @@
 `.tensorbin` of it under `tensorbin/`) and record what was written.
 
 Each write then appends a progress record (the chunk's xxh3 checksum) to its thread's log in `.staged/`
-(tasks/entry.py: `Staged`, `record_progress`). A resumed conversion keeps every chunk whose bytes still match its
+(tasks/entries/manifest.py `Staged`, tasks/entries/progress.py `record_progress`). A resumed conversion keeps every chunk whose bytes still match its
 record and redoes the rest.
 """
 
@@ -14,9 +14,11 @@ from tasks.bulk_write import write_bytes_in_place
 import numpy as np
 
 from tasks.convert import Converted, NonFinite
-from tasks.entry import ChunkRecord, FileRecord, Staged, checksum, packed_path, write_chunk, write_host_chunk
+from tasks.entries.chunks import write_chunk, write_host_chunk
+from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum
+from tasks.entries.names import packed_path
 from tasks.source import HostTable
-from tasks.progress import in_folder, record_progress
+from tasks.entries.progress import in_folder, record_progress
 
 
 def stage_target(entry: Path | str, converted: Converted) -> Staged:

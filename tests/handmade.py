@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from tasks import entry as fmt
+from tasks.entries import names as fmt
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "n16-tt-n16-port-" + "ab" * 10

@@ -156,9 +156,9 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
 def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_zeros(tmp_path):
     from tasks.convert import Converted
     from tasks.stage import stage_target
-    from tasks.store import LocalStore
+    from tasks.entries.store import LocalStore
 
-    from tasks.zarr_v3 import array_metadata, create_array
+    from tasks.entries.zarr_v3 import array_metadata, create_array
 
     zeros = np.zeros((64, 32), np.uint16)
     create_array(tmp_path / "t", array_metadata((64, 32), (64, 32), {}))  # convert creates every array first
@@ -234,7 +234,7 @@ def test_a_port_plan_convert_never_imports_ttnn_once_its_headers_are_checked(hf_
 
 
 def test_without_syncfs_every_file_is_fsynced_before_the_publishing_rename(hf_cache, tmp_path, monkeypatch):
-    from tasks import publish
+    from tasks.entries import publish
 
     synced = []
     real_fsync = publish._fsync

@@ -1,4 +1,4 @@
-"""The entry-format contract (tasks/entry.py), without a convert: an entry written by hand (tests/handmade.py), as
+"""The entry-format contract (tasks/entries/), without a convert: an entry written by hand (tests/handmade.py), as
 cache/README.md describes it, is read, verified and refused exactly as the document says; the typed records round-trip the JSON."""
 
 from __future__ import annotations
@@ -9,29 +9,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks import entry as fmt
-from tasks import refs as refs_mod
+from tasks.entries import entry as fmt, manifest as records, names
+from tasks.entries import refs as refs_mod
 from tasks.errors import CacheError
-from tasks.store import LocalStore
+from tasks.entries.store import LocalStore
 from tests.handmade import NAME, write_entry as _write_entry
 
 
 def test_the_manifest_records_round_trip_the_documented_json(tmp_path):
     doc = _write_entry(tmp_path)
-    manifest = fmt.Manifest.from_json(doc)
+    manifest = records.Manifest.from_json(doc)
     assert manifest.arrays["b"].chunks[7].nbytes == 8 and manifest.arrays["t"].chunks[None].tensorbin.nbytes == 12
     assert json.loads(json.dumps(manifest.to_json())) == doc  # every field kept, none invented
     assert list(manifest.to_json()) == list(doc)              # in the documented order
 
 
 def test_names_are_the_documented_ones():
-    assert fmt.manifest_key(NAME) == f"entries/{NAME}/MANIFEST.json"
-    assert fmt.ref_key("n17", "tt-port", "port") == "refs/n17-tt-port-port.json"
-    assert fmt.ref_key("n17", "tt-port", "port", synthetic=True) == "refs/n17-tt-port-port.synthetic.json"
-    assert fmt.chunk_file(Path("e"), "w", 2, None) == Path("e/w/c.0.0")
-    assert fmt.chunk_file(Path("e"), "W", 2, 31) == Path("e/W/c.31.0.0")  # a bank's slot is its first coordinate
-    assert fmt.packed_path(Path("e"), "W", 31) == Path("e/tensorbin/W@31.tensorbin")
-    assert fmt.chunk_key(None) == "all" and fmt.slot_of("all") is None and fmt.slot_of(fmt.chunk_key(5)) == 5
+    assert names.manifest_key(NAME) == f"entries/{NAME}/MANIFEST.json"
+    assert names.ref_key("n17", "tt-port", "port") == "refs/n17-tt-port-port.json"
+    assert names.ref_key("n17", "tt-port", "port", synthetic=True) == "refs/n17-tt-port-port.synthetic.json"
+    assert names.chunk_file(Path("e"), "w", 2, None) == Path("e/w/c.0.0")
+    assert names.chunk_file(Path("e"), "W", 2, 31) == Path("e/W/c.31.0.0")  # a bank's slot is its first coordinate
+    assert names.packed_path(Path("e"), "W", 31) == Path("e/tensorbin/W@31.tensorbin")
+    assert names.chunk_key(None) == "all" and names.slot_of("all") is None and names.slot_of(names.chunk_key(5)) == 5
 
 
 def test_an_entry_reads_its_chunks_and_device_files_checked(tmp_path):

@@ -25,8 +25,8 @@ from pipeline.load import load
 from pipeline.synth import FORMS, ISAAC_FORMS, LEROBOT_PREFIX, MAPPED_TAG, N15_ONLY_WITHOUT, TRAINED_TAG, fine_tune_form
 from pipeline.versions import load_config
 from tasks.checkpoint import INDEX_NAME
-from tasks.entry import open_entry
-from tasks.store import LocalStore
+from tasks.entries.entry import open_entry
+from tasks.entries.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("n15", "n16", "n17")

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.cache import collect_garbage, entry_rows, reading, remove_entry
 from tasks.errors import CacheError
-from tasks.store import LocalStore
+from tasks.entries.store import LocalStore
 from tests.handmade import entry_of, file_bytes, holding, ref_to
 
 

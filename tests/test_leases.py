@@ -12,7 +12,7 @@ import pytest
 from pipeline.cache import housekeeping, leases
 from pipeline.cache import collect_garbage, readers, reading, remove_entry
 from tasks.errors import CacheError
-from tasks.store import FsspecStore, LocalStore
+from tasks.entries.store import FsspecStore, LocalStore
 from tests.handmade import entry_of, holding
 
 

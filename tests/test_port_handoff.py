@@ -20,7 +20,8 @@ import pytest
 from pipeline import port_n16
 from pipeline.convert import ConvertOptions, convert
 from pipeline.synth import synthesize
-from tasks.entry import checksum, chunk_file, manifest_key
+from tasks.entries.manifest import checksum
+from tasks.entries.names import chunk_file, manifest_key
 from tasks.errors import CacheError, PipelineError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "consumers"

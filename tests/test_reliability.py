@@ -26,9 +26,9 @@ from pipeline.cache import sources
 from pipeline.cli import main
 from pipeline.convert import ConvertOptions, convert
 from tasks.checkpoint import INDEX_NAME
-from tasks.entry import list_entries
+from tasks.entries.entry import list_entries
 from tasks.errors import CheckpointError, PipelineError
-from tasks.store import LocalStore
+from tasks.entries.store import LocalStore
 from tests.progress import wait_until_staged
 
 ROOT = Path(__file__).resolve().parent.parent

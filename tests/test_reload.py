@@ -1,4 +1,4 @@
-"""The reload contract (tasks/reload.py), without a convert: an entry written here by hand comes back in each form,
+"""The reload contract (tasks/entries/reload.py), without a convert: an entry written here by hand comes back in each form,
 equal to the values written (torch bf16 read back plainly, ttnn's own `dump_tensor` files), and a damaged byte is
 refused by name before it is used."""
 
@@ -13,10 +13,10 @@ import pytest
 import torch
 import xxhash
 
-from tasks import entry as fmt
-from tasks import reload
+from tasks.entries import entry as fmt, manifest, names
+from tasks.entries import reload
 from tasks.errors import CacheError
-from tasks.store import FsspecStore, LocalStore
+from tasks.entries.store import FsspecStore, LocalStore
 
 ttnn = pytest.importorskip("ttnn")
 
@@ -62,7 +62,7 @@ def _write_entry(root: Path) -> dict[str, np.ndarray]:
                                                                                                "pcc": 1.0}
                                                  for s in range(SLOTS)}}
     manifest = {
-        "fingerprint": "ab" * 10 + "0" * 44, "cache_format": fmt.CACHE_FORMAT, "converter": "1", "version": "n16",
+        "fingerprint": "ab" * 10 + "0" * 44, "cache_format": names.CACHE_FORMAT, "converter": "1", "version": "n16",
         "revision": None, "synthetic": None, "layout": "tt-n16", "profile": "port", "shards": {"s": "0" * 64},
         "recipes_sha256": "0" * 64, "slots": list(range(SLOTS)), "source": {}, "source_shapes": {},
         "published_unix": 1.0, "arrays": arrays, "bytes": 0, "chunks": 3 + SLOTS}
@@ -123,7 +123,7 @@ def test_a_float32_host_table_is_its_chunk_mapped_privately_and_checked(written,
     chunk.write_bytes(data)
     arr = entry.manifest.arrays["h"]
     arr.attributes["dtype"] = "float32"
-    arr.chunks[None] = fmt.ChunkRecord(len(data), xxhash.xxh3_64_hexdigest(data))
+    arr.chunks[None] = manifest.ChunkRecord(len(data), xxhash.xxh3_64_hexdigest(data))
     table = reload.host_table(entry, "h", check_mapped)
     assert table.dtype == torch.float32 and torch.equal(table, wide)
     table += 1  # the port's copy is its own: the entry's file keeps its bytes

@@ -11,7 +11,7 @@ import torch
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks.errors import CacheError
-from tasks.store import open_store
+from tasks.entries.store import open_store
 
 
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):

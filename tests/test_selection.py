@@ -15,9 +15,9 @@ import warnings
 import pytest
 
 from pipeline.cache import SyntheticWeightsWarning, Wanted, choose_entry, find_entry, warn_if_synthetic
-from tasks.entry import OldFormatError
+from tasks.entries.entry import OldFormatError
 from tasks.errors import CacheError
-from tasks.store import FsspecStore, LocalStore
+from tasks.entries.store import FsspecStore, LocalStore
 from tests.handmade import entry_of, ref_to
 
 N16 = dict(version="n16", layout="tt-n16", profile="port")

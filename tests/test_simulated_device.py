@@ -18,9 +18,9 @@ import pytest
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks import device as tt
-from tasks.entry import open_entry
+from tasks.entries.entry import open_entry
 from tasks.errors import CacheError
-from tasks.store import LocalStore
+from tasks.entries.store import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The stage and publish contracts (tasks/stage.py, tasks/publish.py), without a convert: what a staged chunk is on
+"""The stage and publish contracts (tasks/stage.py, tasks/entries/publish.py), without a convert: what a staged chunk is on
 disk (read back with zarr-python, an independent reader), how a killed run's progress is trusted or not, what an
 array's content id is a function of, and how an entry becomes visible (manifest last, one rename, a lost race is
 success, nothing half-published)."""
@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 import zarr
 
-from tasks import publish
+from tasks.entries import publish
 from tasks.convert import Converted
-from tasks.entry import CACHE_FORMAT, MANIFEST, Identity, PROGRESS_DIR, content_id, open_entry, packed_path
-from tasks.progress import already_staged, staged_records
+from tasks.entries.entry import open_entry
+from tasks.entries.manifest import Identity, content_id
+from tasks.entries.names import CACHE_FORMAT, MANIFEST, PROGRESS_DIR, packed_path
+from tasks.entries.progress import already_staged, staged_records
 from tasks.errors import CacheError
 from tasks.stage import stage_target
-from tasks.store import LocalStore
-from tasks.zarr_v3 import array_metadata, create_array
+from tasks.entries.store import LocalStore
+from tasks.entries.zarr_v3 import array_metadata, create_array
 
 WHOLE = np.arange(12, dtype=np.uint16).reshape(3, 4)
 SLOT = np.full((2, 4), 7, np.uint16)
@@ -104,9 +106,9 @@ def test_a_content_id_changes_with_everything_the_bytes_depend_on(change):
 
 def test_a_content_id_changes_with_the_cache_format(monkeypatch):
     before = content_id(["a"], BASE, "1")
-    from tasks import entry
+    from tasks.entries import manifest
 
-    monkeypatch.setattr(entry, "CACHE_FORMAT", entry.CACHE_FORMAT + 1)
+    monkeypatch.setattr(manifest, "CACHE_FORMAT", manifest.CACHE_FORMAT + 1)
     assert content_id(["a"], BASE, "1") != before
 
 

@@ -14,10 +14,11 @@ from safetensors import safe_open
 
 from pipeline.cache import entry_at
 from pipeline.convert import ConvertOptions, convert
-from tasks.entry import WHOLE, open_entry
-from tasks.publish import push
+from tasks.entries.entry import open_entry
+from tasks.entries.names import WHOLE
+from tasks.entries.publish import push
 from tasks.errors import CacheError
-from tasks.store import LocalStore, Store, open_store
+from tasks.entries.store import LocalStore, Store, open_store
 
 
 @pytest.fixture(params=["local", "s3"])

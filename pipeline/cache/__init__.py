@@ -1,4 +1,4 @@
-"""The cache's policies, one module each, over the entry format (tasks/entry.py) and a store (tasks/store.py):
+"""The cache's policies, one module each, over the entry format (tasks/entries/) and a store (tasks/entries/store.py):
 
 - `roots.py`: where the cache is, and the temporary folder an entry is built in (resume);
 - `sources.py`: the source-hash memo (a plain folder's shards hashed once, remembered by path, size, mtime, inode);
@@ -6,8 +6,8 @@
 - `leases.py`: readers hold an entry's lock shared; deleting takes it exclusively;
 - `housekeeping.py`: `cache ls`, `cache gc` and `cache rm`.
 
-Entries are named by content (tasks/entry.py `Identity.of`), built in a temporary folder beside the final one and
-published by rename (tasks/publish.py). `refs/<version>-<layout>-<profile>` names the entry the last conversion
+Entries are named by content (tasks/entries/manifest.py `Identity.of`), built in a temporary folder beside the final one and
+published by rename (tasks/entries/publish.py). `refs/<version>-<layout>-<profile>` names the entry the last conversion
 produced, so a later process can load without touching the source checkpoint.
 """
 

@@ -8,10 +8,11 @@ import time
 
 from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless_read
 from pipeline.cache.roots import pid_alive
-from tasks.entry import ENTRIES, PORT_MODELS, TMP_MARK, entry_key, list_entries, ref_object, tmp_owner
+from tasks.entries.entry import list_entries
+from tasks.entries.names import ENTRIES, PORT_MODELS, TMP_MARK, entry_key, ref_object, tmp_owner
 from tasks.errors import CacheError
-from tasks.refs import readable, refs
-from tasks.store import LocalStore, Store
+from tasks.entries.refs import readable, refs
+from tasks.entries.store import LocalStore, Store
 
 
 def entry_rows(store: Store, only: str | None = None, verify: bool = False, totals: dict | None = None) -> list[dict]:

@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 
 from pipeline.cache.roots import pid_alive
-from tasks.entry import PORT_MODELS, TMP_MARK, entry_key, manifest_key
+from tasks.entries.names import PORT_MODELS, TMP_MARK, entry_key, manifest_key
 from tasks.errors import CacheError
-from tasks.store import LocalStore, Store
+from tasks.entries.store import LocalStore, Store
 
 
 LEASES = "leases"  # `leases/<entry>.lock` (the lock) and `leases/<entry>@<pid>-<random>` (who reads it)

@@ -9,8 +9,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-from tasks.entry import ENTRIES, TMP_MARK, Entry, open_entry, tmp_name, tmp_owner
-from tasks.store import LocalStore, Store, open_store
+from tasks.entries.entry import Entry, open_entry
+from tasks.entries.names import ENTRIES, TMP_MARK, tmp_name, tmp_owner
+from tasks.entries.store import LocalStore, Store, open_store
 
 
 def _default_root() -> Path:

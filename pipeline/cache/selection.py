@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.entry import ENTRIES, Entry, OldFormatError, list_entries, manifest_key, open_entry, ref_key
+from tasks.entries.entry import Entry, OldFormatError, list_entries, open_entry
+from tasks.entries.names import ENTRIES, manifest_key, ref_key
 from tasks.errors import CacheError
-from tasks.refs import read_ref
-from tasks.store import Store
+from tasks.entries.refs import read_ref
+from tasks.entries.store import Store
 
 
 def find_entry(store: Store, name: str) -> Entry | None:

@@ -16,8 +16,8 @@ from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
 from pipeline.port_n16.kept import NotKept, keep, kept_path, restore
 from pipeline.port_n16.match import first_unserved, layouts_serving, match_targets
 from pipeline.port_n16.trace import HOST_OPS, Listing, Pending, Request, construct, port_config
-from tasks import reload
-from tasks.entry import Entry
+from tasks.entries import reload
+from tasks.entries.entry import Entry
 from tasks.errors import CacheError
 
 
@@ -228,7 +228,7 @@ def _traced_or_kept(code: PortCode, opened: Entry, config, device, root: Path):
 
 def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):
     """The device files asked for and the host tables (float32 torch tensors), every byte read and checked
-    against its record (tasks/reload.py), and the bytes read."""
+    against its record (tasks/entries/reload.py), and the bytes read."""
     arrays = entry.manifest.arrays
     missing = [(n, s) for n, s in needed if arrays[n].chunks[s].tensorbin is None]
     if missing:

@@ -29,7 +29,7 @@ import xxhash
 from pipeline.port_n16.code import PortCode
 from pipeline.port_n16.trace import Listing, Pending, Request, traced_class
 from tasks.bulk_write import write_bytes_atomic
-from tasks.entry import PORT_MODELS
+from tasks.entries.names import PORT_MODELS
 
 KEPT_FORMAT = 1
 PRIMITIVES = (str, int, float, bool, type(None))

@@ -8,7 +8,7 @@ from typing import Mapping
 from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
 from pipeline.port_n16.trace import Listing, Request, construct, port_config
 from pipeline.recipe import build_plan
-from tasks.entry import Entry
+from tasks.entries.entry import Entry
 
 
 def _by_sources(entry: Entry) -> dict[tuple[str, ...], str]:

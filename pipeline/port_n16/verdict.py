@@ -16,7 +16,7 @@ from pipeline.port_n16.compare import build_with_port, differences
 from pipeline.port_n16.match import serving_layout
 from pipeline.port_n16.trace import port_config
 from pipeline.recipe import recipes_sha256
-from tasks.entry import CACHE_FORMAT, CONVERTER_VERSION
+from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION
 
 
 CHECK_SCALE = "attn"  # real attention shapes: the port's cross-attention test sees non-square to_k there

@@ -1,5 +1,5 @@
 """Refs: `refs/<version>-<layout>-<profile>[.synthetic].json` names the entry `load` opens for that kind (the
-key is the format's, tasks/entry.py `ref_key`). Read and written through a `Store`, as entries are.
+key is the format's, tasks/entries/names.py `ref_key`). Read and written through a `Store`, as entries are.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 from pathlib import PurePosixPath
 from typing import Sequence
 
-from tasks.entry import ENTRIES, REFS, SYNTHETIC_REF, ref_key
+from tasks.entries.names import ENTRIES, REFS, SYNTHETIC_REF, ref_key
 from tasks.errors import CacheError
-from tasks.store import Store
+from tasks.entries.store import Store
 
 
 def read_ref(store: Store, version: str, layout: str, profile: str, synthetic: bool = False) -> str | None:

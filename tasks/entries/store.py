@@ -3,7 +3,7 @@
 Keys are `/`-separated paths relative to the cache root. The two stores differ in one capability, `can_rename`:
 a local directory builds an entry beside its final name and publishes it by rename; an object store has no
 rename, so an entry built and verified locally is pushed object by object, `MANIFEST.json` last
-(tasks/entry.py `push`). Everything else — listing, reading a chunk into a caller's buffer, verifying — is the
+(tasks/entries/publish.py `push`). Everything else — listing, reading a chunk into a caller's buffer, verifying — is the
 same code for both.
 """
 

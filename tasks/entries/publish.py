@@ -21,9 +21,9 @@ from typing import Iterator, Mapping, Sequence
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.bulk_write import write_json_atomic
-from tasks.entry import (MANIFEST, PROGRESS_DIR, TMP_MARK, Identity, Manifest, Staged, entry_key, group_document,
-                         manifest_arrays, manifest_key)
-from tasks.store import LocalStore, Store
+from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
+from tasks.entries.names import MANIFEST, PROGRESS_DIR, TMP_MARK, entry_key, manifest_key
+from tasks.entries.store import LocalStore, Store
 from tasks.device import Uploaded
 
 

@@ -1,6 +1,6 @@
 """The progress records of an entry being built: after each chunk (and device file) is in place, its record goes
 to its thread's log under `.staged/`; a resumed build keeps every chunk whose bytes still match its record and
-converts the rest. The record itself (`Staged`) and the log's name are the format's (tasks/entry.py).
+converts the rest. The record itself (`Staged`) and the log's name are the format's (tasks/entries/manifest.py, names.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import threading
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from tasks.entry import PROGRESS_DIR, Staged, chunk_file, packed_path, progress_log
+from tasks.entries.manifest import Staged
+from tasks.entries.names import PROGRESS_DIR, chunk_file, packed_path, progress_log
 
 
 T = TypeVar("T")

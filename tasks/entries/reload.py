@@ -14,7 +14,8 @@ import numpy as np
 
 from tasks import device as tt
 from tasks import tensorbin
-from tasks.entry import Entry, Manifest
+from tasks.entries.entry import Entry
+from tasks.entries.manifest import Manifest
 from tasks.errors import CacheError
 
 Chunk = tuple[str, "int | None"]  # (array, slot): slot None is the whole array

@@ -5,7 +5,7 @@ wider source's precision; `attributes.dtype == "float32"`), regular chunk grid, 
 encoding with `.` (a chunk is a file beside its `zarr.json`, not a directory per coordinate), one `bytes` codec (little endian) and nothing else: a chunk file is the chunk's raw C-order
 bytes. So a chunk can be written and read with one system call into a caller's buffer, with no per-array
 library overhead, and zarr-python (or any v3 reader) still opens the result. Chunk files are written in place,
-inside an entry that is being built and is published whole by one rename (tasks/publish.py), so a reader never sees
+inside an entry that is being built and is published whole by one rename (tasks/entries/publish.py), so a reader never sees
 a torn chunk.
 
 Measured against zarr-python 3.1 (`python -m bench --only zarr`, bench/zarr-results.json): writing and reading back

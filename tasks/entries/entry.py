@@ -1,0 +1,215 @@
+"""A published entry, read through a `Store` (tasks/entries/store.py), so a local folder and an object store are
+read by the same code: listing, opening, verifying, reading a chunk into a caller's buffer, a device file. The
+entry's names are tasks/entries/names.py, its records tasks/entries/manifest.py; the order in which an entry is
+made visible is tasks/entries/publish.py, refs tasks/entries/refs.py (cache/README.md says the same)."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import xxhash
+
+from tasks.errors import CacheError
+from tasks.file_blocks import each_read
+from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest
+from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, TMP_MARK, chunk_file, chunk_key,
+                                 entry_key, manifest_key, packed_name, packed_path)
+from tasks.entries.store import LocalStore, Store
+
+
+@dataclass(frozen=True)
+class Entry:
+    store: Store
+    name: str
+    manifest: Manifest
+
+    @property
+    def path(self) -> Path:
+        """The entry's folder (local caches; an object store's entries have no path)."""
+        if not isinstance(self.store, LocalStore):
+            raise CacheError(f"{self.describe()}: an object-store entry has no local path")
+        return self.store.path(entry_key(self.name))
+
+    def describe(self, rel: str = "") -> str:
+        return self.store.describe(f"{entry_key(self.name)}/{rel}" if rel else entry_key(self.name))
+
+    def chunk_object(self, array: str, slot: int | None) -> str:
+        """The store key of a chunk (slot None: the whole array)."""
+        ndim = len(self.manifest.arrays[array].logical_shape)
+        return chunk_file(PurePosixPath(entry_key(self.name)), array, ndim, slot).as_posix()
+
+    def device_object(self, array: str, slot: int | None) -> str:
+        """The store key of a chunk's `.tensorbin`."""
+        return packed_path(PurePosixPath(entry_key(self.name)), array, slot).as_posix()
+
+    def read_chunk(self, array: str, slot: int | None, out: np.ndarray | None = None) -> np.ndarray:
+        """One chunk, checked against its manifest record (the pass that touches every byte): read into `out`
+        (e.g. a slot's slice of a whole bank), else mapped (locally) or fetched on its own."""
+        arr = self.manifest.arrays[array]
+        key = self.chunk_object(array, slot)
+        if out is None:
+            out = self.store.map(key, arr.storage_dtype, tuple(arr.logical_shape))
+        else:
+            self.store.read_into(key, out)
+        if not arr.chunks[slot].matches(out):
+            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
+                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
+        return out
+
+    def checked_chunk(self, array: str, slot: int | None) -> np.ndarray:
+        """One chunk as a private mapping nothing has touched yet, its file read and checked first: for a caller
+        that uses the bytes later, or some of them (a reload's embed_tokens), the check costs a read, not a page
+        fault per page, and adds no RSS. An object store's chunk is fetched and checked (`read_chunk`)."""
+        if not isinstance(self.store, LocalStore):
+            return self.read_chunk(array, slot)
+        self.each_chunk_block(array, slot, lambda block, pos: None)
+        arr = self.manifest.arrays[array]
+        return self.store.map(self.chunk_object(array, slot), arr.storage_dtype, tuple(arr.logical_shape))
+
+    def each_chunk_block(self, array: str, slot: int | None, consume: Callable[[memoryview, int], None]) -> None:
+        """`consume(bytes, offset)` over one chunk's consecutive blocks (tasks/file_blocks.py `each_read`),
+        for a caller that converts as it reads: a 622 MB table then needs no second copy. The checksum is held to
+        the record after the last block; a mismatch raises there, so the caller must use nothing before the end."""
+        record, key = self.manifest.arrays[array].chunks[slot], self.chunk_object(array, slot)
+        path = self.store.local_file(key)
+        if path is None:
+            raise CacheError(f"{self.store.describe(key)}: chunk is missing from the cache entry; run `python -m "
+                             "pipeline cache verify` and convert again with --force")
+        digest = xxhash.xxh3_64()
+
+        def hashed(block: memoryview, pos: int) -> None:
+            digest.update(block)
+            consume(block, pos)
+
+        try:
+            total = each_read(path, hashed)
+        except OSError as e:
+            raise CacheError(f"{self.store.describe(key)}: chunk could not be read ({e.strerror or e}); run `python "
+                             "-m pipeline cache verify`") from e
+        if total != record.nbytes or digest.hexdigest() != record.xxh3:
+            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
+                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
+
+    def device_file(self, array: str, slot: int | None) -> Path:
+        """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
+        rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
+        path = self.store.local_file(key)
+        if path is None:
+            raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
+                             "again with --force")
+        if not rec.matches_file(path):
+            raise CacheError(f"{self.store.describe(key)}: packed tensor does not match its manifest checksum "
+                             "(tampered or corrupt); convert again with --force")
+        return path
+
+    def device_paths(self, chunks: Sequence[tuple[str, int | None]]) -> list[str]:
+        """The chunks' `.tensorbin` files as local paths, real ones (as the kernel names a mapping), each of the size
+        its record says (ttnn is never handed a short file); their bytes are not read here. One missing or of
+        another size is read and refused by name (`device_file`). An object store's are fetched into local files."""
+        local = isinstance(self.store, LocalStore)
+        folder = os.path.realpath(self.path / PACKED_DIR) if local else ""  # once (1,387 Paths cost 0.05 s)
+        paths = []
+        for name, slot in chunks:
+            if local:
+                path = os.path.join(folder, packed_name(name, slot))
+            else:
+                fetched = self.store.local_file(self.device_object(name, slot))
+                path = os.path.realpath(fetched) if fetched else ""
+            try:
+                fits = os.stat(path).st_size == self.manifest.arrays[name].chunks[slot].tensorbin.nbytes
+            except OSError:
+                fits = False
+            paths.append(path if fits else str(self.device_file(name, slot)))
+        return paths
+
+    def verify(self, threads: int = 8) -> list[str]:
+        """Every chunk and device file the manifest lists must exist with its size and xxh3; the problems found, in
+        the manifest's order. Checked on `threads` threads: an object store answers each request in a round trip
+        (2,000 of them one after another took 18 s against a local S3), and a local file is hashed as it is read,
+        so no thread holds a whole chunk."""
+        objects = [(self.chunk_object(array, slot), rec, self.device_object(array, slot))
+                   for array, arr in self.manifest.arrays.items() for slot, rec in arr.chunks.items()]
+        with ThreadPoolExecutor(threads) as pool:
+            found = pool.map(lambda o: self._problems(*o), objects)
+            return [problem for problems in found for problem in problems]
+
+    def _problems(self, key: str, record: ChunkRecord, packed: str) -> list[str]:
+        problems = []
+        found = self._matches(key, record)
+        if found is None:
+            problems.append(f"{self.store.describe(key)}: chunk listed in the manifest is missing")
+        elif not found:
+            problems.append(f"{self.store.describe(key)}: chunk bytes do not match the manifest checksum (tampered or "
+                            "corrupt)")
+        if record.tensorbin is not None and not self._matches(packed, record.tensorbin):
+            problems.append(f"{self.store.describe(packed)}: packed tensor is missing or does not match the manifest "
+                            "checksum")
+        return problems
+
+    def _matches(self, key: str, record: FileRecord) -> bool | None:
+        """Whether the object holds the record's bytes; None when there is no such object."""
+        if isinstance(self.store, LocalStore):  # read block by block, not whole: a chunk may be 1.24 GB
+            path = self.store.local_file(key)
+            return None if path is None else record.matches_file(path)
+        data = self.store.get(key)
+        return None if data is None else record.matches(data)
+
+
+class OldFormatError(CacheError):
+    """A complete entry in a cache format this code does not read."""
+
+    def __init__(self, message: str, cache_format: int):
+        super().__init__(message)
+        self.cache_format = cache_format
+
+
+def open_entry(store: Store, name: str) -> Entry:
+    """A published entry: its manifest must exist, parse, and carry the fingerprint its name promises."""
+    key = manifest_key(name)
+    raw = store.get(key)
+    if raw is None:
+        remedy = ("published — run `python -m pipeline cache gc` and convert again" if store.can_rename else
+                  "pushed (a push in progress, or one that died) — convert again to complete it")
+        raise CacheError(f"{store.describe(entry_key(name))}: no {MANIFEST}; the entry was never completely {remedy}")
+    try:
+        manifest = Manifest.from_json(json.loads(raw))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CacheError(f"{store.describe(key)}: manifest is not valid JSON ({e}); convert again with --force") from e
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CacheError(f"{store.describe(key)}: manifest lacks {e} or has the wrong type; convert again with "
+                         "--force") from None
+    if manifest.cache_format not in READABLE_FORMATS:
+        raise OldFormatError(f"{store.describe(entry_key(name))}: written in cache format {manifest.cache_format}, "
+                             f"which this converter does not read (it reads {', '.join(map(str, READABLE_FORMATS))}); "
+                             f"convert again (the new entry gets a new name) and remove this one with `python -m "
+                             f"pipeline cache rm {name} --include-current`", manifest.cache_format)
+    if not manifest.fingerprint or not name.endswith(manifest.fingerprint[:20]):
+        raise CacheError(f"{store.describe(key)}: fingerprint {manifest.fingerprint[:20] or 'missing'} does not match "
+                         f"the entry name {name}: the entry was copied or tampered with; convert again with --force")
+    return Entry(store, name, manifest)
+
+
+def list_entries(store: Store, opened: Entry | None = None) -> Iterator[tuple[str, Entry | None, str]]:
+    """Every name under entries/: (name, entry or None, state). States: published; incomplete (being built
+    locally, or — where there is no rename — no manifest yet: a push in progress or abandoned); broken (a local
+    final name without a valid manifest, which publish-by-rename can never produce). `opened`: an entry of this
+    store the caller opened already, handed back as it is (its manifest is not parsed again)."""
+    for name in store.children(ENTRIES):
+        if TMP_MARK in name:
+            yield name, None, "incomplete"
+            continue
+        if opened is not None and name == opened.name:
+            yield name, opened, "published"
+            continue
+        try:
+            yield name, open_entry(store, name), "published"
+        except OldFormatError as e:
+            yield name, None, f"cache format {e.cache_format} (unreadable here: gc removes it)"
+        except CacheError:
+            yield name, None, "broken" if store.can_rename or store.get(manifest_key(name)) is not None else "incomplete"

@@ -1,0 +1,285 @@
+"""The records an entry is made of, typed: a file's size and checksum, a chunk's, an array's (with its content id),
+the identity an entry is named by, the manifest, the progress record of a staged chunk; and the Zarr documents of
+an entry's arrays and group. No I/O: tasks/entries/entry.py reads them, tasks/entries/chunks.py writes chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import xxhash
+
+from tasks.file_blocks import each_read
+from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, slot_of
+from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
+from tasks.plan import Plan, Target
+
+
+def checksum(data: np.ndarray | bytes | memoryview) -> str:
+    """xxh3-64 of raw bytes (about 10 GB/s: cheap enough to verify every chunk on every load)."""
+    if isinstance(data, np.ndarray):
+        data = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+# -- records ----
+@dataclass(frozen=True)
+class FileRecord:
+    nbytes: int
+    xxh3: str
+
+    def matches(self, data: np.ndarray | bytes | memoryview | None) -> bool:
+        """Whether bytes are this chunk or device file: its size and xxh3."""
+        if data is None:
+            return False
+        size = data.nbytes if isinstance(data, (np.ndarray, memoryview)) else len(data)
+        return size == self.nbytes and checksum(data) == self.xxh3
+
+    def matches_file(self, path: Path) -> bool:
+        """Whether a local file holds these bytes (read block by block: tasks/file_blocks.py `each_read`)."""
+        if path.stat().st_size != self.nbytes:
+            return False
+        digest = xxhash.xxh3_64()
+        return each_read(path, lambda block, _: digest.update(block)) == self.nbytes and \
+            digest.hexdigest() == self.xxh3
+
+
+@dataclass(frozen=True)
+class ChunkRecord(FileRecord):
+    max_abs_err: float = 0.0
+    pcc: float = 1.0
+    tensorbin: FileRecord | None = None  # ttnn's device file of this chunk, when the plan keeps one
+
+    def to_json(self) -> dict:
+        doc = {"nbytes": self.nbytes, "xxh3": self.xxh3, "max_abs_err": self.max_abs_err, "pcc": self.pcc}
+        if self.tensorbin is not None:
+            doc["tensorbin"] = {"nbytes": self.tensorbin.nbytes, "xxh3": self.tensorbin.xxh3}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "ChunkRecord":
+        packed = doc.get("tensorbin")
+        return cls(doc["nbytes"], doc["xxh3"], doc.get("max_abs_err", 0.0), doc.get("pcc", 1.0),
+                   FileRecord(packed["nbytes"], packed["xxh3"]) if packed else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArrayRecord:
+    shape: list[int]                    # stored shape: [bank slots, *logical] for a bank
+    chunk_shape: list[int]
+    attributes: Mapping[str, object]    # what the array records about itself (cache/README.md, "entries/")
+    source_xxh3: Mapping[str, str]      # source key -> xxh3-128 of its bytes
+    content_id: str                     # what the bytes are a function of (reuse across entries)
+    chunks: Mapping[int | None, ChunkRecord]  # slot (None: the whole array) -> record
+
+    @property
+    def logical_shape(self) -> list[int]:
+        return list(self.attributes["logical_shape"])
+
+    @property
+    def bank(self) -> bool:
+        return bool(self.attributes["embodiment_bank"])
+
+    @property
+    def host_only(self) -> bool:
+        return bool(self.attributes.get("host_only"))
+
+    @property
+    def device_dtype(self) -> str:
+        return str(self.attributes["device_dtype"])
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """The numpy dtype of the stored bytes: bf16 bits (uint16), or float32 for a host table."""
+        return DATA_TYPES[str(self.attributes.get("dtype", "bfloat16"))][1]
+
+    @property
+    def source_dtypes(self) -> list[str]:
+        """Each source's safetensors dtype (entries before format 5: BF16, as every release)."""
+        return list(self.attributes.get("source_dtypes") or ["BF16"] * len(self.attributes["sources"]))
+
+    @property
+    def device_layout(self) -> str:
+        return str(self.attributes["device_layout"])
+
+    def to_json(self) -> dict:
+        return {"shape": self.shape, "chunk_shape": self.chunk_shape, "attributes": dict(self.attributes),
+                "source_xxh3": dict(self.source_xxh3), "content_id": self.content_id,
+                "chunks": {chunk_key(s): c.to_json() for s, c in self.chunks.items()}}
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "ArrayRecord":
+        return cls(shape=doc["shape"], chunk_shape=doc["chunk_shape"], attributes=doc["attributes"],
+                   source_xxh3=doc.get("source_xxh3", {}), content_id=doc.get("content_id", ""),
+                   chunks={slot_of(k): ChunkRecord.from_json(c) for k, c in doc["chunks"].items()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """What an entry's bytes are a function of, and its fingerprint: the manifest's first fields, the group
+    metadata's `gr00t_cache`, and the entry's name."""
+
+    fingerprint: str
+    cache_format: int
+    converter: str
+    version: str
+    revision: str | None
+    synthetic: str | None
+    layout: str
+    profile: str
+    shards: Mapping[str, str]          # shard file -> its identity: the HF blob's sha256, else its content id
+    recipes_sha256: str
+    slots: list[int]
+    source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
+    source_shapes: Mapping[str, list[int]]
+
+    @classmethod
+    def of(cls, plan: Plan, *, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...],
+           source_shapes: Mapping[str, tuple[int, ...]], recipes_sha256: str) -> "Identity":
+        """Everything that determines an entry's bytes, and its fingerprint (sha256 of the canonical JSON); plus
+        `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed
+        beyond the revision and the synthetic mark: the same bytes in another folder are the same entry.
+        `source_shapes` (every checkpoint key's shape, a function of the hashed shards) is recorded so that a
+        consumer's own constructors can be run from the entry alone (pipeline/port_n16/)."""
+        doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
+               "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout,
+               "profile": plan.profile, "shards": dict(sorted(shard_sha.items())), "recipes_sha256": recipes_sha256,
+               "slots": list(slots),
+               "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
+                           for t in plan.targets]}
+        fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+        return cls(fingerprint=fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, source=dict(source),
+                   source_shapes={k: list(v) for k, v in sorted(source_shapes.items())})
+
+    @property
+    def name(self) -> str:
+        return entry_name(self.version, self.layout, self.profile, self.fingerprint)
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(Identity)}  # (a Manifest's identity part, too)
+
+
+@dataclass(frozen=True)
+class Manifest(Identity):
+    """`MANIFEST.json`: the entry's identity (what its bytes are a function of: `Identity`'s fields, first), then
+    every array and chunk. Entries of format 3 have no `source_shapes` (read as {})."""
+
+    published_unix: float = 0.0
+    arrays: Mapping[str, ArrayRecord] = field(default_factory=dict)
+    bytes: int = 0
+    chunks: int = 0
+    shards_sha256: Mapping[str, str] = field(default_factory=dict)  # every shard's sha256 (not hashed: taken in the graph)
+
+    def to_json(self) -> dict:
+        return {**Identity.to_json(self), "published_unix": self.published_unix,
+                "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks,
+                **({"shards_sha256": dict(sorted(self.shards_sha256.items()))} if self.shards_sha256 else {})}
+
+    @classmethod
+    def published(cls, identity: Identity, arrays: Mapping[str, ArrayRecord], nbytes: int, chunks: int,
+                  shards_sha256: Mapping[str, str]) -> "Manifest":
+        """The manifest of an entry being published now."""
+        return cls(**Identity.to_json(identity), published_unix=time.time(), arrays=arrays, bytes=nbytes, chunks=chunks,
+                   shards_sha256=shards_sha256)
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "Manifest":
+        return cls(fingerprint=doc["fingerprint"], cache_format=doc["cache_format"], converter=doc["converter"],
+                   version=doc["version"], revision=doc.get("revision"), synthetic=doc.get("synthetic"),
+                   layout=doc.get("layout", "generic"), profile=doc["profile"], shards=doc.get("shards", {}),
+                   recipes_sha256=doc.get("recipes_sha256", ""), slots=doc.get("slots", []),
+                   source=doc.get("source", {}), source_shapes=doc.get("source_shapes", {}),
+                   published_unix=doc.get("published_unix", 0.0),
+                   arrays={n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
+                   bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0),
+                   shards_sha256=doc.get("shards_sha256", {}))  # absent in entries written before 2026-12-04
+
+    @property
+    def is_synthetic(self) -> bool:
+        """Converted from the project's synthetic stand-in, not a GR00T release."""
+        return bool(self.synthetic or self.source.get("synthetic"))
+
+    def holds_slot(self, slot: int | None) -> bool:
+        """Whether every bank has this slot (None: every slot of every bank)."""
+        for arr in self.arrays.values():
+            wanted = range(arr.shape[0]) if slot is None else (slot,)
+            if arr.bank and any(s not in arr.chunks for s in wanted):
+                return False
+        return True
+
+
+def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
+    """What one array's bytes are a function of: its sources' bytes, its transform and device format, the
+    converter version and the cache format. Equal ids mean equal bytes, whichever entry they sit in."""
+    doc = [list(source_xxh3), attributes.get("source_dtypes"), attributes.get("dtype", "bfloat16"), attributes["transform"],
+           attributes.get("transform_params", []), attributes["device_dtype"], attributes["device_layout"],
+           attributes["logical_shape"], converter, CACHE_FORMAT]  # the same bytes stored another way are another content
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A chunk written into an entry being built: which one, and its record (one JSON line of a progress log)."""
+    name: str
+    slot: int | None
+    record: ChunkRecord
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "slot": self.slot, **self.record.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "Staged":
+        return cls(doc["name"], doc["slot"], ChunkRecord.from_json(doc))
+
+    def numerics(self) -> dict:
+        """The summary's line for this chunk: what the device dtype costs against the bf16 source."""
+        return {"name": self.name, "slot": self.slot, "nbytes": self.record.nbytes, "max_abs_err": self.record.max_abs_err,
+                "pcc": self.record.pcc}
+
+
+def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], tensor_xxh3: Mapping[str, str],
+                    converter: object) -> dict[str, ArrayRecord]:
+    """Per array: its metadata, content id, and per chunk (slot or whole array) byte count and xxh3.
+    Does not perform I/O."""
+    chunks: dict[str, dict[int | None, ChunkRecord]] = {name: {} for name in array_meta}
+    for s in staged:
+        chunks[s.name][s.slot] = s.record
+    arrays = {}
+    for name, meta in array_meta.items():
+        sources = {k: tensor_xxh3[k] for k in meta["attributes"]["sources"]}
+        arrays[name] = ArrayRecord(shape=meta["shape"], chunk_shape=meta["chunk_grid"]["configuration"]["chunk_shape"],
+                                   attributes=meta["attributes"], source_xxh3=sources,
+                                   content_id=content_id(list(sources.values()), meta["attributes"], converter),
+                                   chunks=chunks[name])
+    return arrays
+
+
+# -- documents ----
+def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
+    """What a target's array records about itself (cache/README.md, "entries/")."""
+    return {"dtype": t.stored_dtype, "sources": list(t.sources),
+            "source_dtypes": list(t.source_dtypes) or ["BF16"] * len(t.sources), "transform": t.transform,
+            "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
+            "device_layout": t.layout, "host_only": t.host, "logical_shape": list(t.shape),
+            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}
+
+
+def array_documents(plan: Plan, slots: tuple[int, ...]) -> dict[str, dict]:
+    """Every target's `zarr.json` document, by target name: a bank keeps every slot addressable, one chunk each."""
+    out = {}
+    for t in plan.targets:
+        shape = (t.bank_slots, *t.shape) if t.embodiment else t.shape
+        chunks = (1, *t.shape) if t.embodiment else t.shape
+        out[t.name] = array_metadata(shape, chunks, array_attributes(t, slots))
+    return out
+
+
+def group_document(arrays: Mapping[str, dict], identity: Identity) -> dict:
+    """The entry's root `zarr.json`: every array document consolidated, and the identity as `gr00t_cache`."""
+    return group_metadata(arrays, {"gr00t_cache": identity.to_json()})

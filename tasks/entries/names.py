@@ -1,0 +1,108 @@
+"""The cache entry format's names: its format version, the keys of entries and refs under the cache root, the
+files of an entry (chunks, device files, progress logs, temporaries). Pure string and path arithmetic, no I/O.
+
+Keys are relative to the cache root: `entries/<name>/…` and `refs/<version>-<layout>-<profile>.json`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from tasks.entries.zarr_v3 import chunk_path
+
+CACHE_FORMAT = 5            # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CONVERTER_VERSION = "3"     # bump when a transform changes the bytes it produces (3: host tables stored as float32)
+READABLE_FORMATS = (3, 4, 5)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32 host arrays.
+                              # Format 2 kept c/0/0 and is not read.
+MANIFEST = "MANIFEST.json"  # written last: present means complete
+ENTRIES, REFS = "entries", "refs"
+PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
+PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
+PACKED_DIR = "tensorbin"    # ttnn's `.tensorbin` device files, outside the Zarr arrays
+WHOLE = "all"               # the manifest key of a whole-array chunk; a bank's chunks are keyed by slot
+TMP_MARK = ".tmp-"          # `<name>.tmp-<pid>-<random>`: an entry being built (local caches only)
+
+
+# -- names --------------------------------------------------------------------------------------------------------
+def entry_key(name: str) -> str:
+    return f"{ENTRIES}/{name}"
+
+
+def manifest_key(name: str) -> str:
+    return f"{ENTRIES}/{name}/{MANIFEST}"
+
+
+SYNTHETIC_REF = ".synthetic"  # synthetic conversions have refs of their own: fake weights never take a real ref
+
+
+def ref_key(version: str, layout: str, profile: str, synthetic: bool = False) -> str:
+    """The ref naming the entry last converted for this version, layout and profile (from a synthetic stand-in:
+    `<...>.synthetic.json`, so that converting one never changes what a real load opens)."""
+    return f"{REFS}/{version}-{layout}-{profile}{SYNTHETIC_REF if synthetic else ''}.json"
+
+
+def ref_object(stem: str) -> str:
+    """The key of the ref `refs()` lists as `stem`."""
+    return f"{REFS}/{stem}.json"
+
+
+def entry_name(version: str, layout: str, profile: str, fingerprint: str) -> str:
+    """`<version>-<layout>-<profile>-<first 20 hex digits of the fingerprint>`: what `open_entry` holds a manifest to."""
+    return f"{version}-{layout}-{profile}-{fingerprint[:20]}"
+
+
+def chunk_key(slot: int | None) -> str:
+    return WHOLE if slot is None else str(slot)
+
+
+def slot_of(key: str) -> int | None:
+    return None if key == WHOLE else int(key)
+
+
+def chunk_coords(ndim: int, slot: int | None) -> tuple[int, ...]:
+    """Whole-array targets are one chunk; an embodiment bank has one chunk per slot."""
+    return (0,) * ndim if slot is None else (slot,) + (0,) * ndim
+
+
+def chunk_file(entry: Path | PurePosixPath, name: str, ndim: int, slot: int | None) -> Path | PurePosixPath:
+    """The chunk of target `name` (`ndim` = its logical rank) for `slot`, under the entry folder or key."""
+    return chunk_path(entry / name, chunk_coords(ndim, slot))
+
+
+def _chunk_name(name: str, slot: int | None) -> str:
+    return name + ("" if slot is None else f"@{slot}")
+
+
+def packed_path(entry: Path | PurePosixPath, name: str, slot: int | None) -> Path | PurePosixPath:
+    """Where a target's `.tensorbin` lives (outside the arrays, so Zarr readers never see it)."""
+    return entry / PACKED_DIR / packed_name(name, slot)
+
+
+def packed_name(name: str, slot: int | None) -> str:
+    return _chunk_name(name, slot) + ".tensorbin"
+
+
+def tmp_name(name: str, pid: int, token: str) -> str:
+    """The folder an entry is built in: `<name>.tmp-<pid>-<token>` (its owner's pid, so orphans can be told)."""
+    return f"{name}{TMP_MARK}{pid}-{token}"
+
+
+def scratch_name(name: str, pid: int) -> str:
+    """A throwaway entry that `--check-against-cache` converts into beside `name`, deleted either way:
+    `.tmp-<pid>-check-<name>`. A temporary by its name, so nothing lists or opens it as published, and a kill
+    before it is deleted leaves what gc removes once its process is dead (`tmp_owner`)."""
+    return f"{TMP_MARK}{pid}-check-{name}"
+
+
+def tmp_owner(folder: str) -> int | None:
+    """The pid that builds in a `tmp_name` folder; None for any other name."""
+    try:
+        return int(folder.split(TMP_MARK, 1)[1].split("-", 1)[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def progress_log(entry: Path, writer: str) -> Path:
+    """One append-only log per writing process and thread: a file per chunk would cost an inode each, which is
+    what creating files costs most on ext4 (find_inode_bit), thousands of times per entry."""
+    return entry / PROGRESS_DIR / f"{writer}.jsonl"
