@@ -75,6 +75,19 @@ def test_only_a_local_folder_can_rename(tmp_path, s3_url):
     assert LocalStore(tmp_path).can_rename and not open_store(s3_url).can_rename
 
 
+def test_a_local_path_is_the_object_itself_and_an_object_store_has_none(store):
+    """What callers ask instead of the store's type: where a key is a file here, and whether leases work."""
+    store.put("e/n/c/0/0", b"bytes")
+    path = store.local_path("e/n/c/0/0")
+    if store.can_rename:  # the local folder: the key's own file (no copy), and where a key not yet written goes
+        assert path.read_bytes() == b"bytes" and path.stat().st_nlink == 1
+        path.write_bytes(b"other")
+        assert store.get("e/n/c/0/0") == b"other" and not store.local_path("e/n/none").exists()
+        assert store.supports_leases
+    else:  # an object store: reached through get/put only; a pid means nothing on another machine
+        assert path is None and store.local_path("e/n/none") is None and not store.supports_leases
+
+
 def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store, snapshots):
     """Convert once locally; push the entry into the store under test (a local folder gets the same objects);
     every reader answers the same, and the chunks equal the source read with safetensors itself."""
@@ -117,7 +130,7 @@ def test_local_files_asked_for_by_many_threads_at_once_all_stay(store, monkeypat
     monkeypatch.setattr(tempfile, "TemporaryDirectory", lambda **kw: time.sleep(0.05) or made(**kw))  # a wider window
     for i in range(32):
         store.put(f"objects/{i}", bytes([i]) * (i + 1))
-    fresh = open_store(store.root) if isinstance(store, LocalStore) else open_store(store.url)  # nothing made yet
+    fresh = open_store(store.describe(""))  # nothing made yet
     with ThreadPoolExecutor(8) as pool:
         paths = list(pool.map(lambda i: fresh.local_file(f"objects/{i}"), range(32)))
     assert [p.read_bytes() for p in paths] == [bytes([i]) * (i + 1) for i in range(32)]

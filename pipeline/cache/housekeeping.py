@@ -12,7 +12,7 @@ from tasks.entries.entry import list_entries
 from tasks.entries.names import ENTRIES, PORT_MODELS, TMP_MARK, entry_key, ref_object, tmp_owner
 from tasks.errors import CacheError
 from tasks.entries.refs import readable, refs
-from tasks.entries.store import LocalStore, Store
+from tasks.entries.store import Store
 
 
 def entry_rows(store: Store, only: str | None = None, verify: bool = False, totals: dict | None = None) -> list[dict]:
@@ -120,7 +120,7 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
 def _drop_orphan_port_models(store: Store) -> None:
     """Remove the port's models kept for entries that are gone (a start was keeping one while its entry was
     removed); an entry's own go with it (`delete_unread`). Kept models live in local caches only."""
-    if isinstance(store, LocalStore):
+    if store.local_path(PORT_MODELS) is not None:
         for name in set(store.children(PORT_MODELS)) - set(store.children(ENTRIES)):
             store.delete(f"{PORT_MODELS}/{name}")
 

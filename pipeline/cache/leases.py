@@ -12,17 +12,17 @@ from pathlib import Path
 from pipeline.cache.roots import pid_alive
 from tasks.entries.names import PORT_MODELS, TMP_MARK, entry_key, manifest_key
 from tasks.errors import CacheError
-from tasks.entries.store import LocalStore, Store
+from tasks.entries.store import Store
 
 
 LEASES = "leases"  # `leases/<entry>.lock` (the lock) and `leases/<entry>@<pid>-<random>` (who reads it)
 
 
-def _lock_path(store: LocalStore, name: str) -> Path:
-    return store.root / LEASES / f"{name}.lock"
+def _lock_path(store: Store, name: str) -> Path:
+    return store.local_path(LEASES) / f"{name}.lock"
 
 
-def _locked(store: LocalStore, name: str, mode: int):
+def _locked(store: Store, name: str, mode: int):
     """The entry's lock file, open and flock()ed in `mode`, or None when it is busy (LOCK_NB). Retried when a
     remover unlinked the file while this process waited on it, so that the lock held is always the one the
     path names."""
@@ -48,10 +48,10 @@ def reading(store: Store, name: str):
     nothing), and `leases/<name>@<pid>-<random>`, which names the reader in their messages. Once the lock is held
     the entry must still be there: one removed after it was chosen is said, never half read. Local caches only: a
     pid means nothing to another machine, so an object-store entry has no lease."""
-    if not isinstance(store, LocalStore):
+    if not store.supports_leases:
         yield
         return
-    lease = store.root / LEASES / f"{name}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    lease = store.local_path(LEASES) / f"{name}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         lease.parent.mkdir(parents=True, exist_ok=True)
         lease.touch()
@@ -61,7 +61,7 @@ def reading(store: Store, name: str):
         yield
         return
     try:
-        if not store.path(manifest_key(name)).is_file():
+        if not store.local_path(manifest_key(name)).is_file():
             raise CacheError(f"{store.describe(entry_key(name))}: was removed (`cache rm` or `cache gc`) while it was "
                              "being opened; load again")
         yield
@@ -74,7 +74,7 @@ def delete_unread(store: Store, name: str) -> bool:
     """Delete entry `name` unless a process is reading it; False (and nothing deleted) if one is. Locally the
     entry's lock is taken exclusively first, so no reader can start on it meanwhile, and its lock file goes with
     it: a reader that waited on it then finds the entry gone."""
-    if not isinstance(store, LocalStore):
+    if not store.supports_leases:
         store.delete(entry_key(name))
         return True
     try:
@@ -106,10 +106,10 @@ def removed_unless_read(store: Store, name: str, dry_run: bool) -> bool:
 
 def readers(store: Store, name: str) -> list[int]:
     """The live processes holding a lease on entry `name`."""
-    if not isinstance(store, LocalStore) or not (store.root / LEASES).is_dir():
+    if not store.supports_leases or not store.local_path(LEASES).is_dir():
         return []
     pids = []
-    for lease in (store.root / LEASES).glob(f"{name}@*"):
+    for lease in store.local_path(LEASES).glob(f"{name}@*"):
         try:
             pid = int(lease.name.rsplit("@", 1)[1].split("-", 1)[0])
         except ValueError:

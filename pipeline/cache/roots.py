@@ -77,7 +77,7 @@ def cache_store(root: Store | Path | str | None = None) -> Store:
 def build_root(store: Store) -> Path:
     """Where entries are built: in the cache itself when it can publish by rename, else in the local cache (and
     pushed from there, manifest last)."""
-    return store.root if isinstance(store, LocalStore) else cache_root(None)
+    return store.local_path("") if store.can_rename else cache_root(None)
 
 
 def entry_at(path: Path) -> Entry:

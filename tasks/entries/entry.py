@@ -20,7 +20,7 @@ from tasks.file_blocks import each_read
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest
 from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, TMP_MARK, chunk_file, chunk_key,
                                  entry_key, manifest_key, packed_name, packed_path)
-from tasks.entries.store import LocalStore, Store
+from tasks.entries.store import Store
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,10 @@ class Entry:
     @property
     def path(self) -> Path:
         """The entry's folder (local caches; an object store's entries have no path)."""
-        if not isinstance(self.store, LocalStore):
+        path = self.store.local_path(entry_key(self.name))
+        if path is None:
             raise CacheError(f"{self.describe()}: an object-store entry has no local path")
-        return self.store.path(entry_key(self.name))
+        return path
 
     def describe(self, rel: str = "") -> str:
         return self.store.describe(f"{entry_key(self.name)}/{rel}" if rel else entry_key(self.name))
@@ -66,7 +67,7 @@ class Entry:
         """One chunk as a private mapping nothing has touched yet, its file read and checked first: for a caller
         that uses the bytes later, or some of them (a reload's embed_tokens), the check costs a read, not a page
         fault per page, and adds no RSS. An object store's chunk is fetched and checked (`read_chunk`)."""
-        if not isinstance(self.store, LocalStore):
+        if self.store.local_path(self.chunk_object(array, slot)) is None:
             return self.read_chunk(array, slot)
         self.each_chunk_block(array, slot, lambda block, pos: None)
         arr = self.manifest.arrays[array]
@@ -112,11 +113,11 @@ class Entry:
         """The chunks' `.tensorbin` files as local paths, real ones (as the kernel names a mapping), each of the size
         its record says (ttnn is never handed a short file); their bytes are not read here. One missing or of
         another size is read and refused by name (`device_file`). An object store's are fetched into local files."""
-        local = isinstance(self.store, LocalStore)
-        folder = os.path.realpath(self.path / PACKED_DIR) if local else ""  # once (1,387 Paths cost 0.05 s)
+        packed = self.store.local_path(f"{entry_key(self.name)}/{PACKED_DIR}")
+        folder = os.path.realpath(packed) if packed is not None else ""  # once (1,387 Paths cost 0.05 s)
         paths = []
         for name, slot in chunks:
-            if local:
+            if packed is not None:
                 path = os.path.join(folder, packed_name(name, slot))
             else:
                 fetched = self.store.local_file(self.device_object(name, slot))
@@ -154,9 +155,9 @@ class Entry:
 
     def _matches(self, key: str, record: FileRecord) -> bool | None:
         """Whether the object holds the record's bytes; None when there is no such object."""
-        if isinstance(self.store, LocalStore):  # read block by block, not whole: a chunk may be 1.24 GB
-            path = self.store.local_file(key)
-            return None if path is None else record.matches_file(path)
+        path = self.store.local_path(key)
+        if path is not None:  # read block by block, not whole: a chunk may be 1.24 GB
+            return record.matches_file(path) if path.is_file() else None
         data = self.store.get(key)
         return None if data is None else record.matches(data)
 

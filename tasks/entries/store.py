@@ -1,10 +1,15 @@
 """Where cache entries live: one small interface, with a local directory or an object store behind it.
 
-Keys are `/`-separated paths relative to the cache root. The two stores differ in one capability, `can_rename`:
-a local directory builds an entry beside its final name and publishes it by rename; an object store has no
-rename, so an entry built and verified locally is pushed object by object, `MANIFEST.json` last
-(tasks/entries/publish.py `push`). Everything else — listing, reading a chunk into a caller's buffer, verifying — is the
-same code for both.
+Keys are `/`-separated paths relative to the cache root. Callers ask a store what it can do, never what it is
+(tests/test_store.py pins each answer for both stores):
+- `can_rename`: a local directory builds an entry beside its final name and publishes it by rename; an object
+  store has no rename, so an entry built and verified locally is pushed object by object, `MANIFEST.json` last
+  (tasks/entries/publish.py `push`);
+- `local_path(key)`: where a key is a file on this machine (a local directory), so it can be read block by block,
+  mapped, or handed to ttnn by name; None for an object store, read through `get`;
+- `supports_leases`: readers take a lock and name their pid beside the entries (pipeline/cache/leases.py), which
+  means something only where every process shares the filesystem.
+Everything else — listing, reading a chunk into a caller's buffer, verifying — is the same code for both.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ _DOWNLOADS_MADE = threading.Lock()
 
 class Store(ABC):
     can_rename: bool = False
+    supports_leases: bool = False
+
+    def local_path(self, key: str) -> Path | None:
+        """Where the object `key` is, or would be, a file on this machine; None where objects are not local files."""
+        return None
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -123,9 +133,13 @@ class LocalStore(Store):
     """A cache folder. Reads go through one system call into the caller's buffer, or a private memory map."""
 
     can_rename = True
+    supports_leases = True
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
+
+    def local_path(self, key: str) -> Path:
+        return self.path(key)
 
     def path(self, key: str) -> Path:
         return self.root / key
