@@ -368,7 +368,7 @@ def cmd_port_check(a: argparse.Namespace) -> dict:
 
     code = port_n16.PortCode.find(a.tt_metal)
     with opened_device(a.device) as dev:
-        verdict = port_n16.check_port(code, store_root=cache.build_root(cache.cache_store(a.cache)), device=dev,
+        verdict = port_n16.check_port(code, build_root=cache.build_root(cache.cache_store(a.cache)), device=dev,
                                       force=a.force, log=lambda line: print(line, file=sys.stderr))
     if not a.json:
         where = "on the device" if verdict["on_device"] else "on the host"

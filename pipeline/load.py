@@ -50,7 +50,7 @@ class Loaded:
         return grouped
 
 
-def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: str | int | None = None, *,
+def load(version: str, cache_root: Store | Path | str | None = None, embodiment: str | int | None = None, *,
          into="torch", layout: str | None = None, profile: str | None = None, entry: str | None = None,
          revision: str | None = None, source: str | Path | None = None, synthetic: bool = False) -> Loaded:
     """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
@@ -76,7 +76,7 @@ def load(version: str, cache_dir: Store | Path | str | None = None, embodiment: 
     resolved_layout, resolved_profile = layout_and_profile(cfg, layout, profile)
     wanted = cache.Wanted(version=version, layout=resolved_layout, profile=resolved_profile,
                           slot=_slot(cfg, embodiment), entry=entry, revision=revision, source=source)
-    opened = cache.choose_entry(cache.cache_store(cache_dir), wanted)
+    opened = cache.choose_entry(cache.cache_store(cache_root), wanted)
     cache.warn_if_synthetic(opened, synthetic)
     for what, asked, held in (("layout", layout, opened.manifest.layout), ("profile", profile, opened.manifest.profile)):
         if asked is not None and asked != held:  # a named entry of another kind than asked for

@@ -17,7 +17,8 @@ from functools import cache
 from typing import Mapping
 
 from pipeline.state_dict import dims_of, short_key, unit_of
-from pipeline.versions import CONFIG_DIR, VersionConfig, load_config
+from pipeline.versions import VersionConfig, load_config
+from tasks.config_files import CONFIG_DIR
 from tasks.errors import ConfigError, RecipeError
 from tasks.plan import HOST, Plan, Target
 from tasks.transforms import output_shape, padded_dim
@@ -121,7 +122,7 @@ class _Making:
         params = self._padding(rule, sources[0], source_shapes)
         embodiment = bool(rule.get("embodiment", False))
         return Target(name=name, sources=sources, transform=rule["transform"], kind=rule["kind"], device_dtype=dtype,
-                      layout=kind["layout"], shape=output_shape(rule["transform"], source_shapes, params),
+                      device_layout=kind["layout"], shape=output_shape(rule["transform"], source_shapes, params),
                       embodiment=embodiment,
                       device_file=kind["layout"] != HOST and (bool(self.profile_spec.get("device_files", False))
                                                               or dtype != "bfloat16"),

@@ -7,23 +7,15 @@ embodiment tag table). Everything else — the key list, the shard assignment, t
 
 from __future__ import annotations
 
-import importlib.resources
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
+from tasks.config_files import CONFIG_DIR
 from tasks.errors import ConfigError
 
-def _config_dir() -> Path:
-    """The source tree's `configs/`, or, installed from a wheel, the same files as package data."""
-    source = Path(__file__).resolve().parent.parent / "configs"
-    return source if (source / "recipes.toml").is_file() else Path(str(importlib.resources.files("gr00t_tt_configs")))
-
-
-CONFIG_DIR = _config_dir()
 # The modules whose tensors are `[32, in, out]` embodiment banks (W) and `[32, out]` biases (b).
 EMBODIMENT_MODULES = (
     "state_encoder.layer1", "state_encoder.layer2",

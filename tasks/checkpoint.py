@@ -20,7 +20,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -313,11 +313,6 @@ class Checkpoint:
         """`W[e]` of a `[32, ...]` embodiment bank, reading only that slot's bytes. Never transposed: the model
         computes `x @ W[e] + b[e]`."""
         return self._counted(source.read_slot(self.headers[self.shard_of(key)], key, e))
-
-    def iter_prefix(self, prefix: str) -> Iterator[tuple[str, np.ndarray]]:
-        """`(key, tensor)` for every key under `prefix` in shard order; one tensor in flight at a time."""
-        for key in self.keys_with_prefix(prefix):
-            yield key, self.get(key)
 
     def close(self) -> None:
         """Nothing to release (every read opens and closes its shard); kept so `with Checkpoint(...)` reads well."""

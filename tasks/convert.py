@@ -99,7 +99,7 @@ def convert_target(array: np.ndarray | HostTable, target: Target, slot: int | No
     """Finite check, then (for packed dtypes, device files, or when asked) the ttnn host tensor of `target` (one
     slot of a bank) and its shape checks and numerics; the `.tensorbin` when kept. `origin` names the shard
     file(s) for errors; `check_bf16` also round-trips bf16 targets through ttnn."""
-    name, sources, device_dtype, layout = target.name, target.sources, target.device_dtype, target.layout
+    name, sources, device_dtype, layout = target.name, target.sources, target.device_dtype, target.device_layout
     device_file, min_pcc = target.device_file, target.min_pcc
     expected = device.padded_shape(array.shape, layout)
     if layout == HOST:  # kept on the host as the float32 the port holds: nothing goes through ttnn

@@ -10,7 +10,7 @@ numpy (bf16 bits widened exactly to float32), which gives the same bytes as `ttn
 
 from __future__ import annotations
 
-import importlib.resources
+import functools
 import os
 import tempfile
 from dataclasses import dataclass
@@ -19,9 +19,9 @@ from typing import MutableMapping
 
 import numpy as np
 
-_SOURCE_CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # else the wheel's package data
-MOCK_DESCRIPTOR = (_SOURCE_CONFIGS if _SOURCE_CONFIGS.is_dir() else Path(str(importlib.resources.files("gr00t_tt_configs")))) \
-    / "tt" / "wormhole_N150.yaml"
+from tasks.config_files import CONFIG_DIR
+
+MOCK_DESCRIPTOR = CONFIG_DIR / "tt" / "wormhole_N150.yaml"
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 SIMULATOR_ENV = "TT_METAL_SIMULATOR"
 QUIET_ENV = {"LOGURU_LEVEL": "INFO", "TT_METAL_LOGGER_LEVEL": "ERROR"}
@@ -70,15 +70,12 @@ def configure_ttnn_env(environ: MutableMapping[str, str], has_device: bool) -> s
     return environ[MOCK_ENV]
 
 
-_configured = False
-
-
-def _ttnn():
-    global _configured
-    if not _configured:  # once: it stats /dev/tenstorrent, and a hand-off calls this per tensor
-        configure_ttnn_env(os.environ, device_present())
-        _configured = True
-    import ttnn  # imported late: 2-5 s with torch, and only the convert/upload stages need it
+@functools.cache
+def ttnn_module():
+    """ttnn, imported on first use (2-5 s with torch: only the convert and upload stages need it), its environment
+    set first, once per process (ttnn reads it at import; a hand-off asks for ttnn once per tensor)."""
+    configure_ttnn_env(os.environ, device_present())
+    import ttnn
 
     return ttnn
 
@@ -90,7 +87,7 @@ def widen_bf16(array: np.ndarray) -> np.ndarray:
 
 def to_host_tensor(array: np.ndarray, dtype: str, layout: str):
     """A ttnn host tensor of `array` (bf16) in `dtype` (bfloat16 | bfloat8_b | bfloat4_b) and `layout`."""
-    ttnn = _ttnn()
+    ttnn = ttnn_module()
     return ttnn.Tensor(tensor=widen_bf16(array), data_type=getattr(ttnn, dtype),
                        layout=ttnn.TILE_LAYOUT if layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT)
 
@@ -98,7 +95,7 @@ def to_host_tensor(array: np.ndarray, dtype: str, layout: str):
 def packed_bytes(host) -> bytes:
     """The `.tensorbin` bytes ttnn writes for a host tensor (its own serialization: the only way ttnn can restore
     a packed bfloat8_b/bfloat4_b tensor without repacking)."""
-    ttnn = _ttnn()
+    ttnn = ttnn_module()
     with tempfile.TemporaryDirectory(prefix="tensorbin-") as tmp:
         path = Path(tmp) / "t.tensorbin"
         ttnn.dump_tensor(str(path), host)
@@ -108,7 +105,7 @@ def packed_bytes(host) -> bytes:
 def load_packed(path: Path, device=None):
     """A tensor from a `.tensorbin` file, on the host or (`device`) uploaded from it as ttnn stored it, dtype,
     layout and packing included (the caller has already read and checked its bytes)."""
-    return _ttnn().load_tensor(str(path), device=device)
+    return ttnn_module().load_tensor(str(path), device=device)
 
 
 def mapped_files(paths) -> dict[str, memoryview]:
@@ -173,7 +170,7 @@ def pcc_from_sums(sums: np.ndarray, n: int) -> float:
 
 def host_numerics(host, reference: np.ndarray) -> Numerics:
     """Round-trip the host tensor back to float32 and compare it with the bf16 reference."""
-    ttnn = _ttnn()
+    ttnn = ttnn_module()
     back = host if host.dtype == ttnn.float32 else ttnn.typecast(host, ttnn.float32)
     if back.layout == ttnn.TILE_LAYOUT:
         back = ttnn.to_layout(back, ttnn.ROW_MAJOR_LAYOUT)
@@ -184,7 +181,7 @@ def host_numerics(host, reference: np.ndarray) -> Numerics:
 
 def open_device(device_id: int | None):
     """Open one device, or (None) every available device as a 1 x N mesh (hardware or simulator)."""
-    ttnn = _ttnn()
+    ttnn = ttnn_module()
     if device_id is None:
         return ttnn.open_mesh_device(ttnn.MeshShape(1, ttnn.GetNumAvailableDevices()))
     return ttnn.open_device(device_id=device_id)
@@ -200,7 +197,7 @@ def upload_array(array: np.ndarray, dtype: str, layout: str, kind: str, device):
     Hardware only."""
     import torch  # lazy: 1-2 s to import; only a real upload needs it
 
-    ttnn = _ttnn()
+    ttnn = ttnn_module()
     mapper, n = None, mesh_size(device)
     if n > 1:
         split = kind == "matmul" and array.shape[-1] % (TILE * n) == 0
@@ -212,7 +209,7 @@ def upload_array(array: np.ndarray, dtype: str, layout: str, kind: str, device):
 
 
 def close_device(device) -> None:
-    ttnn = _ttnn()
+    ttnn = ttnn_module()
     (ttnn.close_mesh_device if hasattr(device, "get_num_devices") else ttnn.close_device)(device)
 
 

@@ -21,7 +21,7 @@ class Target:
     transform: str
     kind: str                  # matmul | bias | norm | table | host
     device_dtype: str          # bfloat16 | bfloat8_b | bfloat4_b | float32 (host)
-    layout: str                # TILE | ROW_MAJOR | HOST
+    device_layout: str         # TILE | ROW_MAJOR | HOST (Plan.layout is the name of the whole target layout)
     shape: tuple[int, ...]     # logical shape of one target (one slot for embodiment banks)
     embodiment: bool = False   # stored as [bank_slots, *shape], one chunk per slot
     device_file: bool = False  # keep ttnn's .tensorbin of it too (packed dtypes always do)
@@ -34,7 +34,7 @@ class Target:
 
     @property
     def host(self) -> bool:
-        return self.layout == HOST
+        return self.device_layout == HOST
 
     @property
     def stored_dtype(self) -> str:

@@ -36,7 +36,7 @@ import numpy as np
 
 from tasks import kernels
 from tasks.bulk_write import aligned_empty, write_bytes_atomic
-from tasks.device import _ttnn, packed_bytes, padded_shape, pcc_from_sums, to_host_tensor  # ttnn itself stays lazy there
+from tasks.device import ttnn_module, packed_bytes, padded_shape, pcc_from_sums, to_host_tensor  # ttnn itself stays lazy there
 
 TILE, FACE = 32, 16
 _BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor
@@ -340,4 +340,4 @@ def host_tensor(array: np.ndarray, dtype: str, layout: str):
     with tempfile.NamedTemporaryFile(suffix=".tensorbin", dir=_SCRATCH) as fh:
         fh.write(memoryview(made[0]))
         fh.flush()
-        return _ttnn().load_tensor(fh.name)
+        return ttnn_module().load_tensor(fh.name)

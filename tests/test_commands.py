@@ -116,12 +116,12 @@ def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
         names = z.namelist()
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "gr00t_tt_configs/n16.toml" in names and "gr00t_tt_configs/tt/wormhole_N150.yaml" in names
-    assert {"pipeline/port_n16/build.py", "pipeline/cache/leases.py"} <= set(names)  # packages of their own
+    assert {"pipeline/port_n16/build.py", "pipeline/cache/leases.py", "tasks/entries/entry.py"} <= set(names)  # packages of their own
     assert "gr00t-tt = pipeline.__main__:run" in entry_points
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
-    probe = subprocess.run([sys.executable, "-c", "from pipeline.versions import VERSIONS, CONFIG_DIR; "
+    probe = subprocess.run([sys.executable, "-c", "from pipeline.versions import VERSIONS; from tasks.config_files import CONFIG_DIR; "
                             "from tasks.device import MOCK_DESCRIPTOR; print(VERSIONS, CONFIG_DIR, MOCK_DESCRIPTOR.is_file())"],
                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)})
     assert probe.stdout.startswith("('n15', 'n16', 'n17')") and str(site) in probe.stdout, probe.stderr[-1500:]
@@ -216,6 +216,24 @@ def test_the_processes_scheduler_prints_its_dashboard_on_stderr(hf_cache, tmp_pa
                 "--cache", str(tmp_path), "--scheduler", "processes")
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "dask dashboard: http://" in proc.stderr and "converted in" in proc.stdout  # (--json runs without one)
+
+
+def test_the_bench_plain_loop_makes_the_graphs_entry(snapshots, tmp_path):
+    """The Dask-overhead baseline runs the product's own stage functions: from an F32/BF16 fine-tune (reads that
+    round, as the graph's do), its entry holds the graph's chunks, byte for byte."""
+    from bench.children import CHILDREN
+    from pipeline.cache import entry_at
+    from pipeline.synth import fine_tune_form
+    from tasks.entries.manifest import Manifest
+
+    snapshot = fine_tune_form(snapshots["n16"], "n16", "mixed", tmp_path / "mixed")
+    CHILDREN["plain_loop"]({"version": "n16", "snapshot": str(snapshot), "cache": str(tmp_path / "loop"), "keep": True})
+    done = convert(ConvertOptions("n16", snapshot=snapshot, layout="generic", cache_root=tmp_path / "graph",
+                                  progress=False))
+    loop = Manifest.from_json(json.loads((tmp_path / "loop/entries/plain-loop-done/MANIFEST.json").read_text()))
+    graph = entry_at(Path(done["cache_path"])).manifest
+    assert loop.fingerprint == graph.fingerprint and len(graph.arrays) > 100
+    assert loop.arrays == graph.arrays  # every chunk's size and xxh3, every array's content id
 
 
 def test_a_bench_smoke_run_never_writes_over_the_committed_results():

@@ -103,7 +103,7 @@ def _target(dtype: str, min_pcc: float):
     from tasks.plan import Target
 
     return Target(name="t.weight", sources=("k.weight",), transform="identity", kind="matmul", device_dtype=dtype,
-                  layout="TILE", shape=(64, 64), device_file=True, min_pcc=min_pcc)
+                  device_layout="TILE", shape=(64, 64), device_file=True, min_pcc=min_pcc)
 
 
 def test_a_target_below_the_recipe_pcc_fails_naming_it():

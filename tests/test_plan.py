@@ -7,7 +7,7 @@ from tasks.plan import HOST, Target, work_units
 
 def _target(name: str, bank: bool = False, layout: str = "TILE") -> Target:
     return Target(name=name, sources=(name + ".src",), transform="slot" if bank else "transpose", kind="matmul",
-                  device_dtype="bfloat16", layout=layout, shape=(4, 4), embodiment=bank, bank_slots=32 if bank else 0)
+                  device_dtype="bfloat16", device_layout=layout, shape=(4, 4), embodiment=bank, bank_slots=32 if bank else 0)
 
 
 def test_a_bank_is_one_unit_of_work_per_selected_slot_and_everything_else_one():

@@ -278,15 +278,15 @@ def test_port_check_keeps_its_verdict(attn):
     """(Kept in the attn cache, so that the README's lines below find it there, as a user's second run would.)"""
     _, cache_dir = attn
     code = port_n16.PortCode.find(PORT)
-    verdict = port_n16.check_port(code, store_root=cache_dir)
+    verdict = port_n16.check_port(code, build_root=cache_dir)
     assert verdict["ok"] and verdict["revision"] == code.revision and verdict["device_files"] == 100
     kept = list((cache_dir / "port-checks").glob(f"{code.revision}-tt-n16-*.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text()) == verdict
     kept[0].write_text(json.dumps({**verdict, "seconds": -1}))  # the kept verdict is what a second call returns
-    assert port_n16.check_port(code, store_root=cache_dir)["seconds"] == -1
+    assert port_n16.check_port(code, build_root=cache_dir)["seconds"] == -1
     # A start that finds the verdict imports none of what making one takes (dask and its kin: 0.3 s of a 0.65 s start).
     probe = ("import sys; from pathlib import Path; from pipeline import port_n16; "
-             "port_n16.check_port(port_n16.PortCode.find(sys.argv[1]), store_root=Path(sys.argv[2])); "
+             "port_n16.check_port(port_n16.PortCode.find(sys.argv[1]), build_root=Path(sys.argv[2])); "
              "print(sorted(m for m in ('dask', 'pipeline.convert', 'pipeline.synth') if m in sys.modules))")
     run = subprocess.run([sys.executable, "-c", probe, str(PORT), str(cache_dir)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True)

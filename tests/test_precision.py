@@ -298,7 +298,7 @@ def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(disk_path
     monkeypatch.setattr(bulk_write, "DIRECT_MIN", 0 if direct else 1 << 40)
     read = source.read_weight(read_header(disk_path / "m.safetensors"), "embed_tokens.weight", host=True)
     target = Target(name="language.embed_tokens.weight", sources=("embed_tokens.weight",), transform="identity",
-                    kind="host", shape=(37, 96), device_dtype="float32", layout=HOST)
+                    kind="host", shape=(37, 96), device_dtype="float32", device_layout=HOST)
     (disk_path / "entry" / target.name).mkdir(parents=True)
     staged = stage_target(disk_path / "entry", convert_target(read, target))
     want = stored.to(torch.float32).numpy().tobytes()
@@ -325,7 +325,7 @@ def test_a_nan_in_a_streamed_host_table_is_named_by_its_flat_index(tmp_path):
 
     read = source.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
     target = Target(name="language.embed_tokens.weight", sources=("embed_tokens.weight",), transform="identity",
-                    kind="host", shape=(1500, 1000), device_dtype="float32", layout=HOST)
+                    kind="host", shape=(1500, 1000), device_dtype="float32", device_layout=HOST)
     (tmp_path / "entry" / target.name).mkdir(parents=True)
     with pytest.raises(CheckpointError, match=r"m.safetensors, key 'embed_tokens.weight': 2 NaN/Inf value\(s\) in "
                                               r"target 'language.embed_tokens.weight' \(first at flat index 1200000\)"):

@@ -82,7 +82,7 @@ def test_numpy_tensorbin_is_byte_identical_to_dump_tensor(case, dtype, packer):
 def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path(packer, tmp_path):
     bits = _bf16((96, 200))
     target = Target(name="w", sources=("k",), transform="identity", kind="matmul", device_dtype="bfloat8_b",
-                    layout="TILE", shape=bits.shape, device_file=True, min_pcc=0.999)
+                    device_layout="TILE", shape=bits.shape, device_file=True, min_pcc=0.999)
     ours = convert_target(bits.view(np.uint16), target)
     theirs = convert_target(bits.view(np.uint16), target, check_bf16=True)
     assert bytes(ours.packed) == bytes(theirs.packed)  # the ttnn path: from_torch, dump_tensor, to_torch numerics

@@ -33,7 +33,7 @@ __all__ = ["PortCode", "PortError", "PortModel", "TT_METAL_ENV", "build_model", 
            "differences", "port_config", "serving_layout", "shapes_of"]
 
 
-def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None, *,
+def build_model(cache_root=None, tt_metal: str | Path | None = None, device=None, *,
                 embodiments: str | int | None = None, entry: str | None = None, profile: str | None = None,
                 config=None, check: bool = True, threads: int = 4, synthetic: bool = False) -> PortModel:
     """The port's `Gr00tN16ModelTTNN` from a cache entry, on `device` (None: ttnn host tensors). Reads no
@@ -45,7 +45,7 @@ def build_model(cache_dir=None, tt_metal: str | Path | None = None, device=None,
     (SyntheticWeightsWarning) unless `synthetic=True`."""
     started = time.perf_counter()
     code = PortCode.find(tt_metal)
-    store = cache.cache_store(cache_dir)
+    store = cache.cache_store(cache_root)
     listed = list_model(code, store, entry=entry, profile=profile, embodiments=embodiments, config=config,
                         device=device, started=started)
     cache.warn_if_synthetic(listed.entry, synthetic)

@@ -60,7 +60,7 @@ def layouts_serving(requests: list[Request], source_shapes: Mapping[str, list[in
 def _serves(target, request: Request) -> bool:
     """Whether a planned target is the tensor a request asks for (a bank's target: one slot of it)."""
     return target is not None and target.shape == request.shape and target.device_dtype == request.dtype and \
-        target.layout == request.layout and target.embodiment == (request.slot is not None)
+        target.device_layout == request.layout and target.embodiment == (request.slot is not None)
 
 
 

@@ -28,11 +28,11 @@ def _verdict_path(root: Path, code: PortCode, layout: str) -> Path:
     return root / "port-checks" / f"{code.revision}-{layout}-{key}.json"
 
 
-def check_port(code: PortCode, layout: str | None = None, store_root: Path | None = None, device=None,
+def check_port(code: PortCode, layout: str | None = None, build_root: Path | None = None, device=None,
                force: bool = False, log=None) -> dict:
     """Build a small synthetic N1.6 both ways, with the port's own constructor and from an entry of `layout`
     (default: the first layout revision that serves this port), compare everything, and keep the verdict."""
-    root = store_root or cache.cache_root(None)
+    root = build_root or cache.cache_root(None)
     layout = layout or serving_layout(code)
     record = _verdict_path(root, code, layout)
     if record.is_file() and not force and device is None:
@@ -62,9 +62,9 @@ def check_port(code: PortCode, layout: str | None = None, store_root: Path | Non
     return verdict
 
 
-def require_passing(code: PortCode, layout: str, store_root: Path) -> None:
+def require_passing(code: PortCode, layout: str, build_root: Path) -> None:
     """Refuse a port revision whose (kept or fresh) verdict found a difference from the port's own constructor."""
-    verdict = check_port(code, layout, store_root=store_root)
+    verdict = check_port(code, layout, build_root=build_root)
     if not verdict["ok"]:
         raise PortError(f"{code.root} (port revision {code.revision}) failed its self-check against the port's "
                         f"own constructor: {verdict['differences'][0]}")

@@ -151,7 +151,7 @@ class Identity:
                "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout,
                "profile": plan.profile, "shards": dict(sorted(shard_sha.items())), "recipes_sha256": recipes_sha256,
                "slots": list(slots),
-               "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.layout]
+               "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.device_layout]
                            for t in plan.targets]}
         fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
         return cls(fingerprint=fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, source=dict(source),
@@ -266,7 +266,7 @@ def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
     return {"dtype": t.stored_dtype, "sources": list(t.sources),
             "source_dtypes": list(t.source_dtypes) or ["BF16"] * len(t.sources), "transform": t.transform,
             "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
-            "device_layout": t.layout, "host_only": t.host, "logical_shape": list(t.shape),
+            "device_layout": t.device_layout, "host_only": t.host, "logical_shape": list(t.shape),
             "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}
 
 
