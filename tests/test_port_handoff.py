@@ -22,7 +22,7 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.synth import synthesize
 from tasks.entries.manifest import checksum
 from tasks.entries.names import chunk_file, manifest_key
-from tasks.errors import CacheError, PipelineError
+from tasks.errors import CacheError, ConfigError, PipelineError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "consumers"
 PORT = SHARED / "tt-metal"
@@ -272,6 +272,17 @@ def test_the_config_at_the_published_dims_is_the_ports_default():
     default = code.attr("common.configs:Gr00tN16Config").default()
     assert port_n16.differences(port_n16.port_config(code, shapes), default) == []
     assert vars(port_n16.port_config(code, shapes).backbone.language) == vars(default.backbone.language)
+
+
+def test_a_config_field_is_data_a_dim_or_a_product_and_an_unknown_dim_is_named():
+    from pipeline.port_n16.trace import _field_value
+
+    dims = {"patch": 14, "vision_positions": 256, "dit_heads": 32, "dit_head_dim": 48}
+    assert _field_value("backbone.vision.image_size", ["patch", {"isqrt": "vision_positions"}], dims) == 224
+    assert _field_value("dit.num_attention_heads", "dit_heads", dims) == 32
+    assert _field_value("embodiment.action_hidden_dim", ["dit_heads", "dit_head_dim"], dims) == 1536
+    with pytest.raises(ConfigError, match=r"\[port.fields\] 'hidden_size': '__import__' is not a dim of N1.6"):
+        _field_value("hidden_size", "__import__", dims)
 
 
 def test_port_check_keeps_its_verdict(attn):

@@ -16,6 +16,7 @@ from typing import Iterator, Mapping
 
 from pipeline.port_n16.code import N16, PortCode, PortError
 from pipeline.state_dict import dims_of
+from tasks.errors import ConfigError
 
 
 def traced_class():
@@ -210,13 +211,25 @@ def port_config(code: PortCode, source_shapes: Mapping[str, list[int]]):
     spec = N16.port
     config = code.attr(str(spec["config"]))()
     dims = dict(dims_of(N16, {k: tuple(v) for k, v in source_shapes.items()}))
-    for path, expression in spec["fields"].items():
+    for path, factors in spec["fields"].items():
         *parents, leaf = path.split(".")
         owner = config
         for p in parents:
             owner = getattr(owner, p)
-        setattr(owner, leaf, int(eval(expression, {"__builtins__": {}, "isqrt": math.isqrt}, dims)))  # noqa: S307
+        setattr(owner, leaf, _field_value(path, factors, dims))
     return config
+
+
+def _field_value(path: str, factors: str | list, dims: Mapping[str, int]) -> int:
+    """One [port.fields] value: a dim, or the product of its factors (a dim, or `{isqrt = dim}`)."""
+    value = 1
+    for factor in factors if isinstance(factors, list) else [factors]:
+        name = factor.get("isqrt") if isinstance(factor, dict) else factor
+        if name not in dims:
+            raise ConfigError(f"configs/n16.toml [port.fields] {path!r}: {factor!r} is not a dim of N1.6 (one of "
+                              f"{', '.join(sorted(dims))})")
+        value *= math.isqrt(dims[name]) if isinstance(factor, dict) else dims[name]
+    return int(value)
 
 
 def _traced_loader(code: PortCode, source_shapes: Mapping[str, list[int]], banks: set[str]):
