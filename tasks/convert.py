@@ -19,6 +19,7 @@ import numpy as np
 from tasks import device, tensorbin
 from tasks.errors import CheckpointError
 from tasks.plan import HOST, Target
+from tasks.precision import bf16_bits
 from tasks.source import HostTable
 
 _EXPONENT = {2: np.uint16(0x7F80), 4: np.uint32(0x7F800000)}  # bf16's, float32's: all ones means Inf or NaN
@@ -81,7 +82,7 @@ def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin:
     """NaN/Inf in weights is a broken checkpoint (checked on the bits: bf16, or a host table's float32). `origin`
     names the shard file(s) the sources came from."""
     found = NonFinite()
-    found.add(0, array.reshape(-1).view(np.uint16 if array.dtype.itemsize == 2 else np.uint32))
+    found.add(0, array.reshape(-1).view(np.uint32) if array.dtype == np.float32 else bf16_bits(array, "the finite check").reshape(-1))
     found.check(name, sources, origin)
 
 

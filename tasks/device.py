@@ -20,6 +20,7 @@ from typing import MutableMapping
 import numpy as np
 
 from tasks.config_files import CONFIG_DIR
+from tasks.precision import widen_bf16
 
 MOCK_DESCRIPTOR = CONFIG_DIR / "tt" / "wormhole_N150.yaml"
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
@@ -78,11 +79,6 @@ def ttnn_module():
     import ttnn
 
     return ttnn
-
-
-def widen_bf16(array: np.ndarray) -> np.ndarray:
-    """bf16 (or its uint16 bits) -> float32, exactly."""
-    return (np.ascontiguousarray(array).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def to_host_tensor(array: np.ndarray, dtype: str, layout: str):

@@ -13,6 +13,11 @@ store F16). The consumer decides what a source becomes, so this module does what
 Any other dtype is refused by name before anything is read, and so is a value that the rounding would turn into
 ±Inf (finite in the file, infinite on the device). NaN and Inf already in the file are refused by the convert
 stage's finite check, as for BF16.
+
+This module is the rule's one room: `kept_as_stored` says which sources are the cache's bytes as they are,
+`convert_block` turns any other block into what the cache stores, and `bf16_bits` is what every later step
+(the finite check, the packers, ttnn) takes, refusing any array that is not bf16 rather than reading its bits as
+bf16. tasks/source.py only reads bytes and asks this module what they become.
 """
 
 from __future__ import annotations
@@ -40,6 +45,39 @@ def stored_dtype(host: bool) -> str:
     return F32 if host else BF16
 
 
+def kept_as_stored(source_dtype: str, host: bool) -> bool:
+    """Whether a source of this safetensors dtype is already what the cache stores: BF16 for a device weight, F32
+    for a host table. Such bytes are read straight into their target; every other source goes through
+    `convert_block`."""
+    return source_dtype == ("F32" if host else "BF16")
+
+
+def convert_block(block: np.ndarray, out: np.ndarray, host: bool, key: str, origin: object, first: int = 0) -> None:
+    """A block of source values as stored (numpy bfloat16, float16 or float32) into `out` as the cache stores them
+    (flat, as many values): a host table's float32 (`.to(torch.float32)`: widened exactly, or copied), a device
+    weight's bf16 bits (uint16; `.to(torch.bfloat16)`: rounded by `round_into`, or copied). `first`: the block's
+    flat index in its tensor, for a refusal's message."""
+    values = block.reshape(-1)
+    if host:
+        if values.dtype == ml_dtypes.bfloat16:
+            widen_bf16(values, out)
+        else:
+            out.view(np.float32)[:] = values  # F16 -> F32 is exact, F32 a copy
+    elif values.dtype == ml_dtypes.bfloat16:
+        out.view(np.uint16)[:] = values.view(np.uint16)
+    else:
+        round_into(values, out.view(np.uint16), key, origin, first)
+
+
+def bf16_bits(array: np.ndarray, what: str) -> np.ndarray:
+    """The uint16 bits of bf16 values (numpy bfloat16, or their bits already): what the finite check, the packers
+    and ttnn take. Any other dtype is a caller's mistake (a wider source is rounded when it is read), refused
+    rather than its bits read as bf16."""
+    if array.dtype not in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16)):
+        raise ValueError(f"{what} takes bf16 values (numpy bfloat16 or their uint16 bits), got {array.dtype}")
+    return np.ascontiguousarray(array).view(np.uint16)
+
+
 def _round_f32_bits(bits: np.ndarray) -> np.ndarray:
     """float32 bits -> bf16 bits, round to nearest even (c10's `round_to_nearest_even`; finite input)."""
     bias = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
@@ -53,7 +91,7 @@ def to_bf16(array: np.ndarray, key: str, origin: object) -> np.ndarray:
     if array.dtype == ml_dtypes.bfloat16:
         return array
     out = np.empty(array.shape, ml_dtypes.bfloat16)
-    round_into(array, out.reshape(-1).view(np.uint16), key, origin)
+    convert_block(array, out.reshape(-1), False, key, origin)
     return out
 
 
@@ -95,8 +133,11 @@ def _round_numpy(block: np.ndarray, out: np.ndarray, nan: int) -> int:
     return int(np.argmax(overflow)) if overflow.any() else -1
 
 
-def widen_bf16(bits: np.ndarray, out: np.ndarray) -> None:
-    """bf16 bits (uint16) as float32 bits into `out` (uint32, as many values), exactly as `.to(torch.float32)`:
-    bf16 is float32's top half, so a shift, not a conversion loop, and no temporary."""
-    np.copyto(out, bits)
-    np.left_shift(out, np.uint32(16), out=out)
+def widen_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """bf16 values (or their uint16 bits) as float32, exactly as `.to(torch.float32)`: bf16 is float32's top half,
+    so a shift, not a conversion loop; into `out` (float32 or uint32, as many values) with no temporary."""
+    bits = bf16_bits(values, "widen_bf16")
+    wide = (np.empty(bits.shape, np.float32) if out is None else out).view(np.uint32)
+    np.copyto(wide, bits.reshape(wide.shape))
+    np.left_shift(wide, np.uint32(16), out=wide)
+    return wide.view(np.float32)

@@ -166,56 +166,47 @@ class HostTable:
 
     def read_float32(self, first: int, out: np.ndarray) -> None:
         """Values [first, first + out.size) of the flat table as float32 into `out` (contiguous float32)."""
-        entry = self.header.entries[self.key]
-        wide = safetensors_file.NUMPY_DTYPES[entry.dtype]
-        fd = os.open(self.header.path, os.O_RDONLY)
-        try:
-            offset = self.header.data_start + entry.start + first * wide.itemsize
-            if wide == np.float32:  # straight into the output: no copy
-                safetensors_file.read_into(fd, offset, out, self.header.path)
-                return
-            stored = np.empty(out.size, wide)
-            safetensors_file.read_into(fd, offset, stored, self.header.path)
-            if wide.itemsize == 2 and stored.dtype == ml_dtypes.bfloat16:
-                precision.widen_bf16(stored.view(np.uint16), out.view(np.uint32))
-            else:
-                out[:] = stored
-        finally:
-            os.close(fd)
+        _read_as_stored(self.header, self.key, True, first, out)
 
 
 def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray | HostTable:
-    """A source tensor as its target is made from it: rounded to bf16 as the port's `.to(torch.bfloat16)` does,
-    or, for a host table (`host`), left in its file to be streamed into the entry at float32 (`HostTable`). The
-    graph's read task: the one place a source dtype becomes what is stored."""
+    """A source tensor as its target is made from it: bf16 as the port's `.to(torch.bfloat16)` makes it, or, for
+    a host table (`host`), left in its file to be streamed into the entry at float32 (`HostTable`). The graph's
+    read task; what each source dtype becomes is tasks/precision.py's rule."""
     if host:
         return HostTable(header, key)
-    if header.entries[key].dtype == "BF16":
-        return read_tensor(header, key)
-    return _read_rounded(header, key)
-
-
-_ROUND_BLOCK_BYTES = 4 << 20  # source bytes read per block while a wide tensor is rounded: in L2/L3 when rounded
-
-
-def _read_rounded(header: ShardHeader, key: str) -> np.ndarray:
-    """An F32/F16 tensor rounded to bf16 as it is read: block by block into one reused buffer, each block rounded
-    while it is still in cache. One pass over the source bytes, and the wide tensor is never whole in memory."""
     entry = header.entries[key]
-    wide = safetensors_file.NUMPY_DTYPES[entry.dtype]
+    if precision.kept_as_stored(entry.dtype, host=False):
+        return read_tensor(header, key)
     out = aligned_empty(entry.shape, ml_dtypes.bfloat16)  # page-aligned: staged without a bounce copy
-    bits, total = out.reshape(-1).view(np.uint16), out.size
-    per = max(1, _ROUND_BLOCK_BYTES // wide.itemsize)
-    buffer = aligned_empty((min(per, total),), wide)
+    _read_as_stored(header, key, False, 0, out.reshape(-1).view(np.uint16))
+    return out
+
+
+_CONVERT_BLOCK_BYTES = 4 << 20  # source bytes read per block of a source that is converted: in L2/L3 when converted
+
+
+def _read_as_stored(header: ShardHeader, key: str, host: bool, first: int, out: np.ndarray) -> None:
+    """Values [first, first + out.size) of `key` into `out` (flat) as the cache stores them: straight in when the
+    source's bytes are already that (precision.kept_as_stored), else block by block through one reused buffer,
+    each block converted (precision.convert_block) while it is still in cache: one pass over the source bytes,
+    and a wide tensor is never whole in memory."""
+    entry = header.entries[key]
+    source = safetensors_file.NUMPY_DTYPES[entry.dtype]
+    offset = header.data_start + entry.start + first * source.itemsize
     fd = os.open(header.path, os.O_RDONLY)
     try:
-        for lo in range(0, total, per):
-            block = buffer[:min(per, total - lo)]
-            safetensors_file.read_into(fd, header.data_start + entry.start + lo * wide.itemsize, block, header.path)
-            precision.round_into(block, bits[lo:lo + block.size], key, header.path, lo)
+        if precision.kept_as_stored(entry.dtype, host):
+            safetensors_file.read_into(fd, offset, out.view(source), header.path)
+            return
+        per = max(1, _CONVERT_BLOCK_BYTES // source.itemsize)
+        buffer = aligned_empty((min(per, out.size),), source)
+        for lo in range(0, out.size, per):
+            block = buffer[:min(per, out.size - lo)]
+            safetensors_file.read_into(fd, offset + lo * source.itemsize, block, header.path)
+            precision.convert_block(block, out[lo:lo + block.size], host, key, header.path, first + lo)
     finally:
         os.close(fd)
-    return out
 
 
 def read_weight_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:

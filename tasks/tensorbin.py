@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks import kernels
+from tasks.precision import bf16_bits
 from tasks.bulk_write import aligned_empty, write_bytes_atomic
 from tasks.device import ttnn_module, packed_bytes, padded_shape, pcc_from_sums, to_host_tensor  # ttnn itself stays lazy there
 
@@ -141,9 +142,7 @@ def pack(array: np.ndarray, dtype: str, out: np.ndarray | None = None) -> Packed
     bfloat8_b's read-back values are measured in the same pass, without a round trip through ttnn."""
     if dtype not in TILE_BYTES:
         raise ValueError(f"no numpy packer for {dtype}")
-    if array.dtype.itemsize != 2:  # wider sources are rounded to bf16 when read (tasks/precision.py), never here
-        raise ValueError(f"pack takes bf16 values, got {array.dtype}")
-    bits = np.ascontiguousarray(array).view(np.uint16)
+    bits = bf16_bits(array, "pack")  # a wider source is rounded when it is read, never here
     size = payload_size(bits.shape, dtype)
     out = np.empty(size, np.uint8) if out is None else out
     if out.dtype != np.uint8 or out.size < size:

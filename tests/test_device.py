@@ -118,3 +118,13 @@ def test_a_target_below_the_recipe_pcc_fails_naming_it():
     assert "below the recipe's 0.99999" in str(err.value)
     ok = convert_target(x, _target("bfloat8_b", 0.999))
     assert 0.999 <= ok.pcc < 0.99999
+
+
+@pytest.mark.parametrize("wrong", [np.float16, np.int16, np.float64])
+def test_a_target_that_is_not_bf16_is_refused_not_read_as_bf16(wrong):
+    """A wider source is rounded when it is read (tasks/precision.py); the convert stage never reinterprets bits."""
+    from tasks.convert import convert_target
+
+    for dtype in ("bfloat16", "bfloat8_b"):
+        with pytest.raises(ValueError, match=rf"takes bf16 values .*, got {np.dtype(wrong)}"):
+            convert_target(np.zeros((64, 64), wrong), _target(dtype, 0.999))

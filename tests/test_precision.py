@@ -164,8 +164,9 @@ def test_short_output_buffers_are_refused_and_exact_ones_give_the_numpy_packers_
 @pytest.mark.parametrize("kernels_on", ["1", "0"], ids=["C", "numpy"])
 def test_the_packer_refuses_wide_values_and_short_buffers_in_both_paths(kernels_on, monkeypatch):
     monkeypatch.setenv("GR00T_TT_KERNELS", kernels_on)
-    with pytest.raises(ValueError, match="pack takes bf16 values, got float32"):
-        tensorbin.pack(np.zeros((33, 65), np.float32), "bfloat8_b")
+    for wrong in (np.float32, np.float16, np.int16):  # 2-byte values that are not bf16 are refused too, not read as it
+        with pytest.raises(ValueError, match=rf"pack takes bf16 values .*, got {np.dtype(wrong)}"):
+            tensorbin.pack(np.zeros((33, 65), wrong), "bfloat8_b")
     with pytest.raises(ValueError, match="pack needs a uint8 buffer of"):
         tensorbin.pack(_bits((33, 65)), "bfloat16", np.zeros(100, np.uint8))
 

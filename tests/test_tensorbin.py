@@ -15,7 +15,7 @@ import ttnn
 
 from tasks import kernels, tensorbin
 from tasks.convert import convert_target
-from tasks.device import widen_bf16
+from tasks.precision import widen_bf16
 from tasks.plan import Target
 
 RNG = np.random.default_rng(7)
@@ -103,10 +103,10 @@ def test_checked_headers_are_kept_per_install_and_a_damaged_record_is_checked_ag
     first = tensorbin._Headers().get(2, "bfloat8_b")  # a new process: checked against ttnn, then kept
     assert first is not None
     (record,) = tmp_path.glob("_ttnn-headers-*.json")
-    monkeypatch.setattr(tensorbin, "_ttnn", lambda: pytest.fail("ttnn was asked again for a header already kept"))
+    monkeypatch.setattr(tensorbin, "ttnn_module", lambda: pytest.fail("ttnn was asked again for a header already kept"))
     assert tensorbin._Headers().get(2, "bfloat8_b") == first
     record.write_text("{half a reco")
-    monkeypatch.setattr(tensorbin, "_ttnn", lambda: ttnn)
+    monkeypatch.setattr(tensorbin, "ttnn_module", lambda: ttnn)
     assert tensorbin._Headers().get(2, "bfloat8_b") == first  # checked again, and kept again
     assert json.loads(record.read_text())["2:bfloat8_b"][0] == first[0].hex()
 
