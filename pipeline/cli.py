@@ -273,10 +273,10 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _slots(slots) -> str:
+def _slots(slots, bank_slots: int) -> str:
     if not slots:
         return "-"
-    return "all 32" if slots == list(range(32)) else ",".join(map(str, slots))
+    return f"all {bank_slots}" if slots == list(range(bank_slots)) else ",".join(map(str, slots))
 
 
 def cmd_cache(a: argparse.Namespace) -> dict:
@@ -311,7 +311,7 @@ def cmd_cache(a: argparse.Namespace) -> dict:
                      if r.get("trained_for") else "")
                 age = _age(r["age_s"]) if r["age_s"] is not None else "-"
                 print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
-                      f"{_slots(r['slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
+                      f"{_slots(r['slots'], r['bank_slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
                       f"{_size(r['unique_bytes']):>10} {age:>7}  {tail}")
             print(f"{len(rows)} entries, {_size(totals['disk_bytes'])} on disk (shared bytes counted once); "
                   "'own' is what removing the entry frees")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline import cache
+from pipeline.embodiments import Embodiments
 from pipeline.folder import Folder, read_folder
 from pipeline.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.load import load
@@ -39,7 +40,7 @@ class ConvertOptions:
     version: str | None  # None: found from the checkpoint's keys (with --snapshot or --model)
     _: KW_ONLY
     profile: str | None = None  # default: the layout's (recipes.toml [layouts.<layout>] default_profile)
-    embodiments: str = "all"
+    embodiments: Embodiments | str | int = "all"  # parsed once, here: an Embodiments from then on
     scheduler: str = "threads"
     snapshot: Path | None = None
     hf_cache: Path | None = None
@@ -55,6 +56,10 @@ class ConvertOptions:
     revision: str | None = None  # the release's revision to read (default: the pinned one)
     synthetic: str | None = None  # a scale: convert the project's synthetic stand-in instead of the release
     model: str | None = None  # a hub repo id (a fine-tune's own repo): resolved through huggingface_hub
+
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "embodiments", Embodiments.parse(self.embodiments))
 
 
 def peak_rss_bytes() -> int:

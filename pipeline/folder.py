@@ -24,13 +24,13 @@ from typing import Mapping
 
 import yaml
 
+from pipeline.embodiments import Embodiments
 from pipeline.state_dict import scale_of, tensor_specs
 from pipeline.versions import VERSIONS, VersionConfig, load_config
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
 from tasks.errors import CheckpointError, ConfigError
 from tasks.precision import check_dtype
 
-TRAINED = "trained"  # --embodiments trained: the slots of the tags the fine-tune was trained for
 EXPERIMENT_CFG = "experiment_cfg"
 N15_METADATA = f"{EXPERIMENT_CFG}/metadata.json"
 ISAAC_CONFIGS = (f"{EXPERIMENT_CFG}/conf.yaml", f"{EXPERIMENT_CFG}/config.yaml")
@@ -68,17 +68,18 @@ class Folder:
     def config(self) -> VersionConfig:
         return load_config(self.version)
 
-    def slots(self, embodiments: str) -> tuple[int, ...]:
-        """`--embodiments` (all, tags, slot ids, `trained`) as slot ids of this checkpoint's banks."""
-        cfg, items = self.config, [s.strip() for s in embodiments.split(",")]
-        if TRAINED in items:
-            if self.trained is None:
-                raise ConfigError(f"--embodiments trained: {self.checkpoint.dir} records no trained embodiment (looked "
-                                  f"for {', '.join(_trained_places(self.checkpoint.dir))}); pass tags or slot ids")
-            items = [t for item in items for t in (self.trained.value if item == TRAINED else [item])]
-        bank = cfg.embodiment_keys[0]
-        bank_slots = self.checkpoint.shape(bank)[0] if bank in self.checkpoint else None
-        return cfg.slot_ids(",".join(items), bank_slots, self.embodiment_ids.value, self.embodiment_ids.source)
+    @property
+    def bank_slots(self) -> int | None:
+        """How many slots this checkpoint's embodiment banks have (None: it holds no bank)."""
+        bank = self.config.embodiment_keys[0]
+        return self.checkpoint.shape(bank)[0] if bank in self.checkpoint else None
+
+    def slots(self, embodiments: Embodiments) -> tuple[int, ...]:
+        """The selection (every slot, tags, slot ids, `trained`) as slot ids of this checkpoint's banks."""
+        missing = (f"--embodiments trained: {self.checkpoint.dir} records no trained embodiment (looked for "
+                   f"{', '.join(_trained_places(self.checkpoint.dir))}); pass tags or slot ids")
+        chosen = embodiments.with_trained(self.trained.value if self.trained else None, missing)
+        return chosen.slots(self.config, self.bank_slots, self.embodiment_ids.value, self.embodiment_ids.source)
 
     def source_record(self) -> dict:
         """What the entry's `source` records of the folder (recorded, not hashed)."""

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import cache
+from pipeline.embodiments import Embodiments
 from pipeline.recipe import layout_and_profile
-from pipeline.versions import VersionConfig, load_config
+from pipeline.versions import load_config
 from tasks.entries import reload
 from tasks.errors import CacheError, ConfigError
 from tasks.entries.store import Store
@@ -75,7 +76,7 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     cfg = load_config(version)
     resolved_layout, resolved_profile = layout_and_profile(cfg, layout, profile)
     wanted = cache.Wanted(version=version, layout=resolved_layout, profile=resolved_profile,
-                          slot=_slot(cfg, embodiment), entry=entry, revision=revision, source=source)
+                          slot=Embodiments.parse(embodiment).one(cfg, "load"), entry=entry, revision=revision, source=source)
     opened = cache.choose_entry(cache.cache_store(cache_root), wanted)
     cache.warn_if_synthetic(opened, synthetic)
     for what, asked, held in (("layout", layout, opened.manifest.layout), ("profile", profile, opened.manifest.profile)):
@@ -94,15 +95,6 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
                   layout=opened.manifest.layout,
                   banks=tuple(n for n in tensors if wanted.slot is None and opened.manifest.arrays[n].bank),
                   source=dict(opened.manifest.source))
-
-
-def _slot(cfg: VersionConfig, embodiment: str | int | None) -> int | None:
-    if embodiment is None or str(embodiment).strip() == "all":
-        return None
-    ids = cfg.slot_ids(str(embodiment))
-    if len(ids) != 1:
-        raise ConfigError(f"load takes one embodiment (a tag or slot id) or all, not {embodiment!r}: slots {list(ids)}")
-    return ids[0]
 
 
 def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool) -> tuple[dict, int]:

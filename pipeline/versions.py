@@ -68,37 +68,6 @@ class VersionConfig:
     def num_slots(self) -> int:
         return int(self.dims["embodiments"])
 
-    def slot_ids(self, selection: str | None, bank_slots: int | None = None, table: Mapping[str, int] | None = None,
-                 table_source: str | None = None) -> tuple[int, ...]:
-        """Parse `all`, or a comma list of tags and/or ids, into sorted unique slot ids. `bank_slots`: how many
-        slots the checkpoint's banks have (a synthetic `attn` one has 2); `all` means every one of them. `table`:
-        the tag -> slot map to use (a checkpoint's own, read from `table_source`), else the built-in one."""
-        n = bank_slots or self.num_slots
-        table = self.embodiment_ids if table is None else table
-        if selection is None or selection.strip() == "all":
-            return tuple(range(n))
-        if not selection.strip():
-            raise ConfigError("no embodiment selected (an empty list): pass 'all', tags or slot ids")
-        ids: set[int] = set()
-        for item in (s.strip() for s in selection.split(",")):
-            if item.isdigit():
-                slot = int(item)
-            elif item in table:
-                slot = table[item]
-            else:
-                known = ", ".join(sorted(table))
-                raise ConfigError(f"unknown embodiment tag {item!r} for {self.version} "
-                                  f"({table_source or f'configs/{self.version}.toml'} knows: {known}); pass a tag or a "
-                                  f"slot id 0..{n - 1}")
-            if not 0 <= slot < n:
-                which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot})"
-                raise ConfigError(f"embodiment {which} is out of range for this {self.version} checkpoint: its banks "
-                                  f"have slots 0..{n - 1}")
-            ids.add(slot)
-        if not ids:
-            raise ConfigError("no embodiment selected: pass 'all', tags or slot ids")
-        return tuple(sorted(ids))
-
 
 VERSIONS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("n*.toml")))
 SCALES = ("full", "tiny", "attn")

@@ -63,6 +63,7 @@ def test_cache_ls_is_a_table_with_layout_slots_source_and_refs(two_entries):
     assert lines[-1].startswith("2 entries, ")
     rows = json.loads(_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]
     assert {r["entry"]: r["refs"] for r in rows} == {old: [], current: ["n17-tt-port-port.synthetic"]}
+    assert {r["entry"]: (r["slots"], r["bank_slots"]) for r in rows} == {old: ([10], 32), current: ([0], 32)}
 
 
 def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries, hf_cache):

@@ -23,6 +23,7 @@ import zarr
 from diffusers.models.attention import BasicTransformerBlock
 
 from pipeline.convert import ConvertOptions, convert
+from pipeline.embodiments import Embodiments
 from pipeline.load import load
 from pipeline.recipe import build_plan
 from pipeline.snapshot import resolve_snapshot
@@ -276,8 +277,8 @@ def test_the_hidden_traps_hold_in_the_default_layout(version):
         assert not future.embodiment and future.shape == (1, 32, 1536)
     if version == "n17":  # its tags are its own: N1.6's gr1 (slot 24 there) is no N1.7 tag
         with pytest.raises(ConfigError, match="unknown embodiment tag 'gr1' for n17"):
-            cfg.slot_ids("gr1")
-        assert cfg.slot_ids("oxe_droid_relative_eef_relative_joint") == (24,)
+            Embodiments.parse("gr1").slots(cfg)
+        assert Embodiments.parse("oxe_droid_relative_eef_relative_joint").slots(cfg) == (24,)
 
 
 def _full_shapes(version: str) -> dict[str, tuple[int, ...]]:

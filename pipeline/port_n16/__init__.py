@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from pipeline import cache
+from pipeline.embodiments import Embodiments
 from pipeline.port_n16.build import PortModel, list_model, load_model
 from pipeline.port_n16.code import TT_METAL_ENV, PortCode, PortError
 from pipeline.port_n16.compare import build_with_port, differences
@@ -34,7 +35,7 @@ __all__ = ["PortCode", "PortError", "PortModel", "TT_METAL_ENV", "build_model", 
 
 
 def build_model(cache_root=None, tt_metal: str | Path | None = None, device=None, *,
-                embodiments: str | int | None = None, entry: str | None = None, profile: str | None = None,
+                embodiments: Embodiments | str | int | None = None, entry: str | None = None, profile: str | None = None,
                 config=None, check: bool = True, threads: int = 4, synthetic: bool = False) -> PortModel:
     """The port's `Gr00tN16ModelTTNN` from a cache entry, on `device` (None: ttnn host tensors). Reads no
     safetensors and calls `from_torch` on no weight: every device tensor is ttnn's `load_tensor` of the entry's
@@ -44,6 +45,7 @@ def build_model(cache_root=None, tt_metal: str | Path | None = None, device=None
     this port revision to the port's own constructor once first (`check_port`). A synthetic entry warns
     (SyntheticWeightsWarning) unless `synthetic=True`."""
     started = time.perf_counter()
+    embodiments = Embodiments.parse(embodiments)  # once, here: a wrong tag is said before anything is read
     code = PortCode.find(tt_metal)
     store = cache.cache_store(cache_root)
     listed = list_model(code, store, entry=entry, profile=profile, embodiments=embodiments, config=config,

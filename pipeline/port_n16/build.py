@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline import cache
+from pipeline.embodiments import Embodiments
 from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
 from pipeline.port_n16.kept import NotKept, keep, kept_path, restore
 from pipeline.port_n16.match import first_unserved, layouts_serving, match_targets
@@ -45,18 +46,6 @@ class PortModel:
     layout: str
     slots: tuple[int, ...]
     stats: dict
-
-
-def _wanted_slots(entry: Entry, embodiments: str | int | None) -> tuple[int, ...]:
-    held = sorted({s for a in entry.manifest.arrays.values() if a.bank for s in a.chunks})
-    if embodiments is None or str(embodiments).strip() == "all":
-        return tuple(held)
-    wanted = N16.slot_ids(str(embodiments))
-    missing = [s for s in wanted if s not in held]
-    if missing:
-        raise CacheError(f"{entry.describe()}: embodiment slot(s) {missing} were not converted into this entry (it "
-                         f"holds {held}); convert with --embodiments {','.join(map(str, wanted))} or all")
-    return tuple(wanted)
 
 
 
@@ -134,19 +123,21 @@ class Listed:
 
 
 def list_model(code: PortCode, store, *, entry: str | None = None, profile: str | None = None,
-               embodiments: str | int | None = None, config=None, device=None, started: float | None = None) -> Listed:
+               embodiments: Embodiments | str | int | None = None, config=None, device=None, started: float | None = None) -> Listed:
     """Choose the entry and run the port's constructors on traced weights over it (see `build_model`)."""
     started = time.perf_counter() if started is None else started
-    asked = None if embodiments is None or str(embodiments).strip() == "all" else N16.slot_ids(str(embodiments))
+    chosen = Embodiments.parse(embodiments)
+    asked = None if chosen.every else chosen.slots(N16)
     opened, listing, model, traced, how = _serving_entry(code, store, entry, profile or "port", asked, config, device)
     return Listed(code=code, entry=opened, listing=listing, model=model, traced=traced, started=started, how=how)
 
 
-def load_model(listed: Listed, *, embodiments: str | int | None = None, device=None, threads: int = 4) -> PortModel:
+def load_model(listed: Listed, *, embodiments: Embodiments | str | int | None = None, device=None, threads: int = 4) -> PortModel:
     """The second half: match what the port asked for to the entry's targets, load those files and the host
     tables (every byte checked), and put them in place of the placeholders."""
     code, opened, listing = listed.code, listed.entry, listed.listing
-    slots = _wanted_slots(opened, embodiments)
+    held = sorted({s for a in opened.manifest.arrays.values() if a.bank for s in a.chunks})
+    slots = Embodiments.parse(embodiments).among(N16, held, opened.describe())
     targets = match_targets(listing.requests, opened, code)
     t_listed = time.perf_counter()
     needed = sorted({(targets[r.sources], r.slot) for r in listing.requests if r.slot is None or r.slot in slots},

@@ -205,6 +205,11 @@ class Manifest(Identity):
         """Converted from the project's synthetic stand-in, not a GR00T release."""
         return bool(self.synthetic or self.source.get("synthetic"))
 
+    @property
+    def bank_slots(self) -> int:
+        """How many slots the source's embodiment banks have (0: the entry has no bank)."""
+        return next((arr.shape[0] for arr in self.arrays.values() if arr.bank), 0)
+
     def holds_slot(self, slot: int | None) -> bool:
         """Whether every bank has this slot (None: every slot of every bank)."""
         for arr in self.arrays.values():

@@ -1,0 +1,93 @@
+"""Which embodiment slots a command is about, parsed once where the user's words come in (`--embodiments`,
+`ConvertOptions`, `load(embodiment=)`, `build_model(embodiments=)`) and handed on as a typed value: every slot,
+or the items named (tags, slot ids, and for a fine-tune `trained`), resolved into slot ids against a
+checkpoint's own tag table and bank size only where those are known."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from pipeline.versions import VersionConfig
+from tasks.errors import CacheError, ConfigError
+
+EVERY = "all"
+TRAINED = "trained"  # --embodiments trained: the slots of the tags the fine-tune was trained for
+
+
+@dataclass(frozen=True)
+class Embodiments:
+    items: tuple[str, ...] = ()  # as written; () means every slot
+
+    @classmethod
+    def parse(cls, value: "str | int | Embodiments | None") -> "Embodiments":
+        """`all` or None (every slot), a tag or slot id, or a comma list of them."""
+        if isinstance(value, Embodiments):
+            return value
+        text = EVERY if value is None else str(value).strip()
+        if text == EVERY:
+            return cls()
+        if not text:
+            raise ConfigError("no embodiment selected (an empty list): pass 'all', tags or slot ids")
+        return cls(tuple(item.strip() for item in text.split(",")))
+
+    @property
+    def every(self) -> bool:
+        return not self.items
+
+    def __str__(self) -> str:
+        return ",".join(self.items) if self.items else EVERY
+
+    def with_trained(self, trained: Sequence[str] | None, missing: str) -> "Embodiments":
+        """`trained` replaced by the tags the fine-tune records (`missing`: what to say when it records none)."""
+        if TRAINED not in self.items:
+            return self
+        if not trained:
+            raise ConfigError(missing)
+        return Embodiments(tuple(t for item in self.items for t in (trained if item == TRAINED else [item])))
+
+    def slots(self, cfg: VersionConfig, bank_slots: int | None = None, table: Mapping[str, int] | None = None,
+              table_source: str | None = None) -> tuple[int, ...]:
+        """Sorted unique slot ids. `bank_slots`: how many slots the checkpoint's banks have (a synthetic `attn`
+        one has 2; default the version's); every slot means each of them. `table`: the tag -> slot map to use (a
+        checkpoint's own, read from `table_source`), else the built-in one."""
+        n = bank_slots or cfg.num_slots
+        if self.every:
+            return tuple(range(n))
+        table = cfg.embodiment_ids if table is None else table
+        ids: set[int] = set()
+        for item in self.items:
+            if item.isdigit():
+                slot = int(item)
+            elif item in table:
+                slot = table[item]
+            else:
+                raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} "
+                                  f"({table_source or f'configs/{cfg.version}.toml'} knows: {', '.join(sorted(table))}); "
+                                  f"pass a tag or a slot id 0..{n - 1}")
+            if not 0 <= slot < n:
+                which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot})"
+                raise ConfigError(f"embodiment {which} is out of range for this {cfg.version} checkpoint: its banks "
+                                  f"have slots 0..{n - 1}")
+            ids.add(slot)
+        return tuple(sorted(ids))
+
+    def one(self, cfg: VersionConfig, what: str) -> int | None:
+        """One slot id, or None for every slot: for a reader that takes one embodiment or all (`what` says which)."""
+        if self.every:
+            return None
+        ids = self.slots(cfg)
+        if len(ids) != 1:
+            raise ConfigError(f"{what} takes one embodiment (a tag or slot id) or all, not {str(self)!r}: slots {list(ids)}")
+        return ids[0]
+
+    def among(self, cfg: VersionConfig, held: Sequence[int], holder: str) -> tuple[int, ...]:
+        """The slots asked for, each of which `holder` (an entry) must hold; every slot means those it holds."""
+        if self.every:
+            return tuple(held)
+        wanted = self.slots(cfg)
+        missing = [s for s in wanted if s not in held]
+        if missing:
+            raise CacheError(f"{holder}: embodiment slot(s) {missing} were not converted into this entry (it holds "
+                             f"{list(held)}); convert with --embodiments {','.join(map(str, wanted))} or all")
+        return wanted
