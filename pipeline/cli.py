@@ -1,32 +1,32 @@
-"""`python -m pipeline <command>`: synth, inspect, convert, graph, load, cache, demo.
+"""`python -m pipeline <command>`: synth, inspect, convert, graph, load, cache, port-check, demo.
 
-Every command exits 0 on success and 2 with one sentence on stderr for a known error (a `PipelineError`).
+The command line only: each command's options (one function per command builds its parser), the call into the
+module that does the work, and its output, as text (pipeline/printing.py) or as one JSON object. Every command
+exits 0 on success and 2 with one sentence on stderr for a known error (a `PipelineError`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import importlib.metadata
 import json
 import os
-import shutil
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from pipeline import cache
 from pipeline.convert import ConvertOptions, convert, writable_folder
-from pipeline.state_dict import straddling_unit
+from pipeline.demo import run_demo
+from pipeline.devices import opened_device
+from pipeline.inspection import inspect_report
 from pipeline.load import load
+from pipeline.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
 from pipeline.render import write_graph
-from pipeline.snapshot import default_hf_cache, resolve_snapshot, synthetic_hf_cache
-from pipeline.synth import FORMS, ISAAC_FORMS, fine_tune_form, synthesize
-from pipeline.versions import SCALES, VERSIONS, load_config
-from tasks import device as tt
-from pipeline.folder import read_folder
+from pipeline.snapshot import default_hf_cache, synthetic_hf_cache
+from pipeline.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
+from pipeline.versions import SCALES, VERSIONS
 from tasks.errors import CacheError, PipelineError
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
@@ -42,82 +42,23 @@ def _package_version() -> str:
         return "unknown (not installed)"
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
 def cmd_synth(a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     hf = Path(a.hf_cache) if a.hf_cache else synthetic_hf_cache(a.cache)
     writable_folder(hf, "HF cache")
-    before = set(hf.iterdir())
-    try:
-        snap = synthesize(a.version, hf, a.scale, a.seed)
-    except OSError as e:
-        for made in set(hf.iterdir()) - before:  # nothing half-written: the repo folders this run began go
-            shutil.rmtree(made, ignore_errors=True)
-        reason = "no space left on the device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror
-        raise PipelineError(f"{e.filename or hf}: {reason} while synthesizing {a.version} ({a.scale}); nothing was "
-                            "kept — free space or pass --hf-cache DIR on a larger disk") from None
+    snap = synthesize_or_nothing(a.version, hf, a.scale, a.seed)
     if a.form is not None:
-        return _synth_form(a, snap, t0)
+        made = new_fine_tune_form(snap, a.version, a.form, Path(a.out or f"build/fine-tunes/{a.version}-{a.form}"), a.seed)
+        if not a.json:
+            print(f"wrote a SYNTHETIC {a.version} fine-tune, {a.form} form, to {made}\n"
+                  f"  convert it with: python -m pipeline convert --snapshot {made} --embodiments "
+                  f"{'trained' if a.form in ISAAC_FORMS + ('lerobot',) else 'new_embodiment'}")
+        return {"snapshot": str(made), "form": a.form, "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
     if not a.json:
         print(f"wrote a SYNTHETIC {a.version} ({a.scale} scale, seed {a.seed}) to {snap}\n"
               f"  convert it with: python -m pipeline convert --version {a.version} --synthetic {a.scale}"
               f"{f' --hf-cache {a.hf_cache}' if a.hf_cache else ''}{f' --cache {a.cache}' if a.cache else ''}")
     return {"snapshot": str(snap), "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def _synth_form(a: argparse.Namespace, snap: Path, t0: float) -> dict:
-    """`synth --form F --out DIR`: the synthetic snapshot rewritten as a fine-tune of that form, into a new folder."""
-    out = Path(a.out or f"build/fine-tunes/{a.version}-{a.form}")
-    if out.exists() and any(out.iterdir()):
-        raise PipelineError(f"{out}: already exists and is not empty; pass --out with a new folder (nothing is "
-                            "overwritten)")
-    try:
-        made = fine_tune_form(snap, a.version, a.form, out, a.seed)
-    except ValueError as e:  # a form this version's trainer never writes
-        shutil.rmtree(out, ignore_errors=True)
-        raise PipelineError(f"synth --form {a.form}: {e}") from None
-    except OSError as e:
-        shutil.rmtree(out, ignore_errors=True)
-        raise PipelineError(f"{e.filename or out}: {e.strerror} while writing the {a.form} form; nothing was kept") from None
-    if not a.json:
-        print(f"wrote a SYNTHETIC {a.version} fine-tune, {a.form} form, to {made}\n"
-              f"  convert it with: python -m pipeline convert --snapshot {made} --embodiments "
-              f"{'trained' if a.form in ISAAC_FORMS + ('lerobot',) else 'new_embodiment'}")
-    return {"snapshot": str(made), "form": a.form, "synthetic": True, "seconds": round(time.perf_counter() - t0, 3)}
-
-
-def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,
-                   synthetic: str | None = None, model: str | None = None) -> dict:
-    cfg = load_config(version)
-    folder = read_folder(resolve_snapshot(cfg, snapshot, hf_cache, revision, synthetic, model), version)
-    with folder.checkpoint as ck:
-        unit = straddling_unit(version)
-        straddle = {s: [k[len(unit) + 1:] for k in ck.keys_with_prefix(unit + ".") if ck.shard_of(k) == s]
-                    for s in ck.shards_for_prefix(unit + ".")}
-        return {"version": version, "snapshot": str(ck.dir), "synthetic": ck.synthetic, "tensors": len(ck), "total_bytes": ck.total_bytes,
-                "index_total_size": ck.metadata.get("total_size"), "shards": ck.byte_accounting(),
-                "straddling_unit": unit, "straddle": straddle,
-                "embodiment_tensors": {k: list(ck.shape(k)) for k in cfg.embodiment_keys},
-                "embodiment_tags": dict(folder.embodiment_ids.value), "embodiment_map": folder.embodiment_ids.source}
-
-
-def print_inspect(r: dict) -> None:
-    print(f"{r['version']}: {r['tensors']} tensors, {_mb(r['total_bytes'])} of data in {len(r['shards'])} shards\n  {r['snapshot']}")
-    if r["synthetic"]:
-        print(f"  SYNTHETIC: {r['synthetic']}")
-    print(f"\n  {'shard':36} {'header B':>10} {'tensors':>8} {'data B':>15} {'file B':>15}")
-    for name, s in r["shards"].items():
-        print(f"  {name:36} {s['header_bytes']:>10,} {s['tensors']:>8} {s['data_bytes']:>15,} {s['file_size']:>15,}")
-    print(f"\n  straddling unit {r['straddling_unit']}:")
-    for shard, keys in r["straddle"].items():
-        print(f"    {shard}: {', '.join(keys)}")
-    print("\n  embodiment tensors (slot = leading dim, used as x @ W[e] + b[e]):")
-    for k, shape in r["embodiment_tensors"].items():
-        print(f"    {k:48} {shape}")
-    print("  tags: " + ", ".join(f"{t}={i}" for t, i in r["embodiment_tags"].items()))
 
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
@@ -133,78 +74,6 @@ def _convert_options(a: argparse.Namespace, device=None):
                           snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache, force=a.force,
                           progress=not a.json, check_against_cache=a.check_against_cache, device=device,
                           layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model)
-
-
-@contextlib.contextmanager
-def opened_device(choice: str):
-    """`none`: host only; `auto`: every device present (a mesh; silicon or a simulator), else host only, saying
-    which on stderr; an id: that device or an error. The device is closed on every exit path."""
-    if choice == "auto":
-        print(f"--device auto: {tt.describe_devices() if tt.device_present() else 'no device: host only'}",
-              file=sys.stderr)
-    if choice == "none" or (choice == "auto" and not tt.device_present()):
-        yield None
-        return
-    if not tt.device_present():
-        raise PipelineError(f"--device {choice}: no Tenstorrent device on this machine (/dev/tenstorrent is absent "
-                            f"and {tt.SIMULATOR_ENV} is not set); use --device none or auto")
-    if choice != "auto" and not choice.isdigit():
-        raise PipelineError(f"--device {choice!r} is not none, auto or a device id (0, 1, ...)")
-    try:
-        dev = tt.open_device(None if choice == "auto" else int(choice))
-    except RuntimeError as e:  # tt-metal's TT_THROW: the first line after "info:" is its reason
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        reason = lines[lines.index("info:") + 1] if "info:" in lines[:-1] else lines[0] if lines else "unknown error"
-        raise PipelineError(f"--device {choice}: the Tenstorrent device could not be opened ({reason[:200]}); check "
-                            "the driver (tt-smi) or the simulator set-up, or use --device none") from None
-    try:
-        print(f"--device {choice}: opened {tt.describe_opened(dev)}", file=sys.stderr)
-        yield dev
-    finally:
-        tt.close_device(dev)
-
-
-def print_convert(s: dict) -> None:
-    done = ("checked: the cached entry equals a fresh conversion, " + f"{s['arrays_compared']} arrays compared,"
-            if s.get("checked_against_fresh_conversion") else
-            "cache hit, nothing converted" if s["cache_hit"] else "converted")
-    found = " (found from its keys)" if s.get("version_found") else ""
-    print(f"\n{s['version']}{found} ({s['layout']}, {s['profile']}): {done} in {s['seconds']:.2f} s")
-    src = s.get("source", {})
-    print(f"  source        {src.get('model') or src.get('snapshot')} (revision {src.get('revision') or 'unknown'})")
-    if src.get("synthetic"):
-        print(f"  SYNTHETIC     {src['synthetic']}")
-    if src.get("key_prefix"):
-        print(f"  key prefix    {src['key_prefix']!r} stripped from every key")
-    for key, twin in (src.get("tied") or {}).items():
-        print(f"  tied          {key} read from {twin} (the checkpoint dropped it; tied by {src.get('tied_by')})")
-    if src.get("trained_embodiments"):
-        print(f"  trained for   {', '.join(src['trained_embodiments'])} ({src.get('trained_from')})")
-    if src.get("embodiment_map"):
-        print(f"  embodiments   tags mapped by {src['embodiment_map']}: slots {', '.join(map(str, s['slots']))}")
-    for note in s.get("notes", []):
-        print(f"  note          {note}")
-    print(f"  cache entry   {s['cache_path']}")
-    print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
-    if s["cache_hit"]:
-        return
-    resumed, reused = s.get("resumed_chunks", 0), s.get("reused_chunks", 0)
-    extra = ", ".join(x for x in (f"{resumed} chunks resumed from a killed run" if resumed else "",
-                                  f"{reused} chunks linked from other entries" if reused else "") if x)
-    print(f"  tasks         {s['tasks']}" + (f" ({extra})" if extra else ""))
-    print(f"  bytes         read {_mb(s['bytes_read'])}, written {_mb(s['bytes_written'])}")
-    print(f"  peak RSS      {_mb(s['peak_rss_bytes'])}")
-    print("  stage seconds (summed over tasks): " + ", ".join(
-        f"{k} {v:.2f} ({s['stage_tasks'].get(k, 0)})" for k, v in s["stage_seconds"].items()))
-    worst = [n for n in s["numerics"][:5] if n["pcc"] < 1.0 or n["max_abs_err"] > 0]
-    if not worst:
-        print(f"  numerics      all {len(s['numerics'])} chunks ({s['targets']} targets, banks one chunk per slot) "
-              "exact against the bf16 source")
-        return
-    print("  numerics, worst first (device dtype vs bf16 source):")
-    for n in worst:
-        slot = "" if n["slot"] is None else f"[{n['slot']}]"
-        print(f"    {n['name'] + slot:64} pcc {n['pcc']:.6f}  max|err| {n['max_abs_err']:.3g}")
 
 
 def cmd_convert(a: argparse.Namespace) -> dict:
@@ -238,7 +107,7 @@ def cmd_load(a: argparse.Namespace) -> dict:
     if not a.json:
         if loaded.source.get("synthetic"):
             print(f"SYNTHETIC weights: {loaded.source['synthetic']}")
-        print(f"loaded {result['tensors']} tensors ({_mb(result['bytes_read'])}) from {loaded.entry} "
+        print(f"loaded {result['tensors']} tensors ({mb(result['bytes_read'])}) from {loaded.entry} "
               f"in {result['seconds']:.3f} s")
     return result
 
@@ -257,28 +126,6 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
-def _size(n: float) -> str:
-    unit = "B"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            break
-        n /= 1000
-    return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-
-
-def _age(seconds: float) -> str:
-    for unit, span in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= span:
-            return f"{seconds / span:.0f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def _slots(slots, bank_slots: int) -> str:
-    if not slots:
-        return "-"
-    return f"all {bank_slots}" if slots == list(range(bank_slots)) else ",".join(map(str, slots))
-
-
 def cmd_cache(a: argparse.Namespace) -> dict:
     """`cache ls|verify|gc|rm`, the same rules for a local folder and an object store."""
     store = cache.cache_store(a.cache)
@@ -290,77 +137,19 @@ def cmd_cache(a: argparse.Namespace) -> dict:
             removed = cache.collect_garbage(store, a.older_than_days, parse_size(a.max_bytes) if a.max_bytes
                                             else None, a.include_current, a.dry_run)
         if not a.json:
-            verb = "would remove" if a.dry_run else "removed"
-            print("\n".join(f"{verb} {r['entry']} ({r['reason']}, {_size(r['bytes'])}; "
-                            f"{'would free' if a.dry_run else 'freed'} {_size(r['freed_bytes'])})"
-                            + (f"; refs {', '.join(r['refs'])} dropped" if r["refs"] and not a.dry_run else "")
-                            for r in removed) or "nothing to remove")
+            print_removed(removed, a.dry_run)
         return {"root": root, "removed": removed, "dry_run": bool(a.dry_run)}
     totals: dict = {}
     rows = cache.entry_rows(store, getattr(a, "entry", None), verify=a.action == "verify", totals=totals)
     if not a.json:
-        if rows:
-            head = f"{'entry':46} {'version':7} {'layout':8} {'profile':7} {'slots':8} {'revision':10} {'source':10} " \
-                   f"{'size':>10} {'own':>10} {'age':>7}  state / refs"
-            print(head)
-            for r in rows:
-                src = "synthetic" if r["source"] == "synthetic" else ("snapshot" if r["source"] else "-")
-                tail = r["state"] + (f"  <- {', '.join(r['refs'])}" if r["refs"] else "") + \
-                    (f"  (trained for {', '.join(r['trained_for'])}" + (f", read from {r['trained_from']}"
-                                                                         if r.get("trained_from") else "") + ")"
-                     if r.get("trained_for") else "")
-                age = _age(r["age_s"]) if r["age_s"] is not None else "-"
-                print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
-                      f"{_slots(r['slots'], r['bank_slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {_size(r['bytes']):>10} "
-                      f"{_size(r['unique_bytes']):>10} {age:>7}  {tail}")
-            print(f"{len(rows)} entries, {_size(totals['disk_bytes'])} on disk (shared bytes counted once); "
-                  "'own' is what removing the entry frees")
-        else:
-            print(f"no entries in {store.describe('entries')}")
+        print_cache_rows(rows, totals, store.describe("entries"))
     if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
         raise PipelineError(f"cache {root}: {sum(r['state'].startswith('CORRUPT') for r in rows)} entry(ies) failed verification")
     return {"root": root, "entries": rows}
 
 
-def _print_targets(tensors: dict, names: tuple[str, ...]) -> None:
-    for name in names:
-        t = tensors[name]
-        if hasattr(t, "padded_shape"):  # a ttnn tensor; host-only targets are torch float32
-            print(f"  {name:52} {str(t.dtype):22} {str(t.layout):14} shape {list(t.shape)} padded {list(t.padded_shape)}")
-        else:
-            print(f"  {name:52} host {t.dtype} {list(t.shape)} (never uploaded, as the port keeps it)")
-
-
 def cmd_demo(a: argparse.Namespace) -> dict:
-    demo_hf = synthetic_hf_cache(a.cache)
-    print(f"1. synthesizing a tiny GR00T N1.7 into {demo_hf} (real key names, order, counts and shards; small "
-          "dims; marked synthetic, under a repo id of its own)")
-    synthesize("n17", demo_hf, "tiny")
-    print_inspect(inspect_report("n17", None, demo_hf, synthetic="tiny"))
-    print("\n2. converting it into tt-port, n17's default: the conventions of tt-metal's GR00T N1.6 port, family by "
-          "family (Dask graph: index -> read/slot -> transform -> convert -> stage -> unit -> publish; verify hashes "
-          "each shard alongside and gates its units)")
-    opts = ConvertOptions("n17", hf_cache=demo_hf, synthetic="tiny", cache_root=a.cache)
-    summary = convert(opts)
-    print_convert(summary)
-    print("\n3. converting again: the cache entry is reused")
-    print_convert(convert(replace(opts, progress=False)))
-    loaded = load("n17", a.cache, embodiment="new_embodiment", into="ttnn", synthetic=True)
-    print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
-          f"from the cache in {loaded.stats['seconds']:.3f} s, {_mb(loaded.stats['bytes_read'])} read, as the "
-          "ttnn host tensors a device takes:")
-    _print_targets(loaded.tensors, ("vision.blocks.0.attn.qkv.weight", "language.layers.0.self_attn.q_proj.weight",
-                                    "dit.transformer_blocks.0.attn1.to_q_padded.weight", "action_encoder.W2.W",
-                                    "language.embed_tokens.weight"))
-    print("\n5. a tiny N1.6 in the tt-n16 layout (n16's default): the tensors tt-metal's GR00T N1.6 port builds")
-    synthesize("n16", demo_hf, "tiny")
-    port = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=demo_hf, synthetic="tiny",
-                                  cache_root=a.cache, progress=False))
-    print_convert(port)
-    host = load("n16", a.cache, "gr1", into="ttnn", synthetic=True)
-    _print_targets(host.tensors, ("vision.encoder.layers.0.self_attn.qkv_padded.weight",
-                                  "language.model.layers.0.self_attn.q_proj.weight", "language.model.embed_tokens.weight"))
-    return summary
+    return run_demo(a.cache)
 
 
 def cmd_port_check(a: argparse.Namespace) -> dict:
@@ -403,37 +192,61 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    """Every command and option (long because it is the table of them, read top to bottom; no logic)."""
-    p = _Parser(prog="python -m pipeline", description=__doc__)
+    """Every command and its options: one function per command below."""
+    p = _Parser(prog="python -m pipeline", description="GR00T checkpoints into Tenstorrent device-ready weights: "
+                "synth, inspect, convert, graph, load, cache, port-check, demo. Every command exits 0 on success and "
+                "2 with one sentence on stderr for a known error.")
     p.add_argument("-V", "--version", action="version", version=f"gr00t-tt-weights {_package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_synth_parser, _inspect_parser, _convert_parser, _graph_parser, _load_parser, _cache_parser,
+                _port_check_parser, _demo_parser):
+        add(sub)
+    return p
 
-    def add(name: str, fn, help_: str, version: bool = True, found: bool = False) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".")
-        sp.set_defaults(fn=fn)
-        if version:  # `found`: may be left out with --snapshot or --model (found from the keys)
-            sp.add_argument("--version", required=not found,
-                            help=f"one of {', '.join(VERSIONS)}" + ("; with --snapshot or --model it may be left out "
-                                                                   "(found from the checkpoint's keys)" if found else ""))
-        sp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-        sp.add_argument("--cache", help=f"cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE, "
-                                        f"else {cache.DEFAULT_ROOT})")
-        return sp
 
-    def source_args(sp: argparse.ArgumentParser, verb: str) -> None:
-        sp.add_argument("--snapshot", type=Path, help="a checkpoint folder (sharded with its index, or *.safetensors "
-                                                      "without one: a fine-tune, a trainer's checkpoint-N, a LeRobot "
-                                                      "export) or one .safetensors file")
-        sp.add_argument("--model", help="a Hugging Face repo id (a fine-tune's own repo), resolved through the HF "
-                                        "cache or huggingface_hub; with --revision")
-        sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
-                                                      "with --synthetic, hf/ under the cache root)")
-        sp.add_argument("--revision", help="the revision to read: of the release (default: the one pinned in "
-                                           "configs/<version>.toml) or of --model (default: main)")
-        sp.add_argument("--synthetic", choices=SCALES, help=f"{verb} the project's synthetic stand-in of this scale "
-                                                            "(made by `synth`), never the real release")
+def _command(sub, name: str, fn, help_: str, version: bool = True, found: bool = False) -> argparse.ArgumentParser:
+    """A command with the options every command has: --json, --cache and (unless `version` is False) --version,
+    which `found` lets be left out with --snapshot or --model (found from the keys)."""
+    sp = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".")
+    sp.set_defaults(fn=fn)
+    if version:
+        sp.add_argument("--version", required=not found,
+                        help=f"one of {', '.join(VERSIONS)}" + ("; with --snapshot or --model it may be left out "
+                                                               "(found from the checkpoint's keys)" if found else ""))
+    _output_args(sp)
+    return sp
 
-    sp = add("synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
+
+def _output_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    sp.add_argument("--cache", help=f"cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE, "
+                                    f"else {cache.DEFAULT_ROOT})")
+
+
+def _source_args(sp: argparse.ArgumentParser, verb: str) -> None:
+    sp.add_argument("--snapshot", type=Path, help="a checkpoint folder (sharded with its index, or *.safetensors "
+                                                  "without one: a fine-tune, a trainer's checkpoint-N, a LeRobot "
+                                                  "export) or one .safetensors file")
+    sp.add_argument("--model", help="a Hugging Face repo id (a fine-tune's own repo), resolved through the HF "
+                                    "cache or huggingface_hub; with --revision")
+    sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
+                                                  "with --synthetic, hf/ under the cache root)")
+    sp.add_argument("--revision", help="the revision to read: of the release (default: the one pinned in "
+                                       "configs/<version>.toml) or of --model (default: main)")
+    sp.add_argument("--synthetic", choices=SCALES, help=f"{verb} the project's synthetic stand-in of this scale "
+                                                        "(made by `synth`), never the real release")
+
+
+def _target_args(sp: argparse.ArgumentParser) -> None:
+    """What a conversion makes: the layout, the profile and the embodiment slots."""
+    sp.add_argument("--layout", help=LAYOUT_HELP)
+    sp.add_argument("--profile", help=PROFILE_HELP)
+    sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas; 'trained': "
+                                                         "the tags of the fine-tune's experiment_cfg/metadata.json")
+
+
+def _synth_parser(sub) -> None:
+    sp = _command(sub, "synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
     sp.add_argument("--scale", choices=SCALES, default="tiny",
                     help="tiny: every key, small dims; attn: real attention shapes, 1-2 layers per stack; full")
     sp.add_argument("--hf-cache", type=Path, help="default: hf/ under the cache root (never your own HF cache)")
@@ -443,25 +256,33 @@ def parser() -> argparse.ArgumentParser:
                                                   "action head), half (F16 vision tower), single, lerobot; Isaac-GR00T's "
                                                   "checkpoint, output, best, deepspeed and mapped folders")
     sp.add_argument("--out", help="with --form: the new folder (default build/fine-tunes/<version>-<form>)")
-    sp = add("inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
-    source_args(sp, "inspect")
-    for name, fn, help_ in (("convert", cmd_convert, "convert a snapshot into a cache entry"),
-                            ("graph", cmd_graph, "render the conversion graph (SVG/PNG/DOT) or write it as JSON")):
-        sp = add(name, fn, help_, found=True)
-        source_args(sp, name)
-        sp.add_argument("--layout", help=LAYOUT_HELP)
-        sp.add_argument("--profile", help=PROFILE_HELP)
-        sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas; 'trained': "
-                                                             "the tags of the fine-tune's experiment_cfg/metadata.json")
-        if name == "convert":
-            sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
-            sp.add_argument("--force", action="store_true", help="convert even if a published entry exists")
-            sp.add_argument("--device", default="none", help="none (default) | auto | a device id: upload as staged")
-            sp.add_argument("--check-against-cache", action="store_true",
-                            help="convert afresh into a scratch entry and compare it byte for byte with the cached one")
-        else:
-            sp.add_argument("--out", required=True, help="FILE.svg, FILE.png, FILE.dot or FILE.json")
-    sp = add("load", cmd_load, "reload converted tensors from the cache and time it")
+
+
+def _inspect_parser(sub) -> None:
+    sp = _command(sub, "inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
+    _source_args(sp, "inspect")
+
+
+def _convert_parser(sub) -> None:
+    sp = _command(sub, "convert", cmd_convert, "convert a snapshot into a cache entry", found=True)
+    _source_args(sp, "convert")
+    _target_args(sp)
+    sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
+    sp.add_argument("--force", action="store_true", help="convert even if a published entry exists")
+    sp.add_argument("--device", default="none", help="none (default) | auto | a device id: upload as staged")
+    sp.add_argument("--check-against-cache", action="store_true",
+                    help="convert afresh into a scratch entry and compare it byte for byte with the cached one")
+
+
+def _graph_parser(sub) -> None:
+    sp = _command(sub, "graph", cmd_graph, "render the conversion graph (SVG/PNG/DOT) or write it as JSON", found=True)
+    _source_args(sp, "graph")
+    _target_args(sp)
+    sp.add_argument("--out", required=True, help="FILE.svg, FILE.png, FILE.dot or FILE.json")
+
+
+def _load_parser(sub) -> None:
+    sp = _command(sub, "load", cmd_load, "reload converted tensors from the cache and time it")
     sp.add_argument("--layout", help=LAYOUT_HELP)
     sp.add_argument("--profile", help=PROFILE_HELP)
     sp.add_argument("--embodiment", "--embodiments", dest="embodiment",
@@ -470,20 +291,25 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--revision", help="only entries converted from this revision")
     sp.add_argument("--source", type=Path, help="only entries converted from this snapshot folder")
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id")
+
+
+CACHE_ACTIONS = {
+    "ls": "a table of every entry: version, layout, profile, slots, source, size, what removing it frees, age, state "
+          "and refs",
+    "verify": "re-check every checksum of every entry (or of one)",
+    "gc": "remove temporaries of dead processes and broken or corrupt entries; then, if asked, old ones or the oldest "
+          "beyond a size (never one a ref points to, unless --include-current, nor one a live process is reading)",
+    "rm": "remove one entry (one a ref points to, and its refs, only with --include-current)",
+}
+
+
+def _cache_parser(sub) -> None:
     sp = sub.add_parser("cache", help="list, verify or clean the cache", description="List, verify or clean the cache.")
     sp.set_defaults(fn=cmd_cache)
     actions = sp.add_subparsers(dest="action", required=True, metavar="{ls,verify,gc,rm}")
-    for name, help_ in (("ls", "a table of every entry: version, layout, profile, slots, source, size, what removing "
-                               "it frees, age, state and refs"),
-                        ("verify", "re-check every checksum of every entry (or of one)"),
-                        ("gc", "remove temporaries of dead processes and broken or corrupt entries; then, if asked, "
-                               "old ones or the oldest beyond a size (never one a ref points to, unless "
-                               "--include-current, nor one a live process is reading)"),
-                        ("rm", "remove one entry (one a ref points to, and its refs, only with --include-current)")):
+    for name, help_ in CACHE_ACTIONS.items():
         ap = actions.add_parser(name, help=help_, description=help_)
-        ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-        ap.add_argument("--cache", help=f"cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE, "
-                                        f"else {cache.DEFAULT_ROOT})")
+        _output_args(ap)
         if name in ("ls", "verify"):
             ap.add_argument("entry", nargs="?", help="only this entry")
         if name == "rm":
@@ -495,16 +321,21 @@ def parser() -> argparse.ArgumentParser:
             ap.add_argument("--include-current", action="store_true",
                             help="entries a ref points to (what load opens) may go too, and their refs")
             ap.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
-    sp = add("port-check", cmd_port_check, "build a small synthetic N1.6 with tt-metal's GR00T N1.6 port both ways "
-             "(its own constructor, and from a cache entry) and compare them; the verdict is kept per port revision",
-             version=False)
+
+
+def _port_check_parser(sub) -> None:
+    sp = _command(sub, "port-check", cmd_port_check, "build a small synthetic N1.6 with tt-metal's GR00T N1.6 port "
+                  "both ways (its own constructor, and from a cache entry) and compare them; the verdict is kept per "
+                  "port revision", version=False)
     sp.add_argument("--tt-metal", help="the tt-metal checkout holding models/experimental/gr00t_n1_6 "
                                        "(default $TT_METAL_HOME)")
     sp.add_argument("--device", default="none", help="none (default: host) | auto | a device id")
     sp.add_argument("--force", action="store_true", help="check again even if a verdict is kept")
-    add("demo", cmd_demo, "synthesize tiny n17, convert it Tenstorrent-ready (tt-port), convert again (cache hit), "
-                          "reload; then tiny n16 in the tt-n16 port layout", version=False)
-    return p
+
+
+def _demo_parser(sub) -> None:
+    _command(sub, "demo", cmd_demo, "synthesize tiny n17, convert it Tenstorrent-ready (tt-port), convert again (cache "
+             "hit), reload; then tiny n16 in the tt-n16 port layout", version=False)
 
 
 INTERRUPTED = {  # what Ctrl-C leaves behind, per command

@@ -12,9 +12,11 @@ share content by accident.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +28,7 @@ from pipeline.state_dict import TensorSpec, tensor_specs
 from pipeline.snapshot import repo_folder, synthetic_repo_id
 from pipeline.versions import load_config
 from tasks.checkpoint import INDEX_NAME, SYNTHETIC_MARK
+from tasks.errors import PipelineError
 from tasks.safetensors_file import NUMPY_DTYPES, write_file
 
 POOL_SIZE = 1 << 22
@@ -314,3 +317,33 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
     else:
         _isaac_files(folder, version, tag, ids, processor="", trainer_state=True, deepspeed=form == "deepspeed")
     return folder
+
+
+def synthesize_or_nothing(version: str, hf_cache: Path, scale: str = "tiny", seed: int = 0) -> Path:
+    """`synthesize`, or nothing: on a write error (a full disk) the repo folders this call began are removed and
+    one sentence says why."""
+    before = set(hf_cache.iterdir())
+    try:
+        return synthesize(version, hf_cache, scale, seed)
+    except OSError as e:
+        for made in set(hf_cache.iterdir()) - before:
+            shutil.rmtree(made, ignore_errors=True)
+        reason = "no space left on the device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror
+        raise PipelineError(f"{e.filename or hf_cache}: {reason} while synthesizing {version} ({scale}); nothing was "
+                            "kept — free space or pass --hf-cache DIR on a larger disk") from None
+
+
+def new_fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int = 0) -> Path:
+    """`fine_tune_form` into a new folder, or nothing: a folder that holds anything is refused (nothing is
+    overwritten), and one that fails half-way is removed."""
+    if out.exists() and any(out.iterdir()):
+        raise PipelineError(f"{out}: already exists and is not empty; pass --out with a new folder (nothing is "
+                            "overwritten)")
+    try:
+        return fine_tune_form(snapshot, version, form, out, seed)
+    except ValueError as e:  # a form this version's trainer never writes
+        shutil.rmtree(out, ignore_errors=True)
+        raise PipelineError(f"synth --form {form}: {e}") from None
+    except OSError as e:
+        shutil.rmtree(out, ignore_errors=True)
+        raise PipelineError(f"{e.filename or out}: {e.strerror} while writing the {form} form; nothing was kept") from None

@@ -84,6 +84,9 @@ def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["cache_path"].startswith(str(tmp_path / "demo-cache"))  # --cache is honoured
     assert "synthesizing a tiny GR00T N1.7" in proc.stderr
+    shown = [line.split()[0] for line in proc.stderr.split("\n4. ", 1)[1].split("\n5. ")[0].splitlines()[1:] if line]
+    assert {"action_encoder.W1.W", "language.layers.0.mlp.down_proj.weight", "vision.blocks.0.attn.proj.weight"} <= \
+        set(shown) and shown[-1] == "language.embed_tokens.weight"  # a matmul of each part; the host table last
     shell = subprocess.run(f"{sys.executable} -m pipeline convert --version n17 --synthetic tiny --hf-cache {hf_cache} "
                            f"--cache {tmp_path / 'c'} --json | head -c 1", shell=True, cwd=ROOT, capture_output=True,
                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
