@@ -303,6 +303,12 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
     if form not in ISAAC_FORMS:
         _write_shards(out, tensors, shard_of, mark)
         return out
+    return _isaac_form(out, version, form, tensors, mark)
+
+
+def _isaac_form(out: Path, version: str, form: str, tensors: dict, mark: str) -> Path:
+    """An Isaac-GR00T folder of `form` under `out`: the weights cut as the HF Trainer cuts them, and the files the
+    trainer writes beside them (fine-tunes.md); returns the folder to convert."""
     tag = MAPPED_TAG if form == "mapped" else TRAINED_TAG
     ids = embodiment_ids_written(version, {MAPPED_TAG: 10} if form == "mapped" else None)
     folder = {"output": out, "best": out / BEST_DIR}.get(form, out / CHECKPOINT_DIR)

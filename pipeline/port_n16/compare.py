@@ -23,7 +23,7 @@ def differences(ours, theirs, limit: int = 20, counts: dict | None = None) -> li
     """Where two built models differ, walking every attribute recursively: ttnn tensors by dtype, layout, shape,
     padded shape, storage, memory config and ttnn's own serialized bytes; torch tensors by dtype, shape and bytes;
     every other value by type and equality (devices and callables by identity). `counts` gets how many of each
-    were compared (ttnn, on_device, torch, values). (Over 50 lines: one walk with one case per kind of value,
+    were compared (ttnn, on_device, torch, values). (Over 60 lines: one walk with one case per kind of value,
     which reads best in one place.)"""
     import torch
     import ttnn
