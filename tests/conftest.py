@@ -55,6 +55,14 @@ def _temporaries_in_ram(environ) -> str:
 
 
 TEMPORARIES = _temporaries_in_ram(os.environ)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m pipeline ARGS` as a user runs it, offline: in `cwd`, with `env` (default: this session's
+    environment, which conftest set up: the simulated device or the mock cluster, temporaries, HF_HUB_OFFLINE)."""
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**(os.environ if env is None else env), "HF_HUB_OFFLINE": "1"}, timeout=timeout)
 
 
 BUCKET = "team-weights"
@@ -138,6 +146,20 @@ def copy_snapshot(snapshots, tmp_path):
 @pytest.fixture
 def cache_root(tmp_path) -> Path:
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def two_entries(hf_cache, tmp_path):
+    """Two tiny n17 entries in one cache: slot 10, then slot 0 (the ref moves to it), which shares every non-bank
+    chunk with the first by hard link (reuse) -> (root, old, current). Only the commands under test touch them."""
+    from pipeline.convert import ConvertOptions, convert
+
+    old = convert(ConvertOptions("n17", embodiments="10", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+                                 progress=False))
+    current = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+                                     progress=False))
+    assert current["reused_chunks"] > 0
+    return tmp_path, Path(old["cache_path"]).name, Path(current["cache_path"]).name
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import xxhash
 
 from tasks.entries import names as fmt
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 NAME = "n16-tt-n16-port-" + "ab" * 10
 FINGERPRINT = "ab" * 10 + "0" * 44
 DEVICE_BYTES = b"device bytes"

@@ -21,7 +21,7 @@ import pytest
 
 from devkit import simulator
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 DEVICE_TESTS = ["tests/test_simulated_device.py",
                 "tests/test_port_handoff.py::test_the_whole_model_two_ways_on_the_simulated_device",
                 "tests/test_port_handoff.py::test_a_mixed_precision_fine_tune_two_ways"]

@@ -22,7 +22,7 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks.errors import CacheError
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 
 
 def _opts(version, root, **kw):

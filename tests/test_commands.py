@@ -19,56 +19,45 @@ from pipeline import cache as cache_mod
 from pipeline.cache import entries_dir
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cli(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-
-
-@pytest.fixture
-def two_entries(hf_cache, tmp_path):
-    """n17 converted for gr1-less slot 10 (then superseded by slot 0: the ref moves) -> one current, one old."""
-    old = convert(ConvertOptions("n17", embodiments="10", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
-                                 progress=False))
-    current = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
-                                     progress=False))
-    return tmp_path, Path(old["cache_path"]).name, Path(current["cache_path"]).name
+from tests.conftest import ROOT
 
 
 def test_gc_by_size_and_age_never_removes_what_a_ref_points_to(two_entries):
     root, old, current = two_entries
-    proc = _cli("cache", "gc", "--max-bytes", "1", "--dry-run", "--cache", str(root), "--json")
+    proc = run_cli("cache", "gc", "--older-than-days", "20", "--cache", str(root), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["removed"] == []  # neither is that old
+    proc = run_cli("cache", "gc", "--max-bytes", "1", "--dry-run", "--cache", str(root), "--json")
     assert proc.returncode == 0 and [r["entry"] for r in json.loads(proc.stdout)["removed"]] == [old]
     assert (entries_dir(root) / old).is_dir()  # a dry run removes nothing
-    proc = _cli("cache", "gc", "--older-than-days", "0", "--cache", str(root))
+    proc = run_cli("cache", "gc", "--older-than-days", "0", "--cache", str(root))
     assert proc.returncode == 0 and f"removed {old} (older than 0 days" in proc.stdout
     assert sorted(p.name for p in entries_dir(root).iterdir()) == [current]
     assert load("n17", root, 0).tensors  # the current entry still loads
-    proc = _cli("cache", "gc", "--max-bytes", "10G", "--include-current", "--cache", str(root), "--json")
+    proc = run_cli("cache", "gc", "--max-bytes", "10G", "--include-current", "--cache", str(root), "--json")
     assert json.loads(proc.stdout)["removed"] == []  # 10G is a size, and the cache fits
-    proc = _cli("cache", "gc", "--max-bytes", "0", "--include-current", "--cache", str(root))
+    proc = run_cli("cache", "gc", "--max-bytes", "0", "--include-current", "--cache", str(root))
     assert f"removed {current}" in proc.stdout and not list(entries_dir(root).iterdir())
+    assert not list((root / "refs").iterdir())  # its ref went with it
 
 
 def test_cache_ls_is_a_table_with_layout_slots_source_and_refs(two_entries):
     root, old, current = two_entries
-    proc = _cli("cache", "ls", "--cache", str(root))
+    proc = run_cli("cache", "ls", "--cache", str(root))
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:8] == ["entry", "version", "layout", "profile", "slots", "revision", "source", "size"]
     row = next(line for line in lines if line.startswith(current))
     assert " tt-port " in row and " synthetic " in row and row.endswith("<- n17-tt-port-port.synthetic")
     assert lines[-1].startswith("2 entries, ")
-    rows = json.loads(_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]
+    rows = json.loads(run_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]
     assert {r["entry"]: r["refs"] for r in rows} == {old: [], current: ["n17-tt-port-port.synthetic"]}
     assert {r["entry"]: (r["slots"], r["bank_slots"]) for r in rows} == {old: ([10], 32), current: ([0], 32)}
 
 
 def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries, hf_cache):
     root, _, current = two_entries
-    proc = _cli("convert", "--version", "n17", "--embodiments", "0", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+    proc = run_cli("convert", "--version", "n17", "--embodiments", "0", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
                 "--cache", str(root), "--force", "--scheduler", "dask")
     assert proc.returncode == 2 and "unknown scheduler 'dask'" in proc.stderr
     assert load("n17", root, 0).entry == current
@@ -80,7 +69,7 @@ def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries
 
 
 def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path):
-    proc = _cli("demo", "--json", "--cache", str(tmp_path / "demo-cache"))
+    proc = run_cli("demo", "--json", "--cache", str(tmp_path / "demo-cache"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["cache_path"].startswith(str(tmp_path / "demo-cache"))  # --cache is honoured
     assert "synthesizing a tiny GR00T N1.7" in proc.stderr
@@ -96,15 +85,15 @@ def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path)
 def test_check_against_cache_needs_an_entry_and_says_what_it_did(hf_cache, tmp_path):
     args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
             "--cache", str(tmp_path))
-    proc = _cli(*args, "--check-against-cache")
+    proc = run_cli(*args, "--check-against-cache")
     assert proc.returncode == 2 and "nothing is cached for this conversion" in proc.stderr
-    assert _cli(*args).returncode == 0
-    proc = _cli(*args, "--check-against-cache")
+    assert run_cli(*args).returncode == 0
+    proc = run_cli(*args, "--check-against-cache")
     assert proc.returncode == 0 and "checked: the cached entry equals a fresh conversion" in proc.stdout
 
 
 def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
-    proc = _cli("--version")
+    proc = run_cli("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("gr00t-tt-weights ")
     src = tmp_path / "src"  # build from a copy: setuptools leaves build/ behind
     for part in ("pipeline", "tasks", "configs"):
@@ -166,7 +155,7 @@ def test_load_finds_the_entry_holding_the_slot_and_takes_an_entry_or_revision(tw
         load("n17", root, 0, into="numpy")
     with pytest.raises(CacheError, match="device tensors hold one embodiment slot"):
         load("n17", root, "all", into="ttnn", entry=old)
-    proc = _cli("load", "--version", "n17", "--embodiment", "10", "--entry", old, "--cache", str(root), "--json")
+    proc = run_cli("load", "--version", "n17", "--embodiment", "10", "--entry", old, "--cache", str(root), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["entry"] == old
 
 
@@ -177,7 +166,7 @@ def test_load_by_source_snapshot_and_an_unknown_profile_is_one_line(two_entries,
 
     with pytest.raises(CacheError, match="source /nowhere"):
         load("n17", root, 10, source="/nowhere")
-    proc = _cli("load", "--version", "n17", "--profile", "fp32", "--cache", str(root))
+    proc = run_cli("load", "--version", "n17", "--profile", "fp32", "--cache", str(root))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "unknown profile 'fp32' for layout tt-port: expected one of port, bf16, bfp8" in proc.stderr
     assert "PROFILE=fp32" not in proc.stderr
@@ -196,27 +185,27 @@ def test_progress_off_a_terminal_is_periodic_lines_on_stderr(capsys):
 
 
 def test_graph_with_an_unknown_suffix_and_a_bad_scheduler_on_a_cache_hit_are_one_line_errors(hf_cache, tmp_path):
-    proc = _cli("graph", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--out", str(tmp_path / "x.txt"))
+    proc = run_cli("graph", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--out", str(tmp_path / "x.txt"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--out must end in .svg, .png" in proc.stderr
     args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
             "--cache", str(tmp_path))
-    assert _cli(*args).returncode == 0
-    proc = _cli(*args, "--scheduler", "dask")  # a cache hit still refuses what it could not run
+    assert run_cli(*args).returncode == 0
+    proc = run_cli(*args, "--scheduler", "dask")  # a cache hit still refuses what it could not run
     assert proc.returncode == 2 and "unknown scheduler 'dask'" in proc.stderr
 
 
 def test_synth_says_what_it_wrote_and_convert_counts_targets_and_chunks_apart(tmp_path, hf_cache):
-    proc = _cli("synth", "--version", "n17", "--cache", str(tmp_path / "c"))
+    proc = run_cli("synth", "--version", "n17", "--cache", str(tmp_path / "c"))
     assert proc.returncode == 0 and proc.stdout.startswith("wrote a SYNTHETIC n17 (tiny scale, seed 0) to ")
     assert str(tmp_path / "c" / "hf") in proc.stdout  # under the cache root, never the user's HF cache
-    proc = _cli("convert", "--version", "n17", "--synthetic", "tiny", "--profile", "bf16", "--cache", str(tmp_path / "c"))
+    proc = run_cli("convert", "--version", "n17", "--synthetic", "tiny", "--profile", "bf16", "--cache", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stderr  # (bf16: every value exact, so the numerics line is one count)
     assert "chunks resumed" not in proc.stdout  # said only when something was resumed
     assert "all 1464 chunks (1030 targets, banks one chunk per slot)" in proc.stdout  # 1030 - 14 + 14 * 32
 
 
 def test_the_processes_scheduler_prints_its_dashboard_on_stderr(hf_cache, tmp_path):
-    proc = _cli("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+    proc = run_cli("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
                 "--cache", str(tmp_path), "--scheduler", "processes")
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "dask dashboard: http://" in proc.stderr and "converted in" in proc.stdout  # (--json runs without one)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +17,8 @@ from pipeline.state_dict import tensor_specs
 from pipeline.recipe import build_plan
 from pipeline.versions import load_config
 from tasks.errors import RecipeError
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _source(snapshot: Path, key: str) -> torch.Tensor:
@@ -134,10 +132,6 @@ def test_all_four_schedulers_produce_identical_entries(hf_cache, tmp_path):
         assert _entry_bytes(summary) == reference, scheduler
 
 
-def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True)
-
-
 def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path):
     import shutil
 
@@ -148,7 +142,7 @@ def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path
     data = bytearray(blob.read_bytes())
     data[-100] ^= 0x01
     blob.write_bytes(bytes(data))
-    proc = _cli("convert", "--version", "n16", "--hf-cache", str(hf), "--synthetic", "tiny", "--cache", str(tmp_path / "cache"), "--json")
+    proc = run_cli("convert", "--version", "n16", "--hf-cache", str(hf), "--synthetic", "tiny", "--cache", str(tmp_path / "cache"), "--json")
     assert proc.returncode == 2
     assert f"{snap / 'model-00002-of-00002.safetensors'}: content sha256 is" in proc.stderr and "the file changed or is corrupt" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -156,9 +150,9 @@ def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path
 
 
 def test_unknown_version_and_embodiment_are_one_line_errors(hf_cache, tmp_path):
-    proc = _cli("convert", "--version", "n99", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
+    proc = run_cli("convert", "--version", "n99", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown version 'n99': expected one of n15, n16, n17")
-    proc = _cli("convert", "--version", "n16", "--embodiments", "robot9", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
+    proc = run_cli("convert", "--version", "n16", "--embodiments", "robot9", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and "error: unknown embodiment tag 'robot9' for n16" in proc.stderr
-    proc = _cli("convert", "--version", "n16", "--embodiments", "40", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
+    proc = run_cli("convert", "--version", "n16", "--embodiments", "40", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and "embodiment slot 40 is out of range for this n16 checkpoint: its banks have slots 0..31" in proc.stderr

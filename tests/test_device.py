@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +14,7 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.versions import VERSIONS
 from tasks import device
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -28,7 +28,7 @@ from tasks.checkpoint import INDEX_NAME
 from tasks.entries.entry import open_entry
 from tasks.entries.store import LocalStore
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 VERSIONS = ("n15", "n16", "n17")
 
 

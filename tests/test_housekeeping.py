@@ -15,7 +15,7 @@ import pytest
 from pipeline.cache import collect_garbage, entry_rows, reading, remove_entry
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore
-from tests.handmade import entry_of, file_bytes, holding, ref_to
+from tests.handmade import entry_of, file_bytes, ref_to
 
 
 def _names(root) -> list[str]:
@@ -33,17 +33,6 @@ def old_and_current(tmp_path):
     current = entry_of(tmp_path, "current")
     ref_to(tmp_path, current)
     return tmp_path, old, current
-
-
-def test_age_and_size_never_remove_what_a_ref_points_to_unless_asked(old_and_current):
-    root, old, current = old_and_current
-    store = LocalStore(root)
-    assert _removed(collect_garbage(store, older_than_days=20)) == {}  # neither is that old
-    assert _removed(collect_garbage(store, older_than_days=0, max_bytes=0)) == {old: "older than 0 days"}
-    assert _names(root) == [current] and (root / "refs" / f"{current.rsplit('-', 1)[0]}.json").is_file()
-    assert _removed(collect_garbage(store, max_bytes=10**9, include_current=True)) == {}  # it fits
-    assert _removed(collect_garbage(store, max_bytes=0, include_current=True)) == {current: "cache over 0 bytes"}
-    assert _names(root) == [] and list((root / "refs").iterdir()) == []  # its ref went with it
 
 
 def test_the_port_model_kept_for_an_entry_goes_with_it_and_only_then(old_and_current):
@@ -64,16 +53,6 @@ def test_the_port_model_kept_for_an_entry_goes_with_it_and_only_then(old_and_cur
     assert [p.name for p in (root / "port-models").iterdir()] == ["gone-entry"]
     collect_garbage(store)
     assert list((root / "port-models").iterdir()) == []
-
-
-def test_a_dry_run_removes_nothing(old_and_current):
-    root, old, current = old_and_current
-    store = LocalStore(root)
-    before = _names(root), sorted(p.name for p in (root / "refs").iterdir())
-    assert _removed(collect_garbage(store, older_than_days=0, include_current=True, dry_run=True)) == {
-        old: "older than 0 days", current: "older than 0 days"}
-    assert remove_entry(store, current, include_current=True, dry_run=True)["refs"] == [current.rsplit("-", 1)[0]]
-    assert (_names(root), sorted(p.name for p in (root / "refs").iterdir())) == before
 
 
 def test_rm_refuses_the_current_entry_and_an_unknown_name_lists_what_there_is(old_and_current):
@@ -135,22 +114,6 @@ def test_own_bytes_are_what_removing_frees_whatever_the_order(tmp_path):
     freed = remove_entry(store, second, include_current=True)["freed_bytes"]
     assert before - file_bytes(tmp_path / "entries") == rows[second]["unique_bytes"] == freed
     assert entry_rows(store)[0]["unique_bytes"] == rows[first]["bytes"]  # alone now: all of it its own
-
-
-def test_a_live_reader_keeps_its_entry_from_gc_and_rm(old_and_current):
-    root, old, current = old_and_current
-    store = LocalStore(root)
-    holder = holding(root, old)
-    try:
-        result = {r["entry"]: r for r in collect_garbage(store, older_than_days=0, include_current=True)}
-        assert result[old]["kept"] and f"being read by process {holder.pid}" in result[old]["reason"]
-        assert _names(root) == [old]  # the other one, unread, went
-        with pytest.raises(CacheError, match=f"being read by process {holder.pid}"):
-            remove_entry(store, old)
-    finally:
-        holder.kill()
-        holder.wait()
-    assert remove_entry(store, old)["entry"] == old  # its lease went with the process
 
 
 def test_max_bytes_goes_on_past_an_entry_a_live_reader_keeps(tmp_path):

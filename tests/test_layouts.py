@@ -18,7 +18,7 @@ from pipeline.load import load
 from pipeline.recipe import build_plan, recipes, resolve
 from tasks.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 
 
 def test_every_version_defaults_to_a_tenstorrent_layout_and_generic_stays_available():

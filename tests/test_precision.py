@@ -23,7 +23,7 @@ from tasks.errors import CheckpointError
 from tasks.precision import to_bf16
 from tasks.safetensors_file import NUMPY_DTYPES, read_header
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 
 
 def _torch_bf16_bits(values: np.ndarray) -> np.ndarray:

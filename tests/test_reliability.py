@@ -31,7 +31,7 @@ from tasks.errors import CheckpointError, PipelineError
 from tasks.entries.store import LocalStore
 from tests.progress import wait_until_staged
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 TABLE: list[tuple[str, str]] = []  # (case, error): printed at the end of the run by conftest
 

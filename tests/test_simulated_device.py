@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,8 +19,8 @@ from tasks import device as tt
 from tasks.entries.entry import open_entry
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def dumped(tensor) -> bytes:
@@ -114,11 +112,6 @@ def test_a_device_file_damaged_after_publish_is_refused_before_any_upload(simula
     assert uploads == []
 
 
-def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 ARCHES = {"wh": ("Arch.WORMHOLE_B0", "Wormhole"), "bh": ("Arch.BLACKHOLE", "Blackhole")}
 
 
@@ -129,18 +122,18 @@ def test_the_simulated_device_is_the_architecture_asked_for(simulated_device):
 def test_device_choices_on_the_command_line(simulated_device, port_entry):
     root, _ = port_entry
     env = dict(os.environ)
-    auto = _cli("load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root), "--device", "auto", "--json",
+    auto = run_cli("load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root), "--device", "auto", "--json",
                 env=env)
     assert auto.returncode == 0, auto.stderr
     assert f"--device auto: a simulated device (TT_METAL_SIMULATOR={env['TT_METAL_SIMULATOR']})" in auto.stderr
     assert f"--device auto: opened {ARCHES[env['GR00T_TEST_DEVICE']][1]}, 1 chip" in auto.stderr
     assert json.loads(auto.stdout)["tensors"] > 900
-    missing = _cli("load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root), "--device", "7", env=env)
+    missing = run_cli("load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root), "--device", "7", env=env)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().splitlines()[-1].startswith(
         "error: --device 7: the Tenstorrent device could not be opened (Physical chip id 7 not found")
     host = {k: v for k, v in env.items() if k != tt.SIMULATOR_ENV}
-    none = _cli("load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root), "--device", "auto", "--json",
+    none = run_cli("load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root), "--device", "auto", "--json",
                 env=host)
     if tt.hardware_present():
         pytest.skip("this machine has Tenstorrent hardware: auto does not fall back to the host")

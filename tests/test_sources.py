@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +15,8 @@ from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CheckpointError
 from tasks.safetensors_file import read_header
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_synthetic_snapshot_has_its_own_repo_and_revision_and_says_so_in_every_file(snapshots):
@@ -65,23 +63,18 @@ def test_revision_is_chosen_recorded_and_listed_on_a_miss(hf_cache, tmp_path):
     assert s["source"]["synthetic"].startswith("synthetic n17")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-
-
 def test_convert_and_load_print_and_record_a_synthetic_source(hf_cache, tmp_path):
-    proc = _cli("convert", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
+    proc = run_cli("convert", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--cache", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "SYNTHETIC     synthetic n17 (tiny scale, seed 0), not NVIDIA weights" in proc.stdout
-    proc = _cli("load", "--version", "n17", "--embodiment", "new_embodiment", "--cache", str(tmp_path), "--json")
+    proc = run_cli("load", "--version", "n17", "--embodiment", "new_embodiment", "--cache", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["source"]["synthetic"].startswith("synthetic n17 (tiny scale")
-    proc = _cli("load", "--version", "n17", "--embodiment", "new_embodiment", "--cache", str(tmp_path))
+    proc = run_cli("load", "--version", "n17", "--embodiment", "new_embodiment", "--cache", str(tmp_path))
     assert proc.stdout.startswith("SYNTHETIC weights: synthetic n17")
 
 
 def test_without_a_flag_convert_never_falls_back_to_the_demo_folder(tmp_path):
-    proc = _cli("convert", "--version", "n17", "--hf-cache", str(tmp_path / "empty-hf"), "--cache", str(tmp_path))
+    proc = run_cli("convert", "--version", "n17", "--hf-cache", str(tmp_path / "empty-hf"), "--cache", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "nvidia/GR00T-N1.7-3B at revision 2fc962b973bccdd5d8ce4f67cc63b264d6886495 is not in the Hugging Face cache" in proc.stderr

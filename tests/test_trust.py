@@ -21,36 +21,27 @@ from pipeline.load import load
 from tasks.errors import CacheError
 from tests.handmade import holding
 from tests.progress import wait_until_staged
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=timeout)
+from tests.conftest import ROOT
 
 
-@pytest.fixture
-def two_n16(hf_cache, tmp_path):
-    """Two tiny n16 entries in one cache that share most bytes by hard link (reuse), and which one the ref names."""
-    root = tmp_path / "cache"
-    a = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
-                               progress=False))
-    b = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
-                               cache_root=root, progress=False))
-    assert b["reused_chunks"] > 0
-    return root, Path(a["cache_path"]).name, Path(b["cache_path"]).name
-
-
-def test_a_dry_run_removes_nothing(two_n16):
-    root, older, current = two_n16
+def test_a_dry_run_removes_nothing(two_entries):
+    """(Also what it says it would do: each entry and why, and the refs that would go with the current one.)"""
+    root, older, current = two_entries
     before = sorted(p.name for p in (root / "entries").iterdir()), sorted(p.name for p in (root / "refs").iterdir())
     for args in (["rm", older, "--dry-run"], ["rm", "--include-current", current, "--dry-run"],
                  ["gc", "--older-than-days", "0", "--include-current", "--dry-run"]):
-        proc = _cli("cache", *args, "--cache", str(root))
+        proc = run_cli("cache", *args, "--cache", str(root))
         assert proc.returncode == 0 and "would remove" in proc.stdout and "would free" in proc.stdout, (args, proc)
+    said = json.loads(run_cli("cache", "gc", "--older-than-days", "0", "--include-current", "--dry-run", "--json",
+                              "--cache", str(root)).stdout)["removed"]
+    assert {r["entry"]: r["reason"] for r in said} == {older: "older than 0 days", current: "older than 0 days"}
+    said = json.loads(run_cli("cache", "rm", current, "--include-current", "--dry-run", "--json", "--cache",
+                              str(root)).stdout)["removed"]
+    assert said[0]["refs"] == ["n17-tt-port-port.synthetic"]
     assert (sorted(p.name for p in (root / "entries").iterdir()), sorted(p.name for p in (root / "refs").iterdir())) == before
-    proc = _cli("cache", "rm", "--include-current", "--cache", str(root), current)  # options before the name
+    proc = run_cli("cache", "rm", "--include-current", "--cache", str(root), current)  # options before the name
     assert proc.returncode == 0 and f"removed {current}" in proc.stdout
     assert sorted(p.name for p in (root / "entries").iterdir()) == [older]
 
@@ -100,24 +91,24 @@ def test_an_entry_of_another_version_layout_or_profile_is_refused(hf_cache, tmp_
         load("n16", root, embodiment="gr1", entry=n16, layout="generic")
     with pytest.raises(CacheError, match="is a port entry, not profile bfp8"):
         load("n16", root, embodiment="gr1", entry=n16, profile="bfp8")
-    proc = _cli("load", "--version", "n17", "--entry", n16, "--embodiments", "10", "--cache", str(root))
+    proc = run_cli("load", "--version", "n17", "--entry", n16, "--embodiments", "10", "--cache", str(root))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is a n16 entry, not n17" in proc.stderr
 
 
-def test_a_live_reader_keeps_its_entry_from_gc_and_rm(two_n16):
-    root, older, current = two_n16
+def test_a_live_reader_keeps_its_entry_from_gc_and_rm(two_entries):
+    root, older, current = two_entries
     holder = holding(root, older)
     try:
-        proc = _cli("cache", "gc", "--older-than-days", "0", "--include-current", "--cache", str(root), "--json")
+        proc = run_cli("cache", "gc", "--older-than-days", "0", "--include-current", "--cache", str(root), "--json")
         removed = {r["entry"]: r for r in json.loads(proc.stdout)["removed"]}
         assert removed[older].get("kept") and f"being read by process {holder.pid}" in removed[older]["reason"]
         assert (root / "entries" / older).is_dir() and not (root / "entries" / current).exists()
-        proc = _cli("cache", "rm", older, "--include-current", "--cache", str(root))
+        proc = run_cli("cache", "rm", older, "--include-current", "--cache", str(root))
         assert proc.returncode == 2 and f"being read by process {holder.pid}" in proc.stderr
     finally:
         holder.kill()
         holder.wait()
-    assert _cli("cache", "rm", older, "--include-current", "--cache", str(root)).returncode == 0  # lease gone with it
+    assert run_cli("cache", "rm", older, "--include-current", "--cache", str(root)).returncode == 0  # lease gone with it
 
 
 def test_all_means_every_slot_the_checkpoint_has(tmp_path):
@@ -140,12 +131,12 @@ def test_graph_units_in_numeric_order(hf_cache, tmp_path):
 
 
 def test_help_texts_say_what_each_command_does():
-    cache_help = {a: _cli("cache", a, "--help").stdout for a in ("ls", "gc", "rm")}
+    cache_help = {a: run_cli("cache", a, "--help").stdout for a in ("ls", "gc", "rm")}
     assert len(set(cache_help.values())) == 3
     assert "remove nothing" in cache_help["rm"] and "--dry-run" in cache_help["rm"]
-    assert "Convert a snapshot into a cache entry." in _cli("convert", "--help").stdout
-    assert "inspect the project's synthetic" in " ".join(_cli("inspect", "--help").stdout.split())
-    assert "seed of the synthetic values" in " ".join(_cli("synth", "--help").stdout.split())
+    assert "Convert a snapshot into a cache entry." in run_cli("convert", "--help").stdout
+    assert "inspect the project's synthetic" in " ".join(run_cli("inspect", "--help").stdout.split())
+    assert "seed of the synthetic values" in " ".join(run_cli("synth", "--help").stdout.split())
 
 
 TABLE: list[tuple[str, str, int]] = []
@@ -187,7 +178,7 @@ def test_failures_are_one_sentence_and_leave_nothing_half_written(hf_cache, snap
     ]
     for case, args, expected in cases:
         t0 = time.perf_counter()
-        proc = _cli(*args)
+        proc = run_cli(*args)
         err = _one_sentence(proc, expected)
         assert time.perf_counter() - t0 < 25, case  # (the tcp:// case: not after a 30 s connect timeout)
         TABLE.append((case, err, proc.returncode))
@@ -201,7 +192,7 @@ def test_synth_on_a_full_disk_keeps_nothing(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root): a full disk is not exercised")
     try:
-        proc = _cli("synth", "--version", "n16", "--hf-cache", str(mount))
+        proc = run_cli("synth", "--version", "n16", "--hf-cache", str(mount))
         err = _one_sentence(proc, "no space left on the device while synthesizing n16 (tiny); nothing was kept")
         assert list(mount.iterdir()) == []  # no empty repo folders left behind
         TABLE.append(("synth --hf-cache <full disk>", err.replace(str(mount), "<tmpfs>"), proc.returncode))
@@ -231,7 +222,7 @@ def _interrupt(args: list[str], after: float) -> subprocess.CompletedProcess:
 
 def _ctrl_c_during_load(root: Path) -> None:
     for attempt in range(5):
-        during = _interrupt(["load", "--version", "n16", "--embodiment", "gr1", "--cache", str(root)], 2.0 + attempt)
+        during = _interrupt(["load", "--version", "n17", "--embodiment", "0", "--cache", str(root)], 2.0 + attempt)
         if during.returncode == 130 and "while starting" in during.stderr:  # still importing (a loaded machine):
             _one_sentence(during, "interrupted while starting: nothing was changed", 130)  # right, but too early
             continue
@@ -266,9 +257,9 @@ def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
     pytest.fail("three runs finished before Ctrl-C could interrupt them")
 
 
-def test_ctrl_c_is_one_line_at_start_up_during_load_and_during_convert_which_resumes(two_n16, hf_cache, tmp_path):
+def test_ctrl_c_is_one_line_at_start_up_during_load_and_during_convert_which_resumes(two_entries, hf_cache, tmp_path):
     """As from a terminal: each child starts with SIGINT at its default (`_start_as_from_a_terminal`)."""
-    root, _, _ = two_n16
+    root, _, _ = two_entries
     early = _interrupt(["cache", "ls", "--cache", str(root)], 0.3)  # while torch/dask still import
     TABLE.append(("Ctrl-C in the first second", _one_sentence(early, "interrupted", 130), 130))
     _ctrl_c_during_convert(hf_cache, tmp_path)
@@ -304,44 +295,44 @@ def test_an_entry_of_an_older_format_is_one_sentence_and_never_reused(hf_cache, 
     ref.write_text(json.dumps({"entry": old.name}))
     with pytest.raises(CacheError, match=f"{old.name}: written in cache format 2, which this converter does not read"):
         load("n16", root, embodiment="gr1")
-    listed = _cli("cache", "ls", "--cache", str(root))
+    listed = run_cli("cache", "ls", "--cache", str(root))
     assert "cache format 2 (unreadable here" in listed.stdout
-    proc = _cli("convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(root),
+    proc = run_cli("convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(root),
                 "--json")  # all slots, as the old entry: nothing of it may be linked
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
     assert summary["reused_chunks"] == 0 and not summary["cache_hit"] and Path(summary["cache_path"]).name != old.name
     assert load("n16", root, embodiment="gr1").entry == Path(summary["cache_path"]).name
-    gc = _cli("cache", "gc", "--cache", str(root))
+    gc = run_cli("cache", "gc", "--cache", str(root))
     assert gc.returncode == 0 and f"removed {old.name} (cache format 2, which this converter does not read" in gc.stdout
 
 
-def test_a_check_killed_before_its_cleanup_leaves_nothing_that_passes_for_an_entry(two_n16, hf_cache):
+def test_a_check_killed_before_its_cleanup_leaves_nothing_that_passes_for_an_entry(two_entries, hf_cache):
     """`--check-against-cache` publishes a fresh conversion beside the cached entry, compares the two, then deletes
     the fresh one. Killed in between (here: it exits where the delete would run), what stays behind is never
     listed, chosen or counted as an entry, and gc removes it once its process is dead."""
-    root, _, current = two_n16
+    root, _, current = two_entries
     exit_at_cleanup = ("import os, sys, types, pipeline.convert as c; "
                        "c.shutil = types.SimpleNamespace(rmtree=lambda *a, **k: os._exit(9)); "
                        "from pipeline.cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", exit_at_cleanup, "convert", "--version", "n16", "--embodiments",
-                           "gr1,new_embodiment", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache",
+    proc = subprocess.run([sys.executable, "-c", exit_at_cleanup, "convert", "--version", "n17", "--embodiments",
+                           "0", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache",
                            str(root), "--check-against-cache"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert proc.returncode == 9, proc.stderr[-2000:]
     left = [p for p in (root / "entries").iterdir() if p.name.endswith(current) and p.name != current]
     assert len(left) == 1 and (left[0] / "MANIFEST.json").is_file()  # the fresh conversion, complete, left behind
     fingerprint = json.loads((root / "entries" / current / "MANIFEST.json").read_text())["fingerprint"]
-    assert load("n16", root, "gr1", entry=fingerprint[:12], synthetic=True).entry == current  # the one match
-    listed = {r["entry"]: r["state"] for r in json.loads(_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]}
+    assert load("n17", root, 0, entry=fingerprint[:12], synthetic=True).entry == current  # the one match
+    listed = {r["entry"]: r["state"] for r in json.loads(run_cli("cache", "ls", "--cache", str(root), "--json").stdout)["entries"]}
     assert listed[left[0].name] == "incomplete" and listed[current] == "published"
-    gc = _cli("cache", "gc", "--cache", str(root))
+    gc = run_cli("cache", "gc", "--cache", str(root))
     assert gc.returncode == 0 and f"removed {left[0].name} (temporary of a dead process" in gc.stdout, gc.stdout
     assert not left[0].exists() and (root / "entries" / current).is_dir()
 
 
-def test_an_entry_removed_after_it_was_chosen_is_said_and_not_half_read(two_n16, monkeypatch):
-    root, _, current = two_n16
+def test_an_entry_removed_after_it_was_chosen_is_said_and_not_half_read(two_entries, monkeypatch):
+    root, _, current = two_entries
     chosen_by = cache.choose_entry
 
     def chosen_then_removed(store, wanted):  # `cache rm` runs between load's choice and its first read
@@ -352,7 +343,7 @@ def test_an_entry_removed_after_it_was_chosen_is_said_and_not_half_read(two_n16,
     monkeypatch.setattr(cache, "choose_entry", chosen_then_removed)
     with pytest.raises(CacheError, match=f"{current}: was removed \\(`cache rm` or `cache gc`\\) while it was being "
                                          "opened; load again"):
-        load("n16", root, embodiment="gr1", synthetic=True)
+        load("n17", root, embodiment=0, synthetic=True)
 
 
 def test_a_fine_tune_holds_a_lease_on_the_entry_it_links_from(hf_cache, tmp_path, monkeypatch):
