@@ -191,8 +191,9 @@ def read_into(fd: int, offset: int, out: np.ndarray, path: Path | str = "?") -> 
         done += n
 
 
-def read_rows(fd: int, header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
-    """Rows `lo:hi` of the leading dimension of `key` (a 0-d tensor has one row), reading only those bytes."""
+def read_rows_from(fd: int, header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
+    """Rows `lo:hi` of the leading dimension of `key` (a 0-d tensor has one row) from the open shard `fd`, reading
+    only those bytes (tasks/source.py `read_rows` opens the shard for it)."""
     entry = header.entries[key]
     rows = entry.shape[0] if entry.shape else 1
     if not 0 <= lo <= hi <= rows:

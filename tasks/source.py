@@ -120,7 +120,7 @@ def read_rows(header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
     the graph's read and slot tasks below, and `Checkpoint.rows/get/slot`."""
     fd = os.open(header.path, os.O_RDONLY)
     try:
-        return safetensors_file.read_rows(fd, header, key, lo, hi)
+        return safetensors_file.read_rows_from(fd, header, key, lo, hi)
     finally:
         os.close(fd)
 
