@@ -118,7 +118,7 @@ def median(runs: list[dict], key: str = "seconds") -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def _warm(*paths: Path) -> None:
+def warm_up(*paths: Path) -> None:
     """Read every file under `paths`, twice, so the contender that follows starts with its inputs in the page cache
     like the others (every contender gets this, right before it runs). The second pass finds them in the cache and
     renews them: a first pass from the disk takes up to 100 s here, and this VM pages out file pages left idle for

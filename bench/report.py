@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.harness import BENCH, DATA, _warm, median, remove, run_child, settle
+from bench.harness import BENCH, DATA, median, remove, run_child, settle, warm_up
 from bench.tables import context, contender_table, metric, metric_table, write
 from pipeline.cache import entry_at, resolve_ref
 from pipeline.snapshot import resolve_snapshot
@@ -101,13 +101,13 @@ def _reload_rows(rows: list, raw: dict, *, snapshot: Path, caches: dict, runs: i
     entry = resolve_ref(LocalStore(caches["bf16"]), VERSION, "generic", "bf16").path
     raw.update(load=[], raw_read=[], cat=[], naive=[])
     for _ in range(runs):  # each contender's inputs read just before it, so all start equally warm
-        _warm(entry)
+        warm_up(entry)
         raw["load"].append(run_child("load", {"version": VERSION, "cache": str(caches["bf16"])}, cold))
-        _warm(entry)
+        warm_up(entry)
         raw["raw_read"].append(run_child("raw_read", {"entry": str(entry)}, cold))
-        _warm(entry)
+        warm_up(entry)
         raw["cat"].append(run_child("cat", {"entry": str(entry)}, cold))
-        _warm(*snapshot.iterdir())
+        warm_up(*snapshot.iterdir())
         raw["naive"].append(run_child("naive", {"version": VERSION, "snapshot": str(snapshot)}, cold))
     gbps = {k: median(raw[k], "bytes") / median(raw[k]) / 1e9 for k in ("raw_read", "cat")}
     metric(rows, "raw readinto GB/s / cat GB/s (is the baseline starved?)", gbps["raw_read"], gbps["cat"], ">= 0.5",
@@ -206,19 +206,19 @@ def _port_runs(scale: str, runs: int, cold: bool, plans: tuple[str, ...]) -> dic
             args = {"version": VERSION, "snapshot": str(snapshot), "plan": plan}
             remove(cache)
             settle()  # before the warming, so the source is as warm for us as for the others
-            _warm(*shards)
+            warm_up(*shards)
             raw[f"{plan}:convert"].append(run_child("convert", {"version": VERSION, "profile": plan, "layout": "tt-n16",
                                                                 "hf": str(hf), "cache": str(cache), "synthetic": scale}, cold))
-            _warm(*shards)
+            warm_up(*shards)
             raw[f"{plan}:port_path"].append(run_child("port_path", args, cold))
             remove(ast)
             settle()
-            _warm(*shards)
+            warm_up(*shards)
             raw[f"{plan}:as_tensor_first"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": True}, cold))
-            _warm(cache)
+            warm_up(cache)
             raw[f"{plan}:reload"].append(run_child("load", {"version": VERSION, "cache": str(cache), "profile": plan,
                                                             "layout": "tt-n16", "embodiment": "gr1", "ttnn_host": True}, cold))
-            _warm(ast)
+            warm_up(ast)
             raw[f"{plan}:as_tensor_warm"].append(run_child("as_tensor_port", {**args, "cache_dir": str(ast), "first": False}, cold))
             print(f"  {plan} run done: " + ", ".join(f"{c} {raw[f'{plan}:{c}'][-1]['seconds']:.1f} s" for c in contenders),
                   flush=True)
@@ -235,7 +235,7 @@ def run_zarr(scale: str, runs: int) -> int:
     raw: dict[str, list] = {"ours": [], "zarr-python": []}
     for _ in range(runs):
         for impl in raw:
-            _warm(entries[-1])
+            warm_up(entries[-1])
             raw[impl].append(run_child("zarr_io", {"entry": str(entries[-1]), "scratch": str(DATA / "zarr-scratch"),
                                                    "impl": impl}))
             print(f"  {impl}: write {raw[impl][-1]['write_seconds']:.2f} s, read {raw[impl][-1]['read_seconds']:.2f} s",
@@ -326,16 +326,16 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
     # verdict, and traces the constructors and keeps the model; every start after it finds both.
     shutil.rmtree(cache / "port-checks", ignore_errors=True)
     shutil.rmtree(cache / PORT_MODELS, ignore_errors=True)
-    _warm(cache)
+    warm_up(cache)
     raw["handoff_first"].append(run_child("handoff", {"cache": str(cache), "tt_metal": str(code.root), "check": True}, cold))
     for _ in range(runs):
-        _warm(*shards)
+        warm_up(*shards)
         raw["port_startup"].append(run_child("port_startup", {"snapshot": str(snapshot), "tt_metal": str(code.root)}, cold))
-        _warm(cache)
+        warm_up(cache)
         raw["handoff"].append(run_child("handoff", {"cache": str(cache), "tt_metal": str(code.root)}, cold))
         print(f"  run done: port {raw['port_startup'][-1]['seconds']:.1f} s, ours {raw['handoff'][-1]['seconds']:.2f} s",
               flush=True)
-    _warm(cache)
+    warm_up(cache)
     raw["handoff_simulated"].append(run_child("handoff", {"cache": str(cache), "simulated": True, "tt_metal": str(code.root)}, cold))
     ctx = context(only="handoff", scale=scale, runs=runs, cold=cold, started=started, version=VERSION,
                   slots="all 32", port=f"{code.root} (revision {code.revision})",
@@ -364,11 +364,11 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
         for _ in range(runs):
             remove(cache)
             settle()
-            _warm(*shards)
+            warm_up(*shards)
             raw.setdefault(f"{version}:convert", []).append(run_child(
                 "convert", {"version": version, "profile": profile, "layout": layout, "hf": str(hf),
                             "cache": str(cache), "synthetic": scale}, cold))
-            _warm(cache)
+            warm_up(cache)
             raw.setdefault(f"{version}:reload", []).append(run_child(
                 "load", {"version": version, "cache": str(cache), "profile": profile, "layout": layout,
                          "embodiment": tag, "ttnn_host": True}, cold))
@@ -436,34 +436,34 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
         print(f"writing the mixed fine-tune of {version} ({scale}) into {fine_tune} (once)", flush=True)
         fine_tune_form(release, version, "mixed", fine_tune)
     layout, profile = resolve(version)
-    warm, cold_cache = DATA / f"cache-{scale}-finetune-warm", DATA / f"cache-{scale}-finetune-cold"
+    warm_cache, cold_cache = DATA / f"cache-{scale}-finetune-warm", DATA / f"cache-{scale}-finetune-cold"
     scratch = DATA / f"copy-{scale}-finetune-changed"
     args = {"version": version, "profile": profile, "layout": layout}
     raw: dict[str, list] = {}
     started = time.time()
     for _ in range(runs):
-        remove(warm)
+        remove(warm_cache)
         settle()
-        _warm(release)
-        raw.setdefault("release, cold", []).append(run_child("convert", {**args, "snapshot": str(release), "cache": str(warm)}, cold))
-        _warm(warm, fine_tune)  # its own shards last: the convert reads them, and only the manifests of the cache
-        after = run_child("convert", {**args, "snapshot": str(fine_tune), "cache": str(warm)}, cold)
+        warm_up(release)
+        raw.setdefault("release, cold", []).append(run_child("convert", {**args, "snapshot": str(release), "cache": str(warm_cache)}, cold))
+        warm_up(warm_cache, fine_tune)  # its own shards last: the convert reads them, and only the manifests of the cache
+        after = run_child("convert", {**args, "snapshot": str(fine_tune), "cache": str(warm_cache)}, cold)
         after["changed_bytes"] = _changed_bytes(Path(after["cache_path"]), Path(raw["release, cold"][-1]["cache_path"]))
         raw.setdefault("fine-tune, release cached", []).append(after)
-        _warm(Path(after["cache_path"]))
+        warm_up(Path(after["cache_path"]))
         raw.setdefault(FLOOR, []).append(run_child("copy_changed", {"entry": after["cache_path"], "scratch": str(scratch)},
                                                    cold, fresh=scratch))
-        _warm(fine_tune)
+        warm_up(fine_tune)
         raw.setdefault(SHA256, []).append(run_child("sha256", {"snapshot": str(fine_tune)}, cold))
         remove(cold_cache)
         settle()
-        _warm(fine_tune)
+        warm_up(fine_tune)
         raw.setdefault("fine-tune, cold", []).append(run_child("convert", {**args, "snapshot": str(fine_tune), "cache": str(cold_cache)}, cold))
         print(f"  run done: release {raw['release, cold'][-1]['seconds']:.1f} s; fine-tune after it "
               f"{after['seconds']:.1f} s, wrote {after['bytes'] / 1e6:,.0f} MB (changed {after['changed_bytes'] / 1e6:,.0f} MB); "
               f"fine-tune cold {raw['fine-tune, cold'][-1]['seconds']:.1f} s, "
               f"{raw['fine-tune, cold'][-1]['peak_rss_bytes'] / 1e9:.2f} GB peak", flush=True)
-    remove(warm)
+    remove(warm_cache)
     remove(cold_cache)
     ctx = context(only="finetune", scale=scale, runs=runs, cold=cold, started=started, version=version, layout=layout,
                   profile=profile, slots="all 32",
@@ -518,7 +518,7 @@ def run_f32(scale: str, runs: int, cold: bool, version: str = "n17") -> int:
         for name, snapshot in {"release (bf16), cold": release, **forms}.items():
             remove(cache)
             settle()
-            _warm(*(p.resolve() for p in snapshot.iterdir() if p.suffix == ".safetensors"))
+            warm_up(*(p.resolve() for p in snapshot.iterdir() if p.suffix == ".safetensors"))
             run = run_child("convert", {**args, "snapshot": str(snapshot)}, cold)
             run["read_seconds"] = run["stage_seconds"].get("read", 0.0)
             raw.setdefault(name, []).append(run)
