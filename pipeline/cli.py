@@ -48,7 +48,8 @@ def cmd_synth(a: argparse.Namespace) -> dict:
     writable_folder(hf, "HF cache")
     snap = synthesize_or_nothing(a.version, hf, a.scale, a.seed)
     if a.form is not None:
-        made = new_fine_tune_form(snap, a.version, a.form, Path(a.out or f"build/fine-tunes/{a.version}-{a.form}"), a.seed)
+        out = Path(a.out or f"build/fine-tunes/{a.version}-{a.form}")
+        made = new_fine_tune_form(snap, a.version, a.form, out, a.seed)
         if not a.json:
             print(f"wrote a SYNTHETIC {a.version} fine-tune, {a.form} form, to {made}\n"
                   f"  convert it with: python -m pipeline convert --snapshot {made} --embodiments "

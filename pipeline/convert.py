@@ -57,7 +57,6 @@ class ConvertOptions:
     synthetic: str | None = None  # a scale: convert the project's synthetic stand-in instead of the release
     model: str | None = None  # a hub repo id (a fine-tune's own repo): resolved through huggingface_hub
 
-
     def __post_init__(self) -> None:
         object.__setattr__(self, "embodiments", Embodiments.parse(self.embodiments))
 

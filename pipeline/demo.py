@@ -16,9 +16,9 @@ from pipeline.synth import synthesize
 
 
 def examples(tensors: dict) -> tuple[str, ...]:
-    """One tensor of each model part (under each top-level prefix, the first matmul weight: 2-D and not [1, H], named `weight` or
-    a bank's `W`), and the first host table (kept on the host, as the port keeps it): what a reader of the demo
-    needs to see of the whole, whatever the layout names its targets."""
+    """One tensor of each model part (under each top-level prefix, the first matmul weight: 2-D and not [1, H],
+    named `weight` or a bank's `W`), and the first host table (kept on the host, as the port keeps it): what a
+    reader of the demo needs to see of the whole, whatever the layout names its targets."""
     parts: dict[str, list[str]] = {}
     for name in tensors:
         parts.setdefault(name.split(".", 1)[0], []).append(name)

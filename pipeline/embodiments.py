@@ -62,9 +62,9 @@ class Embodiments:
             elif item in table:
                 slot = table[item]
             else:
-                raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} "
-                                  f"({table_source or f'configs/{cfg.version}.toml'} knows: {', '.join(sorted(table))}); "
-                                  f"pass a tag or a slot id 0..{n - 1}")
+                source = table_source or f"configs/{cfg.version}.toml"
+                raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} ({source} knows: "
+                                  f"{', '.join(sorted(table))}); pass a tag or a slot id 0..{n - 1}")
             if not 0 <= slot < n:
                 which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot})"
                 raise ConfigError(f"embodiment {which} is out of range for this {cfg.version} checkpoint: its banks "
@@ -78,7 +78,8 @@ class Embodiments:
             return None
         ids = self.slots(cfg)
         if len(ids) != 1:
-            raise ConfigError(f"{what} takes one embodiment (a tag or slot id) or all, not {str(self)!r}: slots {list(ids)}")
+            raise ConfigError(f"{what} takes one embodiment (a tag or slot id) or all, not {str(self)!r}: "
+                              f"slots {list(ids)}")
         return ids[0]
 
     def among(self, cfg: VersionConfig, held: Sequence[int], holder: str) -> tuple[int, ...]:

@@ -75,8 +75,9 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
         raise ConfigError(f"load(into={into!r}): expected one of {', '.join(FORMS)}, or an open device")
     cfg = load_config(version)
     resolved_layout, resolved_profile = layout_and_profile(cfg, layout, profile)
-    wanted = cache.Wanted(version=version, layout=resolved_layout, profile=resolved_profile,
-                          slot=Embodiments.parse(embodiment).one(cfg, "load"), entry=entry, revision=revision, source=source)
+    slot = Embodiments.parse(embodiment).one(cfg, "load")
+    wanted = cache.Wanted(version=version, layout=resolved_layout, profile=resolved_profile, slot=slot, entry=entry,
+                          revision=revision, source=source)
     opened = cache.choose_entry(cache.cache_store(cache_root), wanted)
     cache.warn_if_synthetic(opened, synthetic)
     for what, asked, held in (("layout", layout, opened.manifest.layout), ("profile", profile, opened.manifest.profile)):

@@ -82,7 +82,8 @@ def check_finite(array: np.ndarray, name: str, sources: tuple[str, ...], origin:
     """NaN/Inf in weights is a broken checkpoint (checked on the bits: bf16, or a host table's float32). `origin`
     names the shard file(s) the sources came from."""
     found = NonFinite()
-    found.add(0, array.reshape(-1).view(np.uint32) if array.dtype == np.float32 else bf16_bits(array, "the finite check").reshape(-1))
+    bits = array.view(np.uint32) if array.dtype == np.float32 else bf16_bits(array, "the finite check")
+    found.add(0, bits.reshape(-1))
     found.check(name, sources, origin)
 
 

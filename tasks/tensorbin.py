@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from tasks import kernels
-from tasks.precision import bf16_bits
 from tasks.bulk_write import aligned_empty, write_bytes_atomic
-from tasks.device import ttnn_module, packed_bytes, padded_shape, pcc_from_sums, to_host_tensor  # ttnn itself stays lazy there
+from tasks.device import packed_bytes, padded_shape, pcc_from_sums, to_host_tensor, ttnn_module  # ttnn itself stays lazy there
+from tasks.precision import bf16_bits
 
 TILE, FACE = 32, 16
 _BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor

@@ -31,7 +31,8 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
         seen.update(files)
         m = entry.manifest if entry else None
         rows.append({"entry": name, "state": state, "version": m and m.version, "layout": m and m.layout,
-                     "profile": m and m.profile, "slots": m and m.slots, "bank_slots": m and m.bank_slots, "revision": m and m.revision,
+                     "profile": m and m.profile, "slots": m and m.slots, "bank_slots": m and m.bank_slots,
+                     "revision": m and m.revision,
                      "source": m and ("synthetic" if m.source.get("synthetic") or m.synthetic else m.source.get("snapshot")),
                      "trained_for": m and m.source.get("trained_embodiments"),
                      "trained_from": m and m.source.get("trained_from"),

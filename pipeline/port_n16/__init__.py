@@ -45,7 +45,7 @@ def build_model(cache_root=None, tt_metal: str | Path | None = None, device=None
     this port revision to the port's own constructor once first (`check_port`). A synthetic entry warns
     (SyntheticWeightsWarning) unless `synthetic=True`."""
     started = time.perf_counter()
-    embodiments = Embodiments.parse(embodiments)  # once, here: a wrong tag is said before anything is read
+    embodiments = Embodiments.parse(embodiments)  # once, here; list_model and load_model take it as it is
     code = PortCode.find(tt_metal)
     store = cache.cache_store(cache_root)
     listed = list_model(code, store, entry=entry, profile=profile, embodiments=embodiments, config=config,
