@@ -257,6 +257,33 @@ def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
     pytest.fail("three runs finished before Ctrl-C could interrupt them")
 
 
+def test_an_error_raised_while_ctrl_c_is_handled_is_the_interrupt(monkeypatch, capsys):
+    """Dask's synchronous executor, interrupted inside `Future.set_result`, raises InvalidStateError from the
+    KeyboardInterrupt (a clean-clone run printed its traceback once): the user sees the interrupt's one line."""
+    from concurrent.futures import Future, InvalidStateError
+
+    from pipeline import cli
+
+    def interrupted_in_set_result(_args):
+        future = Future()
+        future.set_result([])
+        try:
+            raise KeyboardInterrupt
+        except BaseException as e:
+            future.set_exception(e)  # what dask.local.SynchronousExecutor.submit does: InvalidStateError
+
+    monkeypatch.setattr(cli, "cmd_convert", interrupted_in_set_result)
+    assert cli.main(["convert", "--version", "n16", "--synthetic", "tiny"]) == 130
+    assert capsys.readouterr().err.strip().startswith("interrupted: nothing was published")
+
+    def plain_failure(_args):
+        raise InvalidStateError("not from an interrupt")
+
+    monkeypatch.setattr(cli, "cmd_convert", plain_failure)
+    with pytest.raises(InvalidStateError):  # any other error is not taken for one
+        cli.main(["convert", "--version", "n16", "--synthetic", "tiny"])
+
+
 def test_ctrl_c_is_one_line_at_start_up_during_load_and_during_convert_which_resumes(two_entries, hf_cache, tmp_path):
     """As from a terminal: each child starts with SIGINT at its default (`_start_as_from_a_terminal`)."""
     root, _, _ = two_entries
