@@ -20,6 +20,7 @@ from pipeline import cache
 from pipeline.convert import ConvertOptions, convert, writable_folder
 from pipeline.demo import run_demo
 from pipeline.devices import opened_device
+from pipeline.folder import TRAINED_RECORDS
 from pipeline.inspection import inspect_report
 from pipeline.load import load
 from pipeline.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
@@ -27,7 +28,7 @@ from pipeline.render import write_graph
 from pipeline.snapshot import default_hf_cache, synthetic_hf_cache
 from pipeline.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
 from pipeline.versions import SCALES, VERSIONS
-from tasks.errors import CacheError, PipelineError
+from tasks.errors import CacheError, ConfigError, PipelineError
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
                "that port's conventions, family by family), tt-n16-fused (n16, the port revision that fuses DiT q|k|v) "
@@ -92,8 +93,10 @@ def cmd_graph(a: argparse.Namespace) -> dict:
     opts = ConvertOptions(a.version, profile=a.profile, embodiments=a.embodiments, snapshot=a.snapshot,
                           hf_cache=a.hf_cache, cache_root=a.cache, layout=a.layout, revision=a.revision,
                           synthetic=a.synthetic, model=a.model)
-    result = write_graph(opts, Path(a.out))
-    if not a.json:
+    if a.out == "-" and a.json:
+        raise ConfigError("--out - already prints the task list as JSON: leave out --json")
+    result = write_graph(opts, Path(a.out), sys.stdout)
+    if not a.json and a.out != "-":
         extra = f", {result['units']} units, straddling: {', '.join(result['straddling'])}" if "units" in result else ""
         print(f"wrote {result['out']}: {result['tasks']} tasks{extra}")
     return result
@@ -242,8 +245,9 @@ def _target_args(sp: argparse.ArgumentParser) -> None:
     """What a conversion makes: the layout, the profile and the embodiment slots."""
     sp.add_argument("--layout", help=LAYOUT_HELP)
     sp.add_argument("--profile", help=PROFILE_HELP)
-    sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas; 'trained': "
-                                                         "the tags of the fine-tune's experiment_cfg/metadata.json")
+    sp.add_argument("--embodiments", default="all", help="'all', or tags/slot ids separated by commas, tags read with "
+                    "the trainer's own map; 'trained': the tags the fine-tune's trainer recorded, from the first of "
+                    f"{', '.join(TRAINED_RECORDS)} found in its folder, then in the run folder above a checkpoint-N/")
 
 
 def _synth_parser(sub) -> None:
@@ -279,7 +283,8 @@ def _graph_parser(sub) -> None:
     sp = _command(sub, "graph", cmd_graph, "render the conversion graph (SVG/PNG/DOT) or write it as JSON", found=True)
     _source_args(sp, "graph")
     _target_args(sp)
-    sp.add_argument("--out", required=True, help="FILE.svg, FILE.png, FILE.dot or FILE.json")
+    sp.add_argument("--out", required=True, help="FILE.svg, FILE.png, FILE.dot or FILE.json; '-': the task list as "
+                                                 "JSON on stdout")
 
 
 def _load_parser(sub) -> None:
@@ -370,14 +375,27 @@ def _raised_by_interrupt(error: BaseException) -> bool:
     return False
 
 
+def _reader_left(*streams) -> int:
+    """`… | head`: the reader closed the pipe. Say nothing (exit 141, as a shell's SIGPIPE), and point the streams
+    at /dev/null so that flushing them at exit cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in streams:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
+    return 141
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    out = sys.stdout
     try:
         out = _json_channel() if args.json and argv is None else sys.stdout
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
             result = args.fn(args)
         if args.json:
             print(json.dumps(result, indent=1, default=str), file=out, flush=True)
+    except BrokenPipeError:  # before `except Exception`, which would take it
+        return _reader_left(out, sys.stdout)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -389,7 +407,4 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(INTERRUPTED.get(args.command, "interrupted: nothing was changed"), file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `… --json | head`: the reader left; say nothing
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
     return 0

@@ -129,7 +129,7 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
                         recipes_sha256=recipes_sha256())
     return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, identified=identified,
-                    notes=tuple(folder.notes()))
+                    notes=tuple(folder.notes(opts.embodiments)))
 
 
 def convert(opts: ConvertOptions) -> dict:

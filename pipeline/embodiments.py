@@ -16,6 +16,20 @@ TRAINED = "trained"  # --embodiments trained: the slots of the tags the fine-tun
 
 
 @dataclass(frozen=True)
+class TagMap:
+    """A tag -> slot map, where it was read, and the slot its trainer gives a tag outside it: LeRobot packs
+    `embodiment_mapping.get(tag, 0)`, so such a tag trained slot 0; None (Isaac-GR00T, the built-in table) refuses
+    it, as Isaac-GR00T does."""
+    ids: Mapping[str, int]
+    source: str
+    unknown_slot: int | None = None
+
+    @classmethod
+    def builtin(cls, cfg: VersionConfig) -> "TagMap":
+        return cls(cfg.embodiment_ids, f"configs/{cfg.version}.toml")
+
+
+@dataclass(frozen=True)
 class Embodiments:
     items: tuple[str, ...] = ()  # as written; () means every slot
 
@@ -46,31 +60,35 @@ class Embodiments:
             raise ConfigError(missing)
         return Embodiments(tuple(t for item in self.items for t in (trained if item == TRAINED else [item])))
 
-    def slots(self, cfg: VersionConfig, bank_slots: int | None = None, table: Mapping[str, int] | None = None,
-              table_source: str | None = None) -> tuple[int, ...]:
+    def slots(self, cfg: VersionConfig, bank_slots: int | None = None, tags: TagMap | None = None) -> tuple[int, ...]:
         """Sorted unique slot ids. `bank_slots`: how many slots the checkpoint's banks have (a synthetic `attn`
-        one has 2; default the version's); every slot means each of them. `table`: the tag -> slot map to use (a
-        checkpoint's own, read from `table_source`), else the built-in one."""
+        one has 2; default the version's); every slot means each of them. `tags`: the map to read tags with (a
+        checkpoint's own), else the built-in one."""
         n = bank_slots or cfg.num_slots
         if self.every:
             return tuple(range(n))
-        table = cfg.embodiment_ids if table is None else table
+        tags = tags or TagMap.builtin(cfg)
         ids: set[int] = set()
         for item in self.items:
             if item.isdigit():
                 slot = int(item)
-            elif item in table:
-                slot = table[item]
+            elif item in tags.ids:
+                slot = tags.ids[item]
+            elif tags.unknown_slot is not None:
+                slot = tags.unknown_slot
             else:
-                source = table_source or f"configs/{cfg.version}.toml"
-                raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} ({source} knows: "
-                                  f"{', '.join(sorted(table))}); pass a tag or a slot id 0..{n - 1}")
+                raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} ({tags.source} knows: "
+                                  f"{', '.join(sorted(tags.ids))}); pass a tag or a slot id 0..{n - 1}")
             if not 0 <= slot < n:
                 which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot})"
                 raise ConfigError(f"embodiment {which} is out of range for this {cfg.version} checkpoint: its banks "
                                   f"have slots 0..{n - 1}")
             ids.add(slot)
         return tuple(sorted(ids))
+
+    def outside(self, tags: TagMap) -> tuple[str, ...]:
+        """The tags named that `tags` does not hold (each gets its trainer's slot for such a tag, or is refused)."""
+        return tuple(item for item in self.items if not item.isdigit() and item not in tags.ids)
 
     def one(self, cfg: VersionConfig, what: str) -> int | None:
         """One slot id, or None for every slot: for a reader that takes one embodiment or all (`what` says which)."""

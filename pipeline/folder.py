@@ -6,8 +6,9 @@ live here and nowhere else:
 - Isaac-GR00T N1.5: `experiment_cfg/metadata.json`, keyed by the trained tags;
 - Isaac-GR00T N1.6/N1.7: `experiment_cfg/conf.yaml` / `config.yaml` (`data.datasets[].embodiment_tag`), and the
   checkpoint's own `embodiment_id.json` (in `checkpoint-N/`, or under `processor/` of the run folder above it);
-- LeRobot: `config.json` (`"type": "groot"`, `"embodiment_tag"`), keys under `_groot_model.`, and the dropped
-  `embed_tokens` recorded in the safetensors `__metadata__`.
+- LeRobot: `policy_preprocessor.json` (its pack step's `embodiment_tag` and the `embodiment_mapping` it packed
+  with: a tag outside it trained slot 0), else `config.json` (`"type": "groot"`, `"embodiment_tag"`) and LeRobot's
+  own table; keys under `_groot_model.`, and the dropped `embed_tokens` recorded in the safetensors `__metadata__`.
 
 A fact that cannot be had is one sentence naming the file and the remedy.
 """
@@ -24,7 +25,7 @@ from typing import Mapping
 
 import yaml
 
-from pipeline.embodiments import Embodiments
+from pipeline.embodiments import Embodiments, TagMap
 from pipeline.state_dict import scale_of, tensor_specs
 from pipeline.versions import VERSIONS, VersionConfig, load_config
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
@@ -37,10 +38,14 @@ ISAAC_CONFIGS = (f"{EXPERIMENT_CFG}/conf.yaml", f"{EXPERIMENT_CFG}/config.yaml")
 EMBODIMENT_MAP = "embodiment_id.json"
 MAP_PLACES = (EMBODIMENT_MAP, f"processor/{EMBODIMENT_MAP}")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+LEROBOT_PREPROCESSOR = "policy_preprocessor.json"
+# LeRobot's pack step, which puts `embodiment_mapping.get(embodiment_tag, 0)` in the batch: groot_pack_inputs_v3
+# (0.5.1, N1.5), groot_n1_7_pack_inputs_v1 (0.6.1, N1.7).
+_PACK_STEP = re.compile(r"^groot_(?:.*_)?pack_inputs_v\d+$")
 # What `--model` fetches of a hub repo: the weights, the index, and the small files read here (never optimizer
 # states, DeepSpeed's `global_step*/`, or a trainer's other safetensors).
-HUB_FILES = [INDEX_NAME, SINGLE_NAME, "model-*-of-*.safetensors", "config.json", N15_METADATA, *ISAAC_CONFIGS,
-             *MAP_PLACES, "adapter_config.json"]
+HUB_FILES = [INDEX_NAME, SINGLE_NAME, "model-*-of-*.safetensors", "config.json", LEROBOT_PREPROCESSOR, N15_METADATA,
+             *ISAAC_CONFIGS, *MAP_PLACES, "adapter_config.json"]
 _RUN_CHECKPOINT = re.compile(r"^checkpoint-\d+")  # a trainer's save inside its run folder (also `-best-…`)
 _SMALL_FILE = 64 << 20  # a trainer's JSON/YAML is kilobytes: anything past this is not one
 
@@ -60,9 +65,10 @@ class Folder:
     version_found: bool                     # found from the keys (no --version given)
     left_alone: Mapping[str, str]           # *.safetensors not read -> why
     trained: Read | None                    # tags (a tuple) the trainer recorded, and where
-    embodiment_ids: Read                    # tag -> slot, and where: the checkpoint's map, else the built-in table
+    tag_map: TagMap                         # tag -> slot, and where: the trainer's map, else the built-in table
     overridden: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # tag -> (built-in, checkpoint's)
     ties: Read | None = None                # {key read from its twin: twin}, and who said they are tied
+    map_note: str | None = None             # what to say of a map that was not recorded but assumed
 
     @property
     def config(self) -> VersionConfig:
@@ -74,12 +80,16 @@ class Folder:
         bank = self.config.embodiment_keys[0]
         return self.checkpoint.shape(bank)[0] if bank in self.checkpoint else None
 
-    def slots(self, embodiments: Embodiments) -> tuple[int, ...]:
-        """The selection (every slot, tags, slot ids, `trained`) as slot ids of this checkpoint's banks."""
+    def chosen(self, embodiments: Embodiments) -> Embodiments:
+        """The selection with `trained` replaced by the tags the trainer recorded."""
         missing = (f"--embodiments trained: {self.checkpoint.dir} records no trained embodiment (looked for "
                    f"{', '.join(_trained_places(self.checkpoint.dir))}); pass tags or slot ids")
-        chosen = embodiments.with_trained(self.trained.value if self.trained else None, missing)
-        return chosen.slots(self.config, self.bank_slots, self.embodiment_ids.value, self.embodiment_ids.source)
+        return embodiments.with_trained(self.trained.value if self.trained else None, missing)
+
+    def slots(self, embodiments: Embodiments) -> tuple[int, ...]:
+        """The selection (every slot, tags, slot ids, `trained`) as slot ids of this checkpoint's banks, each tag
+        read with the trainer's own map."""
+        return self.chosen(embodiments).slots(self.config, self.bank_slots, self.tag_map)
 
     def source_record(self) -> dict:
         """What the entry's `source` records of the folder (recorded, not hashed)."""
@@ -88,14 +98,22 @@ class Folder:
                 "tied_by": self.ties.source if self.ties else None,
                 "trained_embodiments": list(self.trained.value) if self.trained else None,
                 "trained_from": self.trained.source if self.trained else None,
-                "embodiment_map": self.embodiment_ids.source,
+                "embodiment_map": self.tag_map.source,
                 "left_alone": dict(self.left_alone) or None}
 
-    def notes(self) -> list[str]:
-        """One line each for what the convert should say: files left alone, the checkpoint's map overriding ours."""
+    def notes(self, embodiments: Embodiments = Embodiments()) -> list[str]:
+        """One line each for what the convert should say: files left alone, the trainer's map overriding ours, a
+        map assumed, and each tag named that the trainer's map lacks (the slot its trainer gave it)."""
+        builtin, table = self.config.embodiment_ids, f"configs/{self.version}.toml"
         lines = [f"not read: {name} ({why})" for name, why in self.left_alone.items()]
-        lines += [f"embodiment {tag}: slot {theirs} by {self.embodiment_ids.source}, not {ours} as in "
-                  f"configs/{self.version}.toml: using the checkpoint's" for tag, (ours, theirs) in self.overridden.items()]
+        lines += [f"embodiment {tag}: slot {theirs} by {self.tag_map.source}, not {ours} as in {table}: using the "
+                  "checkpoint's" for tag, (ours, theirs) in self.overridden.items()]
+        lines += [self.map_note] if self.map_note else []
+        unknown = self.tag_map.unknown_slot
+        for tag in self.chosen(embodiments).outside(self.tag_map) if unknown is not None else ():
+            ours = f", not {builtin[tag]} as in {table}" if tag in builtin and builtin[tag] != unknown else ""
+            lines.append(f"embodiment {tag}: not in the map of {self.tag_map.source}, and LeRobot trains a tag "
+                         f"outside its map as slot {unknown}: using slot {unknown}{ours}")
         return lines
 
 
@@ -110,10 +128,11 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
     cfg = load_config(found)
     check_shapes(ck, cfg)
     ties = tie_tables(ck, cfg)
-    ids, overridden = embodiment_map(ck.dir, cfg)
+    pack = lerobot_pack(ck.dir)
+    tag_map, overridden, map_note = embodiment_map(ck.dir, cfg, pack)
     return Folder(checkpoint=ck, version=found, version_found=version is None,
-                  left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained_tags(ck.dir),
-                  embodiment_ids=ids, overridden=overridden, ties=ties)
+                  left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained_tags(ck.dir, pack),
+                  tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note)
 
 
 # -- which files are weights ----------------------------------------------------------------------------------------
@@ -248,12 +267,56 @@ def _places(folder: Path) -> list[Path]:
     return [folder, folder.parent] if _RUN_CHECKPOINT.match(folder.name) else [folder]
 
 
+# Where `--embodiments trained` reads the trained tags, in this order: LeRobot's pack step, LeRobot's config,
+# Isaac-GR00T N1.6/N1.7's run config, Isaac-GR00T N1.5's metadata.
+TRAINED_RECORDS = (LEROBOT_PREPROCESSOR, "config.json", *ISAAC_CONFIGS, N15_METADATA)
+
+
 def _trained_places(folder: Path) -> list[str]:
-    return [str(p / name) for p in _places(folder) for name in ("config.json", *ISAAC_CONFIGS, N15_METADATA)]
+    return [str(p / name) for p in _places(folder) for name in TRAINED_RECORDS]
 
 
-def trained_tags(folder: Path) -> Read | None:
-    """The embodiment tags the fine-tune was trained for, as its trainer recorded them, or None."""
+@dataclass(frozen=True)
+class LeRobotPack:
+    """LeRobot's pack step as `policy_preprocessor.json` saved it: the tag it packed and the map it packed with."""
+    path: Path
+    tag: str
+    mapping: Mapping[str, int] | None  # None: the step saved no map (LeRobot's own table was its default)
+
+
+def lerobot_pack(folder: Path) -> LeRobotPack | None:
+    """The pack step of the LeRobot processor pipeline saved with the policy, or None when there is none."""
+    path = folder / LEROBOT_PREPROCESSOR
+    if not path.is_file():
+        return None
+    remedy = "fix or remove it, or pass --embodiments with slot ids"
+    doc = _small_json(path, remedy)
+    steps = doc.get("steps") if isinstance(doc, dict) else None
+    if not isinstance(steps, list):
+        raise CheckpointError(path, f"is not a LeRobot processor pipeline (no list of steps); {remedy}")
+    configs = [step.get("config") for step in steps if isinstance(step, dict)
+               and isinstance(step.get("registry_name"), str) and _PACK_STEP.match(step["registry_name"])]
+    if not configs:
+        return None  # a pipeline without GR00T's pack step records no embodiment
+    config = configs[0] if isinstance(configs[0], dict) else {}
+    tag, mapping = config.get("embodiment_tag"), config.get("embodiment_mapping")
+    if not isinstance(tag, str) or not tag:
+        raise CheckpointError(path, f"its pack step's embodiment_tag must be a tag name, found {tag!r}; {remedy}")
+    if mapping is not None and not _is_tag_table(mapping):
+        raise CheckpointError(path, f"its pack step's embodiment_mapping must be an object of embodiment tag -> slot "
+                                    f"id; {remedy}")
+    return LeRobotPack(path, tag, mapping)
+
+
+def _is_tag_table(doc: object) -> bool:
+    return isinstance(doc, dict) and all(isinstance(k, str) and type(v) is int and 0 <= v for k, v in doc.items())
+
+
+def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Read | None:
+    """The embodiment tags the fine-tune was trained for, as its trainer recorded them, or None. LeRobot's pack
+    step (`pack`, read from `folder`) is what packed the batches, so it comes before LeRobot's `config.json`."""
+    if pack is not None:
+        return Read((pack.tag,), str(pack.path))
     for place in _places(folder):
         lerobot = _lerobot_tag(place / "config.json")
         if lerobot is not None:
@@ -271,6 +334,7 @@ def trained_tags(folder: Path) -> Read | None:
 
 
 def _lerobot_tag(path: Path) -> Read | None:
+    """The tag in LeRobot's `config.json` (`"type": "groot"`), or None for any other config."""
     if not path.is_file():
         return None
     doc = _small_json(path, "pass --embodiments with tags or slot ids instead")
@@ -317,23 +381,43 @@ def _isaac_tags(path: Path) -> Read:
     return Read(tuple(tags), str(path))
 
 
-def embodiment_map(folder: Path, cfg: VersionConfig) -> tuple[Read, dict[str, tuple[int, int]]]:
-    """The tag -> slot map: the checkpoint's own `embodiment_id.json` merged over the built-in table (as the
-    trainer's processor merges them), and the tags on which the two disagree."""
+def embodiment_map(folder: Path, cfg: VersionConfig, pack: LeRobotPack | None = None
+                   ) -> tuple[TagMap, dict[str, tuple[int, int]], str | None]:
+    """The tag -> slot map the trainer trained with, the tags on which it and the built-in table disagree, and a
+    note when the map was assumed rather than read:
+    - LeRobot: the map its pack step saved (`pack`), taken as it is: LeRobot merges nothing into it, and a tag
+      outside it trained slot 0. An export without processors: LeRobot's own table (configs [lerobot]).
+    - Isaac-GR00T: the checkpoint's `embodiment_id.json` merged over the built-in table, as its processor merges
+      them; a tag outside both is refused, as Isaac-GR00T refuses it.
+    - Otherwise the built-in table."""
     builtin = dict(cfg.embodiment_ids)
+
+    def differing(theirs: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+        return {t: (builtin[t], s) for t, s in sorted(theirs.items()) if t in builtin and builtin[t] != s}
+
+    lerobot = dict(cfg.lerobot.get("embodiments", {}))
+    unknown_slot = cfg.lerobot.get("unknown_slot", 0)
+    if pack is not None:
+        mapping = pack.mapping if pack.mapping is not None else lerobot
+        return TagMap(mapping, str(pack.path), unknown_slot), differing(mapping), None
     for place in _places(folder):
         for name in MAP_PLACES:
             path = place / name
             if not path.is_file():
                 continue
             doc = _small_json(path, "fix or remove it, or pass --embodiments with slot ids")
-            if not isinstance(doc, dict) or not all(isinstance(k, str) and type(v) is int and 0 <= v
-                                                    for k, v in doc.items()):
+            if not _is_tag_table(doc):
                 raise CheckpointError(path, "must be an object of embodiment tag -> slot id; fix or remove it, or "
                                             "pass --embodiments with slot ids")
-            overridden = {t: (builtin[t], s) for t, s in sorted(doc.items()) if t in builtin and builtin[t] != s}
-            return Read({**builtin, **doc}, str(path)), overridden
-    return Read(builtin, f"configs/{cfg.version}.toml"), {}
+            return TagMap({**builtin, **doc}, str(path)), differing(doc), None
+    if _lerobot_tag(folder / "config.json") is not None and lerobot:
+        release = cfg.lerobot.get("release", "?")
+        note = (f"LeRobot saved its tag -> slot map only in {LEROBOT_PREPROCESSOR}, which {folder} lacks: read with "
+                f"LeRobot {release}'s own table, what LeRobot packs with when the base checkpoint has no "
+                f"{EMBODIMENT_MAP}; if yours had one, pass --embodiments with the slot id it gives")
+        return TagMap(lerobot, f"LeRobot {release}'s own table (configs/{cfg.version}.toml [lerobot])", unknown_slot), \
+            differing(lerobot), note
+    return TagMap.builtin(cfg), {}, None
 
 
 # -- small files ----------------------------------------------------------------------------------------------------

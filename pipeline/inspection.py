@@ -24,4 +24,4 @@ def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, r
                 "index_total_size": ck.metadata.get("total_size"), "shards": ck.byte_accounting(),
                 "straddling_unit": unit, "straddle": straddle,
                 "embodiment_tensors": {k: list(ck.shape(k)) for k in cfg.embodiment_keys},
-                "embodiment_tags": dict(folder.embodiment_ids.value), "embodiment_map": folder.embodiment_ids.source}
+                "embodiment_tags": dict(folder.tag_map.ids), "embodiment_map": folder.tag_map.source}

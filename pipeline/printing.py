@@ -77,7 +77,8 @@ def print_cache_rows(rows: list[dict], totals: dict, where: str) -> None:
             src = "synthetic" if r["source"] == "synthetic" else ("snapshot" if r["source"] else "-")
             tail = r["state"] + (f"  <- {', '.join(r['refs'])}" if r["refs"] else "") + \
                 (f"  (trained for {', '.join(r['trained_for'])}" + (f", read from {r['trained_from']}"
-                                                                     if r.get("trained_from") else "") + ")"
+                                                                     if r.get("trained_from") else "") +
+                 (f", slots by {r['embodiment_map']}" if r.get("embodiment_map") else "") + ")"
                  if r.get("trained_for") else "")
             age = _age(r["age_s"]) if r["age_s"] is not None else "-"
             print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "

@@ -62,7 +62,13 @@ def _natural(name: str) -> list:
 OUT_SUFFIXES = (".svg", ".png", ".pdf", ".dot", ".json")
 
 
-def write_graph(opts, out: Path) -> dict:
+def write_graph(opts, out: Path, stream=None) -> dict:
+    """The graph as a picture, DOT text or the task list as JSON in `out`; `out` "-": the JSON on `stream`."""
+    if str(out) == "-":
+        graph, _ = graph_for(opts)
+        json.dump(graph_json(graph), stream)
+        stream.write("\n")
+        return {"out": "-", "tasks": len(graph)}
     if out.suffix not in OUT_SUFFIXES:
         raise ConfigError(f"{out}: --out must end in {', '.join(OUT_SUFFIXES)} (a picture, DOT text, or the task list "
                           "as JSON)")

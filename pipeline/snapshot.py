@@ -7,6 +7,10 @@ project's folder, and a miss lists the revisions that are present.
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
+import urllib.parse
 from pathlib import Path
 
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
@@ -55,25 +59,68 @@ def _present(repo_id: str, cache_dir: Path) -> str:
     return f"revisions present: {', '.join(revs)}" if revs else "no revision of it is present"
 
 
+def _lookup(host: str, port: int, found: list) -> None:
+    try:
+        found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    except (OSError, UnicodeError):
+        found.append(f"its name {host} does not resolve")
+
+
+def hub_unreachable(endpoint: str | None = None, timeout: float = 4.0) -> str | None:
+    """Why the hub cannot be reached from here (its name does not resolve, or nothing answers on its port), or None.
+    huggingface_hub retries a dead route for about 30 s before it gives up; this asks once, within `timeout` in
+    all, so a machine without network is answered at once."""
+    deadline = time.monotonic() + timeout
+    url = urllib.parse.urlsplit(endpoint or constants.ENDPOINT)
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return f"HF_ENDPOINT {endpoint or constants.ENDPOINT!r} names no host"
+    found: list = []
+    lookup = threading.Thread(target=_lookup, args=(host, port, found), daemon=True)  # no timeout of its own:
+    lookup.start()                                                                    # a hung one is left behind
+    lookup.join(timeout / 2)
+    if not found:
+        return f"its name {host} did not resolve within {timeout / 2:g} s"
+    if isinstance(found[0], str):
+        return found[0]
+    addresses, reason = found[0], "no address"
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.settimeout(max(0.1, deadline - time.monotonic()))
+                probe.connect(address)
+                return None
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+    return f"{host}:{port} did not answer ({reason})"
+
+
+def _not_cached(repo_id: str, revision: str, cache_dir: Path, why: str, offline_hint: str) -> CheckpointError:
+    return CheckpointError(
+        repo_folder(repo_id, cache_dir), f"{repo_id} at revision {revision} is not in the Hugging Face cache "
+        f"({_present(repo_id, cache_dir)}) and {why}. Fetch it with `hf download {repo_id} --revision {revision} "
+        f"--cache-dir {cache_dir}`, or pass --revision REV or --snapshot DIR{offline_hint}")
+
+
 def _from_hub(repo_id: str, revision: str, cache_dir: Path, offline_hint: str = "") -> Path:
-    """A repo's snapshot from the HF cache, else fetched with huggingface_hub (unless offline); a miss names the
-    `hf download` command (and, offline, `offline_hint`)."""
+    """A repo's snapshot from the HF cache, else fetched with huggingface_hub (unless offline, or the hub cannot be
+    reached); a miss names the `hf download` command (and `offline_hint`)."""
     for name in (INDEX_NAME, SINGLE_NAME):
         found = try_to_load_from_cache(repo_id, name, cache_dir=str(cache_dir), revision=revision)
         if isinstance(found, str):
             return Path(found).parent
-    if not hub_offline():
-        try:
-            return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir), allow_patterns=HUB_FILES))
-        except Exception as e:  # network, auth, unknown revision: say what failed and what to run
-            raise CheckpointError(repo_folder(repo_id, cache_dir), f"{repo_id} at revision {revision} is not "
-                                  f"in the Hugging Face cache and could not be fetched ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}); {_present(repo_id, cache_dir)}; "
-                                  "pass --snapshot DIR or --revision REV") from None
-    raise CheckpointError(
-        repo_folder(repo_id, cache_dir), f"{repo_id} at revision {revision} is not in the Hugging Face cache "
-        f"({_present(repo_id, cache_dir)}) and HF_HUB_OFFLINE is set. Fetch it with `hf download {repo_id} "
-        f"--revision {revision} --cache-dir {cache_dir}`, or pass --revision REV or --snapshot DIR{offline_hint}")
+    if hub_offline():
+        raise _not_cached(repo_id, revision, cache_dir, "HF_HUB_OFFLINE is set", offline_hint)
+    unreachable = hub_unreachable()
+    if unreachable:
+        raise _not_cached(repo_id, revision, cache_dir, f"the hub could not be reached ({unreachable})", offline_hint)
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=str(cache_dir), allow_patterns=HUB_FILES))
+    except Exception as e:  # auth, unknown revision, a dropped connection: say what failed and what to run
+        raise CheckpointError(repo_folder(repo_id, cache_dir), f"{repo_id} at revision {revision} is not "
+                              f"in the Hugging Face cache and could not be fetched ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); {_present(repo_id, cache_dir)}; "
+                              "pass --snapshot DIR or --revision REV") from None
 
 
 def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf_cache: Path | None = None,

@@ -40,7 +40,8 @@ class VersionConfig:
     layouts: Mapping[str, tuple[str, ...]]        # layout -> rule sets of configs/recipes.toml, tried in order
     default_layout: str
     components: Mapping[str, str]                 # the port's weight groups: component -> key prefix
-    embodiment_ids: Mapping[str, int] = field(default_factory=dict)
+    embodiment_ids: Mapping[str, int] = field(default_factory=dict)  # the built-in table ([embodiments])
+    lerobot: Mapping[str, object] = field(default_factory=dict)  # LeRobot's own table, as its release ships it
     port: Mapping[str, object] = field(default_factory=dict)  # the consumer's code: configs/<version>.toml [port]
 
     def dims_for(self, scale: str) -> Mapping[str, int]:
@@ -92,4 +93,5 @@ def load_config(version: str) -> VersionConfig:
         default_layout=raw["default_layout"], components=MappingProxyType(raw["components"]),
         port=MappingProxyType(raw.get("port", {})),
         embodiment_ids=MappingProxyType(raw.get("embodiments", {})),
+        lerobot=MappingProxyType(raw.get("lerobot", {})),
     )

@@ -123,21 +123,31 @@ def available() -> bool:
     return os.environ.get("GR00T_TT_KERNELS") != "0" and _lib() is not None
 
 
-def _rows(matrix: np.ndarray) -> tuple[int, int, int]:
+def _rows(matrix: np.ndarray, what: str = "the input") -> tuple[int, int, int]:
     """(rows, cols, row stride in elements) of a 2-D array of bf16 bits whose rows are contiguous: the one shape the
     C loops read. Anything else is refused here, before a pointer crosses into C."""
     if matrix.dtype not in _BF16_BITS or matrix.ndim != 2:
         raise ValueError(f"expected a 2-D array of bf16 bits, got {matrix.dtype} {matrix.shape}")
+    _aligned(matrix, what)
     rows, cols = matrix.shape
     if (cols > 1 and matrix.strides[1] != 2) or (rows > 1 and (matrix.strides[0] < 2 * cols or matrix.strides[0] % 2)):
         raise ValueError(f"expected rows of contiguous 16-bit values, got {matrix.shape} strides {matrix.strides}")
     return rows, cols, (matrix.strides[0] // 2 if rows > 1 else cols)
 
 
+def _aligned(array: np.ndarray, what: str) -> None:
+    """C reads an element at an address that is a multiple of its size (UBSan's "misaligned address" otherwise): a
+    view that starts mid-element (`buf[1:].view(np.uint16)`) is refused; `np.ascontiguousarray` copies it aligned."""
+    if array.ctypes.data % array.dtype.itemsize:
+        raise ValueError(f"{what} starts at an address that is not a multiple of its {array.dtype.itemsize}-byte "
+                         "elements; pass an aligned copy (np.ascontiguousarray)")
+
+
 def _output(out: np.ndarray, nbytes: int, what: str) -> None:
-    """`out` is a writable, contiguous byte buffer that holds at least `nbytes`: C writes exactly that many."""
+    """`out` is a writable, contiguous, aligned buffer that holds at least `nbytes`: C writes exactly that many."""
     if not (isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"{what}: the output must be a writable contiguous numpy buffer")
+    _aligned(out, f"{what}: the output")
     if out.nbytes < nbytes:
         raise ValueError(f"{what}: the output holds {out.nbytes} bytes, the result needs {nbytes}")
 
@@ -168,7 +178,7 @@ def pack_bfp8(matrix: np.ndarray, out: np.ndarray, sums: np.ndarray, worst: np.n
 def transpose_into(out: np.ndarray, x: np.ndarray) -> None:
     """`out[:] = x.T` for 2-D arrays of bf16 bits with contiguous rows (`out` may be a column slice of a wider array)."""
     rows, cols, stride = _rows(x)
-    out_rows, out_cols, out_stride = _rows(out)
+    out_rows, out_cols, out_stride = _rows(out, "the output")
     if (out_rows, out_cols) != (cols, rows):
         raise ValueError(f"transpose of {x.shape} does not fit {out.shape}")
     if not out.flags.writeable:
@@ -181,6 +191,9 @@ def round_f32_bf16(wide: np.ndarray, out: np.ndarray, nan: int) -> int:
     NaN written as `nan`; the flat index of the first finite value that rounds to ±Inf, or -1."""
     if wide.dtype != np.float32 or not wide.flags.c_contiguous:
         raise ValueError(f"round_f32_bf16: expected contiguous float32, got {wide.dtype}")
+    _aligned(wide, "round_f32_bf16: the input")
+    if not isinstance(nan, (int, np.integer)) or not 0 <= nan <= 0xFFFF:  # ctypes would keep the low 16 bits silently
+        raise ValueError(f"round_f32_bf16: nan must be a 16-bit pattern (0..0xffff), got {nan!r}")
     if out.dtype not in _BF16_BITS:
         raise ValueError(f"round_f32_bf16: the output must hold bf16 bits, got {out.dtype}")
     _output(out, wide.size * 2, "round_f32_bf16")

@@ -82,6 +82,17 @@ def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path)
     assert shell.stdout == "{" and "Traceback" not in shell.stderr and "BrokenPipe" not in shell.stderr
 
 
+def test_a_reader_that_leaves_early_gets_silence_and_141(hf_cache):
+    """An output far past the pipe's 64 KiB buffer (the graph's task list: ~850 KB), piped into `head -c 1`: the
+    write fails with BrokenPipeError mid-output; the CLI says nothing and exits 141, as a shell's SIGPIPE."""
+    shell = subprocess.run(f"{sys.executable} -m pipeline graph --version n17 --synthetic tiny --hf-cache {hf_cache} "
+                           "--out - | head -c 1; echo \" ${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash", cwd=ROOT,
+                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert shell.stdout == "{ 141\n" and shell.stderr == "", shell.stderr[-2000:]
+    whole = run_cli("graph", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--out", "-")
+    assert len(whole.stdout) > 64 << 10 and json.loads(whole.stdout)
+
+
 def test_check_against_cache_needs_an_entry_and_says_what_it_did(hf_cache, tmp_path):
     args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
             "--cache", str(tmp_path))

@@ -138,6 +138,8 @@ def test_every_form_reloads_as_the_conversion_of_what_it_stands_for(snapshots, t
             f"{cfg.containers['llm']}embed_tokens.weight": f"{cfg.containers['lm_head']}weight"}
         assert source["tied_by"] == "the __metadata__ of model.safetensors"
         assert source["trained_from"] == str(snapshot / "config.json")
+        assert source["embodiment_map"] == (f"configs/{version}.toml" if version == "n16" else  # no LeRobot N1.6
+                                            f"LeRobot {cfg.lerobot['release']}'s own table (configs/{version}.toml [lerobot])")
     if form in ISAAC_FORMS:
         tag = MAPPED_TAG if form == "mapped" else TRAINED_TAG
         assert source["trained_embodiments"] == [tag]
@@ -330,11 +332,15 @@ def test_the_readmes_fine_tune_lines_run_as_written(tmp_path):
     assert f"tags mapped by {run}/processor/embodiment_id.json: slots 10" in outputs[5]
     assert "trained for   new_embodiment" in outputs[7] and "note" not in outputs[7]  # DeepSpeed's files left alone
     assert "trained for   new_embodiment" in outputs[9] and "slots 31" in outputs[9]
-    assert "trained for   new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/config.json)" in outputs[10]
+    assert "trained for   new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json)" in outputs[10]
+    assert "tags mapped by tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json: slots 10" in outputs[10]
     assert "note          not read: policy_postprocessor_step_0_" in outputs[10] and "SYNTHETIC" in outputs[10]
     assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[14] and "n15 (found from its keys)" in outputs[14]
     assert "(trained for new_embodiment, read from " in outputs[15]  # cache ls
-    assert f"read from {tmp}/build/fine-tunes/isaac-n15/checkpoint-1000/experiment_cfg/metadata.json)" in outputs[15]
+    assert f"read from {tmp}/build/fine-tunes/isaac-n15/checkpoint-1000/experiment_cfg/metadata.json, slots by " \
+           "configs/n15.toml)" in outputs[15]
+    assert ("read from tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json, slots by "
+            "tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json)") in outputs[15]
 
 
 # -- what LeRobot itself wrote (tests/fixtures/lerobot-n17: generate.py, VERSIONS.json) -------------------------------
@@ -389,6 +395,64 @@ def test_what_lerobot_wrote_converts_as_the_same_weights_in_the_release_shape(sn
     assert got.tensors.keys() == want.tensors.keys()
     for name, tensor in want.tensors.items():
         assert got.tensors[name].dtype == tensor.dtype and _bytes(got.tensors[name]) == _bytes(tensor), name
+
+
+# Tags LeRobot's own run packed (generate.py: its saved preprocessor, stepped through on one sample), not the converter
+PACKED = {tag: json.loads((FIXTURE / f"pretrained_model-{tag}" / "packed.json").read_text())
+          for tag in json.loads((FIXTURE / "VERSIONS.json").read_text())["other_tags"]}
+
+
+@pytest.mark.parametrize("tag", sorted(PACKED))
+def test_a_lerobot_tag_gets_the_slot_lerobot_packed_it_with(tmp_path, cache_dir, tag):
+    """`unitree_g1_sonic` (slot 11 in Isaac-GR00T's table, absent from LeRobot's) and a custom tag: LeRobot packs
+    both as slot 0, and so does the convert, read from the trained tag or passed by hand, with a note naming the
+    tag and the file. A slot id passed by hand is that slot."""
+    packed = PACKED[tag]
+    assert packed["embodiment_tag"] == tag and packed["pack_step"] == "GrootN17PackInputsStep"
+    folder = _rebuilt(f"pretrained_model-{tag}", tmp_path)
+    preprocessor = folder / "policy_preprocessor.json"
+    note = (f"embodiment {tag}: not in the map of {preprocessor}, and LeRobot trains a tag outside its map as slot "
+            f"{packed['embodiment_id']}: using slot {packed['embodiment_id']}")
+    trained = convert(ConvertOptions(None, embodiments="trained", snapshot=folder, cache_root=cache_dir, progress=False))
+    assert trained["slots"] == [packed["embodiment_id"]]
+    assert trained["source"]["trained_embodiments"] == [tag] and trained["source"]["trained_from"] == str(preprocessor)
+    assert trained["source"]["embodiment_map"] == str(preprocessor)
+    ours = load_config("n17").embodiment_ids.get(tag)
+    assert (note + (f", not {ours} as in configs/n17.toml" if ours is not None else "")) in trained["notes"]
+    by_hand = convert(ConvertOptions(None, embodiments=tag, snapshot=folder, cache_root=cache_dir, progress=False))
+    assert by_hand["slots"] == [packed["embodiment_id"]] and by_hand["fingerprint"] == trained["fingerprint"]
+    assert any(n.startswith(note) for n in by_hand["notes"])
+    by_id = convert(ConvertOptions(None, embodiments="11", snapshot=folder, cache_root=cache_dir, progress=False))
+    assert by_id["slots"] == [11] and not any(n.startswith(f"embodiment {tag}") for n in by_id["notes"])
+
+
+def test_a_lerobot_export_without_processors_is_read_with_lerobots_own_table(tmp_path):
+    """`save_pretrained` alone: the tag from `config.json`, the map LeRobot packs with when the base has none (its
+    release's table), said in a note; with `embodiment_id.json` beside it, Isaac-GR00T's rule instead."""
+    from pipeline.embodiments import Embodiments
+    from pipeline.folder import read_folder
+
+    folder = _rebuilt("pretrained_model-unitree_g1_sonic", tmp_path)
+    for path in folder.glob("policy_*"):
+        path.unlink()
+    read = read_folder(folder)
+    assert read.trained.value == ("unitree_g1_sonic",) and read.trained.source == str(folder / "config.json")
+    assert read.slots(Embodiments.parse("trained")) == (0,) and read.slots(Embodiments.parse("libero_sim")) == (2,)
+    assert "configs/n17.toml [lerobot]" in read.tag_map.source
+    notes = read.notes(Embodiments.parse("trained"))
+    assert any(n.startswith("LeRobot saved its tag -> slot map only in policy_preprocessor.json") for n in notes)
+    (folder / "embodiment_id.json").write_text(json.dumps({"unitree_g1_sonic": 11}))
+    assert read_folder(folder).slots(Embodiments.parse("trained")) == (11,)
+
+
+def test_a_broken_lerobot_pack_step_is_one_sentence(tmp_path):
+    folder = _rebuilt("pretrained_model-my_robot", tmp_path)
+    doc = json.loads((folder / "policy_preprocessor.json").read_text())
+    pack = next(s for s in doc["steps"] if s["registry_name"] == "groot_n1_7_pack_inputs_v1")
+    pack["config"]["embodiment_mapping"] = {"my_robot": "three"}
+    (folder / "policy_preprocessor.json").write_text(json.dumps(doc))
+    msg = _refused(["--snapshot", str(folder), "--embodiments", "trained"], tmp_path / "c")
+    assert msg.startswith(f"error: {folder / 'policy_preprocessor.json'}") and "embodiment_mapping" in msg
 
 
 def test_isaac_forms_are_cut_as_the_hf_trainer_cuts_them():

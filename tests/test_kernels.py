@@ -85,3 +85,40 @@ def test_a_source_that_does_not_compile_is_said_not_silently_replaced(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"warning: {broken} does not compile with ") and "error" in err and err.count("\n") == 1
     assert not list((tmp_path / "home").glob("_kernels-*.so"))
+
+
+def _misaligned(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An array of `dtype` that starts one byte past an element boundary (a view into a byte buffer)."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.zeros(n + 16, np.uint8)[1:1 + n].view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("call", ["tilize", "pack", "transpose in", "transpose out", "round in", "round out"])
+def test_a_misaligned_array_never_reaches_c(call):
+    """C reads each element at a multiple of its size; an unaligned view is refused in one sentence (UBSan
+    reported kernels.c:18, :167, :269, :281 and :286 on these before the check)."""
+    good = np.zeros((32, 32), np.uint16)
+    bad = _misaligned((32, 32), np.uint16)
+    calls = {
+        "tilize": lambda: kernels.tilize_bf16(bad, np.zeros(2048, np.uint8)),
+        "pack": lambda: kernels.pack_bfp8(bad, np.zeros(1088, np.uint8), np.zeros(5), np.zeros(1, np.float32)),
+        "transpose in": lambda: kernels.transpose_into(np.zeros((32, 32), np.uint16), bad),
+        "transpose out": lambda: kernels.transpose_into(bad, good),
+        "round in": lambda: kernels.round_f32_bf16(_misaligned((64,), np.float32), np.zeros(64, np.uint16), 0x7FC0),
+        "round out": lambda: kernels.round_f32_bf16(np.zeros(64, np.float32), _misaligned((64,), np.uint16), 0x7FC0),
+    }
+    with pytest.raises(ValueError, match="not a multiple of its"):
+        calls[call]()
+
+
+@pytest.mark.parametrize("nan", [0x17FC0, -1, 1.5])
+def test_a_nan_pattern_wider_than_16_bits_is_refused(nan):
+    """ctypes keeps a c_uint16's low 16 bits: 0x17fc0 would be written as 0x7fc0 without a word."""
+    with pytest.raises(ValueError, match="16-bit pattern"):
+        kernels.round_f32_bf16(np.full(4, np.nan, np.float32), np.zeros(4, np.uint16), nan)
+
+
+def test_the_widest_nan_pattern_is_written_as_given():
+    out = np.zeros(4, np.uint16)
+    kernels.round_f32_bf16(np.array([np.nan, 1.0, np.nan, 0.0], np.float32), out, 0xFFFF)
+    assert out.tolist() == [0xFFFF, 0x3F80, 0xFFFF, 0]

@@ -4,7 +4,11 @@ swapped for the project's folder, and the revision read is the one recorded."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CheckpointError
 from tasks.safetensors_file import read_header
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 
 
@@ -39,6 +43,26 @@ def test_the_release_is_never_resolved_to_a_synthetic_stand_in(hf_cache):
     assert "no revision of it is present) and HF_HUB_OFFLINE is set. Fetch it with `hf download nvidia/GR00T-N1.6-3B" in msg
     assert "synth" not in msg.split("(for a synthetic stand-in instead")[0]  # never: write synthetic data there
     assert "--hf-cache" not in msg
+
+
+@pytest.mark.parametrize("endpoint", ["http://hub.invalid", "http://127.0.0.1:1"], ids=["unresolvable", "refused"])
+def test_a_first_run_without_a_route_to_the_hub_is_answered_at_once(tmp_path, endpoint):
+    """`make convert VERSION=n17` on a machine with no network and no checkpoint: huggingface_hub would retry for
+    ~30 s; the convert says within 5 s (a refusal's time, with a wide margin, not a benchmark) that the hub could
+    not be reached, with both ways forward, `hf download` and the synthetic stand-in."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=endpoint, HF_HUB_CACHE=str(tmp_path / "hf"), GR00T_CACHE=str(tmp_path / "cache"))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--version", "n17"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    msg = proc.stderr
+    assert "is not in the Hugging Face cache (no revision of it is present) and the hub could not be reached (" in msg
+    assert "Fetch it with `hf download nvidia/GR00T-N1.7-3B --revision " in msg
+    assert "(for a synthetic stand-in instead: --synthetic tiny after `python -m pipeline synth --version n17`)" in msg
+    assert took < 5, f"{took:.1f} s"
+    assert not (tmp_path / "cache" / "entries").exists() or not any((tmp_path / "cache" / "entries").iterdir())
 
 
 def _real_looking(hf_cache: Path, tmp_path: Path, revision: str) -> Path:

@@ -36,6 +36,7 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
                      "source": m and ("synthetic" if m.source.get("synthetic") or m.synthetic else m.source.get("snapshot")),
                      "trained_for": m and m.source.get("trained_embodiments"),
                      "trained_from": m and m.source.get("trained_from"),
+                     "embodiment_map": m and m.source.get("embodiment_map"),
                      "bytes": size, "unique_bytes": unique, "shared_bytes": size - unique,
                      "published_unix": m and m.published_unix,
                      "age_s": round(now - m.published_unix) if m else None, "refs": in_use.get(name, [])})
