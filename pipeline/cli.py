@@ -75,7 +75,8 @@ def _convert_options(a: argparse.Namespace, device=None):
     return ConvertOptions(a.version, profile=a.profile, embodiments=a.embodiments, scheduler=a.scheduler,
                           snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache, force=a.force,
                           progress=not a.json, check_against_cache=a.check_against_cache, device=device,
-                          layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model)
+                          layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model,
+                          sha256=a.sha256)
 
 
 def cmd_convert(a: argparse.Namespace) -> dict:
@@ -146,7 +147,7 @@ def cmd_cache(a: argparse.Namespace) -> dict:
     totals: dict = {}
     rows = cache.entry_rows(store, getattr(a, "entry", None), verify=a.action == "verify", totals=totals)
     if not a.json:
-        print_cache_rows(rows, totals, store.describe("entries"))
+        print_cache_rows(rows, totals, store.describe("entries"), sources=a.action == "verify")
     if a.action == "verify" and any(r["state"].startswith("CORRUPT") for r in rows):
         raise PipelineError(f"cache {root}: {sum(r['state'].startswith('CORRUPT') for r in rows)} entry(ies) failed verification")
     return {"root": root, "entries": rows}
@@ -277,6 +278,10 @@ def _convert_parser(sub) -> None:
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id: upload as staged")
     sp.add_argument("--check-against-cache", action="store_true",
                     help="convert afresh into a scratch entry and compare it byte for byte with the cached one")
+    sp.add_argument("--sha256", action="store_true",
+                    help="record every shard's sha256 in the entry (provenance: `sha256sum` of the file matches it); "
+                         "an HF snapshot's shards are always checked against the sha256 their blobs are named by, a "
+                         "plain folder's against its content identity (its tensors' xxh3-128)")
 
 
 def _graph_parser(sub) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import resource
 import shutil
@@ -56,6 +57,7 @@ class ConvertOptions:
     revision: str | None = None  # the release's revision to read (default: the pinned one)
     synthetic: str | None = None  # a scale: convert the project's synthetic stand-in instead of the release
     model: str | None = None  # a hub repo id (a fine-tune's own repo): resolved through huggingface_hub
+    sha256: bool = False  # record every shard's sha256 (provenance); taken anyway where an HF blob name expects one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "embodiments", Embodiments.parse(self.embodiments))
@@ -144,7 +146,8 @@ def convert(opts: ConvertOptions) -> dict:
     ck, plan, slots, ident, root, name = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root, prep.name
     summary = {"version": plan.version, "version_found": opts.version is None, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident.fingerprint,
                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
-               "skipped": dict(plan.skipped), "source": ident.source, "notes": list(prep.notes)}
+               "skipped": dict(plan.skipped), "source": ident.source, "notes": list(prep.notes),
+               "shards_checked_against": ident.shards_checked_against}
     existing = cache.find_entry(store, name) if not opts.force else None
     if opts.check_against_cache:
         if existing is None:
@@ -156,7 +159,9 @@ def convert(opts: ConvertOptions) -> dict:
     if existing is not None:
         ck.close()
         write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
-        hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0}
+        sha256, said = _recorded_sha256(existing, ck, opts.sha256)
+        hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
+               "shards_sha256": sha256, "notes": summary["notes"] + said}
         if opts.device is not None:  # nothing to convert: upload straight from the cache
             slot = slots[0] if len(slots) == 1 else None
             hit["device_tensors"] = load(plan.version, store, slot, into=opts.device, profile=plan.profile,
@@ -178,8 +183,23 @@ def convert(opts: ConvertOptions) -> dict:
             "stage_seconds": timings["stage_seconds"],
             "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
             "published_here": result["published_here"], "device_tensors": result["device_tensors"],
+            "shards_sha256": result["shards_sha256"],
             "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"])), **pushed,
             "seconds": time.perf_counter() - t0}
+
+
+def _recorded_sha256(existing: Entry, ck: Checkpoint, wanted: bool) -> tuple[dict[str, str], list[str]]:
+    """On a cache hit: the shards' sha256 as the entry records them; with --sha256 and none recorded (the entry was
+    converted without it), taken now with hashlib, and a note that the entry itself does not hold them."""
+    recorded = dict(existing.manifest.shards_sha256)
+    if not wanted or set(recorded) >= set(ck.headers):
+        return recorded, []
+    taken = {}
+    for shard in sorted(ck.headers):
+        with open(ck.shard_path(shard), "rb") as f:
+            taken[shard] = hashlib.file_digest(f, "sha256").hexdigest()
+    return taken, [f"sha256 taken now: {existing.describe()} was converted without --sha256 and does not record "
+                   "them; convert with --force --sha256 to record them in the entry"]
 
 
 def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Built:
@@ -189,23 +209,26 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
     try:
         arrays = array_documents(plan, slots)
         create_arrays(tmp, arrays)
-        expected_sha = dict(ident.shards)  # each shard's HF blob sha256, or its hash remembered in sources/
+        expected = dict(ident.shards)  # each shard's HF blob sha256, or its content identity
         reused = Reuse()
         if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
             attrs = {name: doc["attributes"] for name, doc in arrays.items()}
-            reused = plan_reuse(root, plan, slots, ck, expected_sha, tmp=tmp, array_attrs=attrs, identified=prep.identified)
+            reused = plan_reuse(root, plan, slots, ck, expected, tmp=tmp, array_attrs=attrs, identified=prep.identified)
         done = _still_staged(tmp, plan, slots, reused.records)
         read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known by its identity alone (an earlier entry's) is trusted like a cache hit, unless something is
-        # read from it; every other shard is hashed by the graph's verify task, beside the conversion.
-        prehashed = {s: v for s, v in reused.verified.items() if s not in reused.identified or s not in read_from}
+        # read from it (or its sha256 is asked for and unknown); every other shard is checked by the graph's verify
+        # task, beside the conversion.
+        prehashed = {s: v for s, v in reused.verified.items()
+                     if (s not in reused.identified or s not in read_from) and (v.sha256 or not opts.sha256)}
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")
         inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, entry_tmp=tmp, entry_final=final,
-                             expected_sha256=expected_sha, done=done, identity=ident, arrays=arrays,
-                             check_bf16=opts.check_bf16, prehashed=prehashed, device=opts.device, replace=opts.force)
+                             expected_identity=expected, done=done, identity=ident, arrays=arrays,
+                             check_bf16=opts.check_bf16, prehashed=prehashed, device=opts.device, replace=opts.force,
+                             record_sha256=opts.sha256)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
     except BaseException as e:

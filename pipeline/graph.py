@@ -43,7 +43,7 @@ class GraphInputs:
     slots: tuple[int, ...]
     entry_tmp: Path
     entry_final: Path
-    expected_sha256: Mapping[str, str | None]     # shard -> content identity to verify against
+    expected_identity: Mapping[str, str | None]   # shard -> identity to verify against: HF blob sha256, or content id
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
     identity: Identity                             # what the publish step records the entry as
     arrays: Mapping[str, dict]                     # target -> its `zarr.json` document (created before the run)
@@ -51,6 +51,7 @@ class GraphInputs:
     prehashed: Mapping[str, object] = field(default_factory=dict)  # shard -> VerifiedShard hashed before the graph
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
     replace: bool = False                          # --force: the new entry replaces a published one at publish
+    record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -90,7 +91,7 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
             graph[("verify", shard)] = DataNode(("verify", shard), inputs.prehashed[shard])
         else:
             graph[("verify", shard)] = _task(("verify", shard), verify_shard, TaskRef(("index", shard)),
-                                             inputs.expected_sha256.get(shard))
+                                             inputs.expected_identity.get(shard), inputs.record_sha256)
     units: dict[str, list[TaskRef]] = {}
     unit_shards: dict[str, set[str]] = {}
     for t, slot in work_units(inputs.plan.targets, inputs.slots):

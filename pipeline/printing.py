@@ -42,6 +42,9 @@ def print_convert(s: dict) -> None:
         print(f"  trained for   {', '.join(src['trained_embodiments'])} ({src.get('trained_from')})")
     if src.get("embodiment_map"):
         print(f"  embodiments   tags mapped by {src['embodiment_map']}: slots {', '.join(map(str, s['slots']))}")
+    for shard, against in (s.get("shards_checked_against") or {}).items():
+        sha = (s.get("shards_sha256") or {}).get(shard)
+        print(f"  checked       {shard} against its {against}" + (f"; sha256 {sha}" if sha else ""))
     for note in s.get("notes", []):
         print(f"  note          {note}")
     print(f"  cache entry   {s['cache_path']}")
@@ -67,8 +70,9 @@ def print_convert(s: dict) -> None:
         print(f"    {n['name'] + slot:64} pcc {n['pcc']:.6f}  max|err| {n['max_abs_err']:.3g}")
 
 
-def print_cache_rows(rows: list[dict], totals: dict, where: str) -> None:
-    """`cache ls` / `cache verify`: one line per entry, then the totals."""
+def print_cache_rows(rows: list[dict], totals: dict, where: str, sources: bool = False) -> None:
+    """`cache ls` / `cache verify`: one line per entry, then the totals; `sources` (verify): under each entry, what
+    each source shard was checked against when it was converted."""
     if rows:
         head = f"{'entry':46} {'version':7} {'layout':8} {'profile':7} {'slots':8} {'revision':10} {'source':10} " \
                f"{'size':>10} {'own':>10} {'age':>7}  state / refs"
@@ -84,6 +88,9 @@ def print_cache_rows(rows: list[dict], totals: dict, where: str) -> None:
             print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
                   f"{_slots(r['slots'], r['bank_slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {size_text(r['bytes']):>10} "
                   f"{size_text(r['unique_bytes']):>10} {age:>7}  {tail}")
+            for shard, against in (r.get("shards_checked_against") or {}).items() if sources else ():
+                sha = (r.get("shards_sha256") or {}).get(shard)
+                print(f"    source {shard}: checked against its {against}" + (f", sha256 {sha}" if sha else ""))
         print(f"{len(rows)} entries, {size_text(totals['disk_bytes'])} on disk (shared bytes counted once); "
               "'own' is what removing the entry frees")
     else:

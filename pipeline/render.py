@@ -29,7 +29,7 @@ def graph_inputs(opts) -> GraphInputs:
     p = prepare(opts)
     return GraphInputs(plan=p.plan, checkpoint=p.checkpoint, slots=p.slots,
                        entry_tmp=cache.entries_dir(p.root) / tmp_name(p.name, 0, "graph"),
-                       entry_final=cache.entries_dir(p.root) / p.name, expected_sha256=dict(p.identity.shards), done={},
+                       entry_final=cache.entries_dir(p.root) / p.name, expected_identity=dict(p.identity.shards), done={},
                        identity=p.identity, arrays=array_documents(p.plan, p.slots))
 
 

@@ -123,31 +123,41 @@ def available() -> bool:
     return os.environ.get("GR00T_TT_KERNELS") != "0" and _lib() is not None
 
 
-def _rows(matrix: np.ndarray, what: str = "the input") -> tuple[int, int, int]:
+def _rows(matrix: np.ndarray) -> tuple[int, int, int]:
     """(rows, cols, row stride in elements) of a 2-D array of bf16 bits whose rows are contiguous: the one shape the
     C loops read. Anything else is refused here, before a pointer crosses into C."""
     if matrix.dtype not in _BF16_BITS or matrix.ndim != 2:
         raise ValueError(f"expected a 2-D array of bf16 bits, got {matrix.dtype} {matrix.shape}")
-    _aligned(matrix, what)
     rows, cols = matrix.shape
     if (cols > 1 and matrix.strides[1] != 2) or (rows > 1 and (matrix.strides[0] < 2 * cols or matrix.strides[0] % 2)):
         raise ValueError(f"expected rows of contiguous 16-bit values, got {matrix.shape} strides {matrix.strides}")
     return rows, cols, (matrix.strides[0] // 2 if rows > 1 else cols)
 
 
-def _aligned(array: np.ndarray, what: str) -> None:
-    """C reads an element at an address that is a multiple of its size (UBSan's "misaligned address" otherwise): a
-    view that starts mid-element (`buf[1:].view(np.uint16)`) is refused; `np.ascontiguousarray` copies it aligned."""
-    if array.ctypes.data % array.dtype.itemsize:
-        raise ValueError(f"{what} starts at an address that is not a multiple of its {array.dtype.itemsize}-byte "
-                         "elements; pass an aligned copy (np.ascontiguousarray)")
+def _aligned(array: np.ndarray, what: str, size: int | None = None) -> None:
+    """C writes an element at an address that is a multiple of its `size` (default the array's item size; UBSan's
+    "misaligned address" otherwise): an output that starts mid-element (`buf[1:].view(np.uint16)`) is refused."""
+    if not _is_aligned(array, size):
+        raise ValueError(f"{what} starts at an address that is not a multiple of its {size or array.dtype.itemsize}"
+                         "-byte elements; pass an aligned buffer (np.empty gives one)")
 
 
-def _output(out: np.ndarray, nbytes: int, what: str) -> None:
-    """`out` is a writable, contiguous, aligned buffer that holds at least `nbytes`: C writes exactly that many."""
+def _is_aligned(array: np.ndarray, size: int | None = None) -> bool:
+    return array.ctypes.data % (size or array.dtype.itemsize) == 0
+
+
+def _readable(array: np.ndarray) -> np.ndarray:
+    """An input C may read: itself, or an aligned copy of one that starts mid-element (a Dask worker's unpickled
+    buffer can: seen with the processes scheduler)."""
+    return array if _is_aligned(array) else array.copy()
+
+
+def _output(out: np.ndarray, nbytes: int, what: str, element: int | None = None) -> None:
+    """`out` is a writable, contiguous buffer, aligned for the `element`-byte values C writes (default its own item
+    size), that holds at least `nbytes`: C writes exactly that many."""
     if not (isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"{what}: the output must be a writable contiguous numpy buffer")
-    _aligned(out, f"{what}: the output")
+    _aligned(out, f"{what}: the output", element)
     if out.nbytes < nbytes:
         raise ValueError(f"{what}: the output holds {out.nbytes} bytes, the result needs {nbytes}")
 
@@ -158,14 +168,16 @@ def _tiles(rows: int, cols: int) -> int:
 
 def tilize_bf16(matrix: np.ndarray, out: np.ndarray) -> None:
     """`out` (uint8, tiles * 2048 bytes) = the bfloat16 TILE buffer of one [rows, cols] matrix of bf16 bits."""
+    matrix = _readable(matrix)
     rows, cols, stride = _rows(matrix)
-    _output(out, _tiles(rows, cols) * 2048, "tilize_bf16")
+    _output(out, _tiles(rows, cols) * 2048, "tilize_bf16", element=2)  # C writes bf16 values
     _lib().tilize_bf16(matrix.ctypes.data, rows, cols, stride, out.ctypes.data)
 
 
 def pack_bfp8(matrix: np.ndarray, out: np.ndarray, sums: np.ndarray, worst: np.ndarray) -> None:
     """`out` (uint8, tiles * 1088 bytes) = the bfloat8_b TILE buffer of one matrix; `sums` (float64[5]) and
     `worst` (float32[1]) accumulate the numerics of its read-back values (finite input: convert checks first)."""
+    matrix = _readable(matrix)
     rows, cols, stride = _rows(matrix)
     _output(out, _tiles(rows, cols) * 1088, "pack_bfp8")
     if sums.dtype != np.float64 or sums.size < 5 or worst.dtype != np.float32 or worst.size < 1:
@@ -177,8 +189,10 @@ def pack_bfp8(matrix: np.ndarray, out: np.ndarray, sums: np.ndarray, worst: np.n
 
 def transpose_into(out: np.ndarray, x: np.ndarray) -> None:
     """`out[:] = x.T` for 2-D arrays of bf16 bits with contiguous rows (`out` may be a column slice of a wider array)."""
+    x = _readable(x)
     rows, cols, stride = _rows(x)
-    out_rows, out_cols, out_stride = _rows(out, "the output")
+    out_rows, out_cols, out_stride = _rows(out)
+    _aligned(out, "transpose_into: the output")
     if (out_rows, out_cols) != (cols, rows):
         raise ValueError(f"transpose of {x.shape} does not fit {out.shape}")
     if not out.flags.writeable:
@@ -191,7 +205,7 @@ def round_f32_bf16(wide: np.ndarray, out: np.ndarray, nan: int) -> int:
     NaN written as `nan`; the flat index of the first finite value that rounds to ±Inf, or -1."""
     if wide.dtype != np.float32 or not wide.flags.c_contiguous:
         raise ValueError(f"round_f32_bf16: expected contiguous float32, got {wide.dtype}")
-    _aligned(wide, "round_f32_bf16: the input")
+    wide = _readable(wide)
     if not isinstance(nan, (int, np.integer)) or not 0 <= nan <= 0xFFFF:  # ctypes would keep the low 16 bits silently
         raise ValueError(f"round_f32_bf16: nan must be a 16-bit pattern (0..0xffff), got {nan!r}")
     if out.dtype not in _BF16_BITS:

@@ -28,7 +28,7 @@ from tasks.safetensors_file import ShardHeader, read_header
 @dataclass(frozen=True)
 class VerifiedShard:
     header: ShardHeader
-    sha256: str
+    sha256: str | None              # taken only where a sha256 is expected (an HF blob name) or asked for (--sha256)
     tensor_xxh3: Mapping[str, str]  # per-tensor content identity: lets a fine-tune reuse what did not change
 
 
@@ -43,13 +43,6 @@ def index_shard(path: Path, expected_keys: frozenset[str], names: Mapping[str, s
         raise CheckpointError(path, f"shard changed since the plan was made ({len(extra)} new, {len(gone)} missing keys); "
                                     "run the conversion again", key)
     return header if names is None else header.renamed(names)
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a whole file, block by block."""
-    sha = hashlib.sha256()
-    each_block(path, lambda block, _: sha.update(block))
-    return sha.hexdigest()
 
 
 def hash_shard(header: ShardHeader, with_sha256: bool = True) -> tuple[str | None, dict[str, str]]:
@@ -86,12 +79,19 @@ def hash_shard(header: ShardHeader, with_sha256: bool = True) -> tuple[str | Non
 
 
 CONTENT_ID = "xxh3-128:"  # the prefix of a shard identity taken from its tensors (a sha256 has none)
+CHECKED_BY_SHA256 = "published sha256"   # an HF snapshot: the sha256 its blob is named by
+CHECKED_BY_CONTENT = "content identity"  # a plain folder or file: its tensors' xxh3-128
+
+
+def checked_against(identity: str) -> str:
+    """What a shard of this identity is checked against: the sha256 the hub published it under, or its content."""
+    return CHECKED_BY_CONTENT if identity.startswith(CONTENT_ID) else CHECKED_BY_SHA256
 
 
 def content_identity(header: ShardHeader, tensor_xxh3: Mapping[str, str]) -> str:
     """A shard's identity when no sha256 is known before the conversion (a plain file, not an HF blob): its tensors'
-    names, dtypes, shapes and xxh3-128, which a pass at memory speed gives. The sha256, the slow hash, is then
-    taken in the graph beside the conversion (verify_shard) and recorded in the manifest."""
+    names, dtypes, shapes and xxh3-128, which a pass at memory speed gives. It names the entry, finds what changed,
+    and checks the bytes again in the graph (verify_shard); no sha256 is taken unless asked for."""
     doc = [[k, e.dtype, list(e.shape), tensor_xxh3[k]] for k, e in sorted(header.entries.items())]
     return CONTENT_ID + xxhash.xxh3_128_hexdigest(json.dumps(doc, separators=(",", ":")).encode())
 
@@ -102,13 +102,15 @@ def identify_shards(headers: Sequence[ShardHeader], workers: int) -> list[dict[s
         return [tensors for _, tensors in pool.map(lambda h: hash_shard(h, with_sha256=False), headers)]
 
 
-def verify_shard(header: ShardHeader, expected: str | None) -> VerifiedShard:
-    """Hash the shard (sha256 and every tensor's xxh3 in one pass); when its identity is known (the HF blob name's
-    sha256, or the content identity the entry is named by), the bytes must match it."""
-    digest, tensors = hash_shard(header)
-    found = content_identity(header, tensors) if expected and expected.startswith(CONTENT_ID) else digest
+def verify_shard(header: ShardHeader, expected: str | None, record_sha256: bool = False) -> VerifiedShard:
+    """Check the shard's bytes against its identity, in one pass that also gives every tensor's xxh3. The sha256,
+    the slow hash, is taken only where it checks something, an HF blob name (`expected` a sha256), or where it is
+    asked for (`record_sha256`, --sha256: provenance); a plain file is checked against its content identity."""
+    content = expected is not None and expected.startswith(CONTENT_ID)
+    digest, tensors = hash_shard(header, with_sha256=record_sha256 or not content)
+    found = content_identity(header, tensors) if content else digest
     if expected is not None and found != expected:
-        what = "content identity" if expected.startswith(CONTENT_ID) else "content sha256"
+        what = "content identity" if content else "content sha256"
         raise CheckpointError(header.path, f"{what} is {found}, expected {expected} (its HF blob name, or what was "
                                            "read when this conversion began or when it was first converted): the "
                                            "file changed or is corrupt; download it again")

@@ -156,3 +156,44 @@ def test_unknown_version_and_embodiment_are_one_line_errors(hf_cache, tmp_path):
     assert proc.returncode == 2 and "error: unknown embodiment tag 'robot9' for n16" in proc.stderr
     proc = run_cli("convert", "--version", "n16", "--embodiments", "40", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(tmp_path))
     assert proc.returncode == 2 and "embodiment slot 40 is out of range for this n16 checkpoint: its banks have slots 0..31" in proc.stderr
+
+
+def test_a_plain_folder_takes_no_sha256_unless_asked_and_records_what_hashlib_gives(hf_cache, tmp_path, monkeypatch):
+    """Issue 48: a trainer's folder has no published sha256 to compare with; it is named and checked by its content
+    identity alone. `--sha256` records each shard's sha256 for provenance (hashlib's, as `sha256sum` gives it)."""
+    import hashlib
+    import shutil
+    import types
+
+    from tasks import source
+    from tasks.entries.entry import open_entry
+    from tasks.entries.store import LocalStore
+
+    snap = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
+    plain = tmp_path / "plain"
+    shutil.copytree(snap, plain)  # the blobs' bytes, no HF cache around them
+    files = sorted(plain.glob("*.safetensors"))
+    want = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    taken = []
+
+    def counting_sha256(*args):
+        taken.append(1)
+        return hashlib.sha256(*args)
+
+    monkeypatch.setattr(source, "hashlib", types.SimpleNamespace(sha256=counting_sha256))
+    opts = dict(snapshot=plain, embodiments="new_embodiment", progress=False)
+    summary = convert(ConvertOptions(None, cache_root=tmp_path / "c1", **opts))
+    assert not summary["cache_hit"] and taken == []
+    assert summary["shards_checked_against"] == {f.name: "content identity" for f in files}
+    manifest = open_entry(LocalStore(tmp_path / "c1"), Path(summary["cache_path"]).name).manifest
+    assert manifest.shards_sha256 == {} and manifest.to_json()["shards_checked_against"] == {
+        f.name: "content identity" for f in files}
+    hit = convert(ConvertOptions(None, cache_root=tmp_path / "c1", sha256=True, **opts))  # asked on a hit: taken now
+    assert hit["cache_hit"] and hit["shards_sha256"] == want and "convert with --force --sha256" in hit["notes"][-1]
+    recorded = convert(ConvertOptions(None, cache_root=tmp_path / "c2", sha256=True, **opts))
+    assert recorded["fingerprint"] == summary["fingerprint"] and len(taken) == len(files)
+    manifest = open_entry(LocalStore(tmp_path / "c2"), Path(recorded["cache_path"]).name).manifest
+    assert manifest.shards_sha256 == want == recorded["shards_sha256"]
+    rows = json.loads(run_cli("cache", "ls", "--cache", str(tmp_path / "c2"), "--json").stdout)["entries"]
+    assert rows[0]["shards_checked_against"] == {f.name: "content identity" for f in files}
+    assert rows[0]["shards_sha256"] == want

@@ -19,6 +19,7 @@ from tasks.file_blocks import each_read
 from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, slot_of
 from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
 from tasks.plan import Plan, Target
+from tasks.source import checked_against
 
 
 def checksum(data: np.ndarray | bytes | memoryview) -> str:
@@ -161,6 +162,11 @@ class Identity:
     def name(self) -> str:
         return entry_name(self.version, self.layout, self.profile, self.fingerprint)
 
+    @property
+    def shards_checked_against(self) -> dict[str, str]:
+        """Shard -> what its bytes were checked against: a published sha256 (an HF blob name), or its content."""
+        return {shard: checked_against(identity) for shard, identity in sorted(self.shards.items())}
+
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(Identity)}  # (a Manifest's identity part, too)
 
@@ -174,10 +180,11 @@ class Manifest(Identity):
     arrays: Mapping[str, ArrayRecord] = field(default_factory=dict)
     bytes: int = 0
     chunks: int = 0
-    shards_sha256: Mapping[str, str] = field(default_factory=dict)  # every shard's sha256 (not hashed: taken in the graph)
+    shards_sha256: Mapping[str, str] = field(default_factory=dict)  # shard -> sha256, where one was taken (not hashed)
 
     def to_json(self) -> dict:
-        return {**Identity.to_json(self), "published_unix": self.published_unix,
+        return {**Identity.to_json(self), "shards_checked_against": self.shards_checked_against,
+                "published_unix": self.published_unix,
                 "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks,
                 **({"shards_sha256": dict(sorted(self.shards_sha256.items()))} if self.shards_sha256 else {})}
 

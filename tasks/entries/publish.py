@@ -120,7 +120,8 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
         shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
         won = False
     written = sum(s.record.nbytes + (s.record.tensorbin.nbytes if s.record.tensorbin else 0) for s in staged)
-    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "file_bytes": written, "chunks": manifest.chunks, "numerics": [s.numerics() for s in staged],
+    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "file_bytes": written,
+            "chunks": manifest.chunks, "shards_sha256": dict(manifest.shards_sha256), "numerics": [s.numerics() for s in staged],
             "device_tensors": {k: v for u in units for k, v in u.device.items()}}
 
 
