@@ -33,6 +33,7 @@ from tasks.entries.publish import push
 from tasks.entries.refs import write_ref
 from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
+from tasks.source import VerifiedShard
 from tasks.entries.store import LocalStore
 
 
@@ -218,10 +219,13 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known by its identity alone (an earlier entry's) is trusted like a cache hit, unless something is
-        # read from it (or its sha256 is asked for and unknown); every other shard is checked by the graph's verify
-        # task, beside the conversion.
+        # read from it (or its sha256 is asked for and unknown). A shard whose content identity this run took from
+        # its bytes moments ago (prep.identified) is checked by that pass: a second one would compare the same
+        # bytes with themselves. Every other shard is checked by the graph's verify task, beside the conversion.
         prehashed = {s: v for s, v in reused.verified.items()
                      if (s not in reused.identified or s not in read_from) and (v.sha256 or not opts.sha256)}
+        if not opts.sha256:
+            prehashed |= {s: VerifiedShard(ck.headers[s], None, hashes) for s, hashes in prep.identified.items()}
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")

@@ -186,8 +186,8 @@ def test_a_plain_folder_takes_no_sha256_unless_asked_and_records_what_hashlib_gi
     assert not summary["cache_hit"] and taken == []
     assert summary["shards_checked_against"] == {f.name: "content identity" for f in files}
     manifest = open_entry(LocalStore(tmp_path / "c1"), Path(summary["cache_path"]).name).manifest
-    assert manifest.shards_sha256 == {} and manifest.to_json()["shards_checked_against"] == {
-        f.name: "content identity" for f in files}
+    assert manifest.shards_sha256 == {} and manifest.shards_checked_against == {f.name: "content identity" for f in files}
+    assert all(v.startswith("xxh3-128:") for v in manifest.to_json()["shards"].values())  # what says so, on disk
     hit = convert(ConvertOptions(None, cache_root=tmp_path / "c1", sha256=True, **opts))  # asked on a hit: taken now
     assert hit["cache_hit"] and hit["shards_sha256"] == want and "convert with --force --sha256" in hit["notes"][-1]
     recorded = convert(ConvertOptions(None, cache_root=tmp_path / "c2", sha256=True, **opts))

@@ -117,7 +117,8 @@ def test_shard_hashes_equal_plain_hashes(snapshots):
     shards = sorted(snapshots["n16"].glob("*.safetensors"))
     headers = [read_header(p) for p in shards]
     for tensors, header, path in zip(identify_shards(headers, 2), headers, shards):
-        verified = verify_shard(header, content_identity(header, tensors))  # the graph's pass: sha256 beside
+        verified = verify_shard(header, content_identity(header, tensors), record_sha256=True)  # --sha256
         assert verified.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert verify_shard(header, content_identity(header, tensors)).sha256 is None  # none unless asked
         assert tensors == verified.tensor_xxh3 == {k: xxhash.xxh3_128_hexdigest(b) for k, b in _spans(path).items()}
         assert hash_shard(read_header(path)) == (verified.sha256, dict(verified.tensor_xxh3))

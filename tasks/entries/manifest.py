@@ -183,8 +183,7 @@ class Manifest(Identity):
     shards_sha256: Mapping[str, str] = field(default_factory=dict)  # shard -> sha256, where one was taken (not hashed)
 
     def to_json(self) -> dict:
-        return {**Identity.to_json(self), "shards_checked_against": self.shards_checked_against,
-                "published_unix": self.published_unix,
+        return {**Identity.to_json(self), "published_unix": self.published_unix,
                 "arrays": {n: a.to_json() for n, a in self.arrays.items()}, "bytes": self.bytes, "chunks": self.chunks,
                 **({"shards_sha256": dict(sorted(self.shards_sha256.items()))} if self.shards_sha256 else {})}
 
