@@ -169,11 +169,16 @@ def convert(opts: ConvertOptions) -> dict:
                                         layout=plan.layout, entry=name, synthetic=True).tensors
         return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
     final = cache.entries_dir(root) / name
-    built = _build(opts, prep, name, final)
-    result, timings, graph, done, reused = built.result, built.timings, built.graph, built.done, built.reused
     pushed = {}
-    if not store.can_rename:
-        pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
+    if not store.can_rename and opts.device is None:  # the workers put the entry into the store themselves
+        built = _build_in_store(opts, prep, store)
+        pushed = {"pushed_bytes": built.result["file_bytes"] + built.result["document_bytes"] -
+                                  built.result["already_there"]}
+    else:
+        built = _build(opts, prep, name, final)
+        if not store.can_rename:  # a device is open here: built beside it, then pushed
+            pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
+    result, timings, graph, done, reused = built.result, built.timings, built.graph, built.done, built.reused
     write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
     return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
@@ -201,6 +206,38 @@ def _recorded_sha256(existing: Entry, ck: Checkpoint, wanted: bool) -> tuple[dic
             taken[shard] = hashlib.file_digest(f, "sha256").hexdigest()
     return taken, [f"sha256 taken now: {existing.describe()} was converted without --sha256 and does not record "
                    "them; convert with --force --sha256 to record them in the entry"]
+
+
+def _shared(ck: Checkpoint, entry: Path | None = None) -> dict[str, str]:
+    """The folders a cluster's workers must see, and what to do when they cannot."""
+    shared = {str(ck.dir): "put the checkpoint where every worker can read it at the same path (a shared "
+                           "filesystem), or convert with --scheduler threads"}
+    if entry is not None:
+        shared[str(entry)] = (f"a cache folder is this machine's own: pass an object-store cache (--cache "
+                              f"s3://bucket/prefix), which the workers write to themselves, or a cache folder on a "
+                              f"filesystem they share")
+    return shared
+
+
+def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
+    """Run the graph with every stage task putting its objects into the object store from the worker that runs
+    it, and the publish task putting the manifest last: the client plans and names, the workers write. Objects a
+    killed run already put (the same entry: the same bytes) are not sent again."""
+    ck, ident = prep.checkpoint, prep.identity
+    try:
+        present = store.sizes(entry_key(prep.name))
+        prehashed = {} if opts.sha256 else {s: VerifiedShard(ck.headers[s], None, hashes)
+                                            for s, hashes in prep.identified.items()}
+        inputs = GraphInputs(plan=prep.plan, checkpoint=ck, slots=prep.slots, expected_identity=dict(ident.shards),
+                             done={}, identity=ident, arrays=array_documents(prep.plan, prep.slots),
+                             check_bf16=opts.check_bf16, prehashed=prehashed, record_sha256=opts.sha256,
+                             store_url=store.describe(""), present=present)
+        graph = build_graph(inputs)
+        result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
+    finally:
+        ck.close()
+    result["already_there"] = sum(present.values())
+    return Built(result=result, timings=timings, graph=graph, done={}, reused=Reuse())
 
 
 def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Built:
@@ -234,7 +271,7 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
                              check_bf16=opts.check_bf16, prehashed=prehashed, device=opts.device, replace=opts.force,
                              record_sha256=opts.sha256)
         graph = build_graph(inputs)
-        result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress)
+        result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck, tmp))
     except BaseException as e:
         # A kill -9 never gets here and Ctrl-C is let through, so their directory stays for the next run to
         # resume; an error must not leave a half-built directory behind.

@@ -12,12 +12,16 @@ before every unit, and so every shard, is verified. Embodiment banks fan out int
 slot task reads only its slot. Chunks a killed run already staged, or a fine-tune linked from an earlier entry
 (and whose bytes still match their record), enter the graph as constants, so only the rest is redone; so do
 shards a fine-tune's pre-pass already hashed.
+
+Into an object store (`GraphInputs.store_url`), each stage task puts its own objects into the store from whichever
+worker runs it, and the publish task puts the documents and the manifest last: no task needs a path only the client
+has (the checkpoint is read where the workers can read it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Hashable, Mapping
 
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
@@ -26,10 +30,11 @@ from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
-from tasks.entries.publish import publish_entry, unit_done
+from tasks.entries.names import chunk_file, entry_key, packed_path
+from tasks.entries.publish import publish_entry, publish_into_store, unit_done
 from tasks.source import index_shard, read_weight, read_weight_slot, verify_shard
 from tasks.entries.manifest import Identity, Staged
-from tasks.stage import stage_target
+from tasks.stage import stage_into_store, stage_target
 from tasks.transforms import apply
 
 Key = tuple
@@ -41,8 +46,8 @@ class GraphInputs:
     plan: Plan
     checkpoint: Checkpoint
     slots: tuple[int, ...]
-    entry_tmp: Path
-    entry_final: Path
+    entry_tmp: Path | None = None                  # the local folder the entry is built in (not into a store)
+    entry_final: Path | None = None
     expected_identity: Mapping[str, str | None]   # shard -> identity to verify against: HF blob sha256, or content id
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
     identity: Identity                             # what the publish step records the entry as
@@ -52,6 +57,8 @@ class GraphInputs:
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
     replace: bool = False                          # --force: the new entry replaces a published one at publish
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
+    store_url: str | None = None                   # an object store the workers put the entry into themselves
+    present: Mapping[str, int] = field(default_factory=dict)  # its objects already there (a killed run's): key -> size
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -73,7 +80,13 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads), t.params)
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), DataNode(None, t), slot,  # the Target as one opaque value
                                inputs.check_bf16, _origin(inputs.checkpoint, t))
-    graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
+    if inputs.store_url:
+        entry = PurePosixPath(entry_key(inputs.identity.name))
+        own = (str(chunk_file(entry, t.name, len(t.shape), slot)), str(packed_path(entry, t.name, slot)))
+        graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, inputs.identity.name,
+                                 TaskRef(convert_key), {k: inputs.present[k] for k in own if k in inputs.present})
+    else:
+        graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
     if inputs.device is None or t.host:  # host-only targets are never uploaded
         return stage_key
     upload_key = ("upload", t.name, *suffix)  # uploads as soon as the target is staged, while others still convert
@@ -109,9 +122,14 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     for unit, staged in units.items():
         verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)
-    graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
-                           DataNode(None, inputs.identity), dict(inputs.arrays), List(*(TaskRef(("unit", u)) for u in units)),
-                           List(*(TaskRef(("verify", s)) for s in sorted(ck.headers))), inputs.replace)
+    unit_refs = List(*(TaskRef(("unit", u)) for u in units))
+    verified = List(*(TaskRef(("verify", s)) for s in sorted(ck.headers)))
+    if inputs.store_url:
+        graph[PUBLISH] = _task(PUBLISH, publish_into_store, inputs.store_url, inputs.identity.name,
+                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified)
+    else:
+        graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
+                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified, inputs.replace)
     return graph
 
 

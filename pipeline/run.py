@@ -20,7 +20,7 @@ import dask.threaded
 from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
-from tasks.errors import ConfigError
+from tasks.errors import CacheError, ConfigError
 
 class StageTimer(Callback):
     """Seconds spent per stage (the first element of each task key), summed over tasks."""
@@ -78,9 +78,25 @@ def _distributed_stage_seconds(task_stream: list[dict]) -> tuple[dict, dict]:
     return dict(seconds), dict(counts)
 
 
+def _missing_here(paths: list[str]) -> list[str]:
+    """On a worker: which of the client's folders it cannot see."""
+    return [p for p in paths if not os.path.isdir(p)]
+
+
+def check_workers_see(client, scheduler: str, shared: Mapping[str, str]) -> None:
+    """Every worker of a cluster must see the folders the graph names (`shared`: folder -> what to say when one
+    cannot: the remedy); one sentence before any task runs, never a worker's FileNotFoundError."""
+    missing = {worker: gone for worker, gone in client.run(_missing_here, list(shared)).items() if gone}
+    if missing:
+        worker, gone = sorted(missing.items())[0]
+        raise CacheError(f"{gone[0]}: the Dask worker {worker} of {scheduler} cannot see this folder "
+                         f"({len(missing)} of the workers cannot); {shared[gone[0]]}")
+
+
 def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int | None = None,
-        progress: bool = True) -> tuple[object, dict]:
-    """Compute `key` of `graph`; returns (result, {"stage_seconds", "stage_tasks"}). (Over 50 lines: one branch per
+        progress: bool = True, shared: Mapping[str, str] | None = None) -> tuple[object, dict]:
+    """Compute `key` of `graph`; returns (result, {"stage_seconds", "stage_tasks"}). `shared`: folders every worker
+    of a `tcp://` cluster must see, each with the remedy to name when one cannot. (Over 50 lines: one branch per
     scheduler, each with its own progress output and its own way to fail, kept side by side to be compared.)"""
     # One thread more than the cores: a stage task mostly waits for the disk (O_DIRECT writes), and with one thread
     # per core a core idles meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
@@ -115,6 +131,8 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
                 print(f"dask dashboard: {cluster.dashboard_link}", file=sys.stderr, flush=True)
         client = Client(cluster or scheduler)
         try:
+            if cluster is None and shared:
+                check_workers_see(client, scheduler, shared)
             with get_task_stream(client) as stream:
                 future = client.get(dict(graph), key, sync=False)
                 if progress and sys.stderr.isatty():

@@ -11,7 +11,7 @@ import torch
 from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks.errors import CacheError
-from tasks.entries.store import open_store
+from tasks.entries.store import LocalStore, open_store
 
 
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):
@@ -24,6 +24,14 @@ def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkey
     again = convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     assert again["cache_hit"] and again["fingerprint"] == first["fingerprint"]
     assert not (tmp_path / "colleague" / "entries").exists()
+    assert not (tmp_path / "local" / "entries").exists()  # the entry went straight into the bucket, built nowhere
+    convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+                           cache_root=tmp_path / "local", progress=False))
+    bucket, folder = open_store(s3_url), LocalStore(tmp_path / "local")
+    prefix = f"entries/{first['cache_path'].rsplit('/', 1)[1]}"
+    objects = {k: n for k, n in bucket.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
+    assert objects == {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
+    assert all(bucket.get(k) == folder.get(k) for k in objects)  # every array, device file and document
     remote = load("n17", s3_url, layout="generic", embodiment="new_embodiment")
     local = load("n17", tmp_path / "local", layout="generic", embodiment="new_embodiment")
     assert remote.entry == local.entry and remote.stats["bytes_read"] == local.stats["bytes_read"]
@@ -64,9 +72,9 @@ def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch
     from pipeline.cache import roots
 
     monkeypatch.setenv("GR00T_CACHE", s3_url)  # no --cache anywhere: the team bucket is the default
-    monkeypatch.setattr(roots, "DEFAULT_ROOT", tmp_path / "local")  # where the local build happens
-    done = convert(ConvertOptions("n17", layout="generic", embodiments="11", hf_cache=hf_cache, synthetic="tiny", progress=False))  # not pushed yet
-    assert done["cache_path"].startswith(s3_url) and (tmp_path / "local" / "entries").is_dir()
+    monkeypatch.setattr(roots, "DEFAULT_ROOT", tmp_path / "local")  # the client's own folder: source memo only
+    done = convert(ConvertOptions("n17", layout="generic", embodiments="11", hf_cache=hf_cache, synthetic="tiny", progress=False))
+    assert done["cache_path"].startswith(s3_url) and not (tmp_path / "local" / "entries").exists()
     assert load("n17", layout="generic", embodiment=11).entry == done["cache_path"].rsplit("/", 1)[1]
 
 

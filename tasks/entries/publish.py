@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import json
 import os
 import shutil
 import sys
@@ -23,7 +24,7 @@ from tasks.source import VerifiedShard
 from tasks.bulk_write import write_json_atomic
 from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
 from tasks.entries.names import MANIFEST, PROGRESS_DIR, TMP_MARK, entry_key, manifest_key
-from tasks.entries.store import LocalStore, Store
+from tasks.entries.store import LocalStore, Store, store_at
 from tasks.device import Uploaded
 
 
@@ -85,25 +86,55 @@ def _libc() -> object:
         return None
 
 
+def _manifest(identity: Identity, array_meta: Mapping[str, dict], units: Sequence[UnitDone],
+              verified: Sequence[VerifiedShard], where: str) -> tuple[Manifest, list[Staged]]:
+    """The manifest of an entry whose every array has been staged (`where`: the entry, for the refusal)."""
+    tensor_xxh3 = {k: h for v in verified for k, h in v.tensor_xxh3.items()}
+    staged = [s for u in units for s in u.staged]
+    missing = sorted(set(array_meta) - {s.name for s in staged})
+    if missing:
+        raise CacheError(f"{where}: array {missing[0]!r} was created but nothing was staged into it; nothing was "
+                         "published — convert again")
+    arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.converter)
+    shards_sha256 = {v.header.path.name: v.sha256 for v in verified if v.sha256}
+    return Manifest.published(identity, arrays, sum(s.record.nbytes for s in staged), len(staged), shards_sha256), staged
+
+
+def _result(where: str, won: bool, manifest: Manifest, staged: Sequence[Staged], units: Sequence[UnitDone]) -> dict:
+    written = sum(s.record.nbytes + (s.record.tensorbin.nbytes if s.record.tensorbin else 0) for s in staged)
+    return {"cache_path": where, "published_here": won, "bytes": manifest.bytes, "file_bytes": written,
+            "chunks": manifest.chunks, "shards_sha256": dict(manifest.shards_sha256),
+            "numerics": [s.numerics() for s in staged], "device_tensors": {k: v for u in units for k, v in u.device.items()}}
+
+
+def publish_into_store(store_url: str, name: str, identity: Identity, array_meta: Mapping[str, dict],
+                       units: Sequence[UnitDone], verified: Sequence[VerifiedShard]) -> dict:
+    """Publish an entry whose chunks the workers put into an object store themselves (tasks/stage.py
+    `stage_into_store`): the arrays' and the group's `zarr.json`, then `MANIFEST.json` last, so a reader never
+    sees half an entry. Runs on whichever worker the scheduler picks: it needs the store, not a folder."""
+    store, entry = store_at(store_url), entry_key(name)
+    manifest, staged = _manifest(identity, array_meta, units, verified, store.describe(entry))
+    documents = {f"{entry}/{array}/zarr.json": meta for array, meta in array_meta.items()}
+    documents[f"{entry}/zarr.json"] = group_document(array_meta, identity)
+    encoded = {key: (json.dumps(doc, indent=1) + "\n").encode() for key, doc in documents.items()}
+    encoded_manifest = (json.dumps(manifest.to_json(), indent=1) + "\n").encode()
+    store.put_many(encoded)
+    store.put(manifest_key(name), encoded_manifest)
+    return {**_result(store.describe(entry), True, manifest, staged, units),
+            "document_bytes": sum(map(len, encoded.values())) + len(encoded_manifest)}
+
+
 def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[str, dict],
                   units: Sequence[UnitDone], verified: Sequence[VerifiedShard], replace: bool = False) -> dict:
     """Write the manifest into `tmp` and rename it to `final`. Losing a race to an identical entry is success.
     `replace` (--force): a published `final` is moved aside only now, once the new entry is complete, and
     deleted after the rename (readers holding its files keep them)."""
     tmp_dir, final_dir = Path(tmp), Path(final)
-    tensor_xxh3 = {k: h for v in verified for k, h in v.tensor_xxh3.items()}
-    staged = [s for u in units for s in u.staged]
-    missing = sorted(set(array_meta) - {s.name for s in staged})
-    if missing:
-        raise CacheError(f"{tmp_dir}: array {missing[0]!r} was created but nothing was staged into it; nothing was "
-                         "published — convert again")
+    manifest, staged = _manifest(identity, array_meta, units, verified, str(tmp_dir))
     write_json_atomic(tmp_dir / "zarr.json", group_document(array_meta, identity))
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
     for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
         orphan.unlink(missing_ok=True)
-    arrays = manifest_arrays(staged, array_meta, tensor_xxh3, identity.converter)
-    shards_sha256 = {v.header.path.name: v.sha256 for v in verified if v.sha256}
-    manifest = Manifest.published(identity, arrays, sum(s.record.nbytes for s in staged), len(staged), shards_sha256)
     fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest.to_json(), durable=True)
     _fsync(tmp_dir)
@@ -119,10 +150,7 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
         won = False
-    written = sum(s.record.nbytes + (s.record.tensorbin.nbytes if s.record.tensorbin else 0) for s in staged)
-    return {"cache_path": str(final_dir), "published_here": won, "bytes": manifest.bytes, "file_bytes": written,
-            "chunks": manifest.chunks, "shards_sha256": dict(manifest.shards_sha256), "numerics": [s.numerics() for s in staged],
-            "device_tensors": {k: v for u in units for k, v in u.device.items()}}
+    return _result(str(final_dir), won, manifest, staged, units)
 
 
 # -- to a store that cannot rename: every object, the manifest last --------------------------------------------

@@ -14,6 +14,7 @@ Everything else â€” listing, reading a chunk into a caller's buffer, verifying â
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -278,3 +279,9 @@ def open_store(root: Store | Path | str) -> Store:
     if isinstance(root, Store):
         return root
     return FsspecStore(root) if is_url(root) else LocalStore(Path(root))
+
+
+@functools.cache
+def store_at(url: str) -> Store:
+    """The store at an object-store URL, one per process: a Dask worker's tasks reuse its client and connections."""
+    return open_store(url)

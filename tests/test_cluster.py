@@ -1,0 +1,115 @@
+"""A Dask cluster whose workers share nothing with the client but the bucket (issue 49), as one machine can stand it
+in: moto's S3 server (tests/conftest.py), a `dask scheduler`, and two `dask worker` processes, each in a mount
+namespace of its own (`unshare -m`, root) with an empty tmpfs over the client's cache folder, as a worker on another
+machine sees it. The checkpoint is in a folder all of them can read.
+
+- Into the bucket: the workers put every object themselves, and the entry is byte for byte what a local convert
+  of the same source makes; a fresh process loads the same tensors from the bucket.
+- Into a local cache folder: one sentence naming the folder and the remedy, exit 2, nothing published."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.cache import roots
+from pipeline.convert import ConvertOptions, convert
+from pipeline.load import load
+from tasks.entries.store import LocalStore, open_store
+from tests.conftest import ROOT, _free_port, run_cli
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="workers in mount namespaces of their own need root and unshare (CI has both)")
+
+
+@pytest.fixture(scope="module")
+def cluster(s3_url, tmp_path_factory):
+    """(scheduler address, the client's cache folder the workers cannot see)."""
+    hidden = tmp_path_factory.mktemp("client-only")
+    port = _free_port()
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    worker = (f"mount -t tmpfs client-only {hidden} && exec {bin_dir / 'dask'} worker tcp://127.0.0.1:{port} "
+              "--nthreads 1 --nworkers 1 --no-dashboard --memory-limit 0")
+    for _ in range(2):  # another machine: its own view of the filesystem, the client's cache folder empty there
+        procs.append(subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", worker], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        from distributed import Client
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                with Client(f"tcp://127.0.0.1:{port}", timeout=5) as client:
+                    client.wait_for_workers(2, timeout=60)
+                    seen = client.run(lambda path: os.listdir(path), str(hidden))
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        (hidden / "marker").write_text("the client's")
+        assert seen and all(listing == [] for listing in seen.values())  # each worker sees an empty tmpfs there
+        yield f"tcp://127.0.0.1:{port}", hidden
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_url, hf_cache, tmp_path, monkeypatch):
+    scheduler, hidden = cluster
+    monkeypatch.setattr(roots, "DEFAULT_ROOT", hidden / "cache")  # the client's own folder: no worker sees it
+    bucket_url = f"{s3_url}-cluster"
+    opts = dict(layout="generic", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny", progress=False)
+    done = convert(ConvertOptions("n16", scheduler=scheduler, cache_root=bucket_url, **opts))
+    assert not done["cache_hit"] and done["cache_path"].startswith(f"{bucket_url}/entries/")
+    assert not (hidden / "cache" / "entries").exists()  # nothing built on the client's disk
+    local = convert(ConvertOptions("n16", scheduler="threads", cache_root=tmp_path / "local", **opts))
+    assert local["fingerprint"] == done["fingerprint"]
+    bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
+    prefix = f"entries/{Path(local['cache_path']).name}"
+    objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
+    assert len(objects) > 900 and {k: n for k, n in bucket.sizes(prefix).items() if not k.endswith("MANIFEST.json")} == objects
+    assert all(bucket.get(k) == folder.get(k) for k in objects), "an object differs from the local convert's"
+    assert done["pushed_bytes"] >= sum(objects.values())
+    # a fresh process elsewhere loads the same tensors from the bucket
+    script = ("import hashlib, json, sys\nfrom pipeline.load import load\n"
+              f"got = load('n16', {bucket_url!r}, layout='generic', embodiment='gr1')\n"
+              "print(json.dumps({k: hashlib.sha256(t.contiguous().view(-1).view(__import__('torch').uint8).numpy()"
+              ".tobytes()).hexdigest() for k, t in got.tensors.items()}))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    remote = json.loads(proc.stdout.strip().splitlines()[-1])
+    import hashlib
+
+    import torch
+
+    want = load("n16", tmp_path / "local", layout="generic", embodiment="gr1")
+    assert remote == {k: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                      for k, t in want.tensors.items()}
+
+
+def test_a_local_cache_the_workers_cannot_see_is_one_sentence(cluster, hf_cache):
+    scheduler, hidden = cluster
+    cache = hidden / "local-cache"
+    proc = run_cli("convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--embodiments",
+                   "gr1", "--scheduler", scheduler, "--cache", str(cache))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"error: {cache}/entries/n16-" in proc.stderr and "cannot see this folder" in proc.stderr
+    assert "--cache s3://bucket/prefix" in proc.stderr and "a filesystem they share" in proc.stderr
+    assert not any(p for p in (cache / "entries").iterdir()), "nothing published, nothing left half-built"
