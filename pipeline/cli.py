@@ -22,7 +22,7 @@ from pipeline.demo import run_demo
 from pipeline.devices import opened_device
 from pipeline.folder import TRAINED_RECORDS
 from pipeline.inspection import inspect_report
-from pipeline.load import load
+from pipeline.load import TRANSFERS, load
 from pipeline.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
 from pipeline.render import write_graph
 from pipeline.snapshot import default_hf_cache, synthetic_hf_cache
@@ -107,7 +107,7 @@ def cmd_load(a: argparse.Namespace) -> dict:
     with opened_device(a.device) as dev:
         loaded = load(a.version, a.cache, a.embodiment, into="torch" if dev is None else dev, profile=a.profile,
                       layout=a.layout, entry=a.entry, revision=a.revision, source=a.source,
-                      synthetic=True)  # (it prints SYNTHETIC itself)
+                      synthetic=True, transfers=a.transfers)  # (it prints SYNTHETIC itself)
     result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source, **loaded.stats}
     if not a.json:
         if loaded.source.get("synthetic"):
@@ -187,6 +187,12 @@ def _non_negative(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} days is negative: pass 0 or more")
     return value
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -302,6 +308,8 @@ def _load_parser(sub) -> None:
     sp.add_argument("--revision", help="only entries converted from this revision")
     sp.add_argument("--source", type=Path, help="only entries converted from this snapshot folder")
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id")
+    sp.add_argument("--transfers", type=_positive, default=TRANSFERS,
+                    help=f"chunks fetched at once from an object-store cache (default {TRANSFERS})")
 
 
 CACHE_ACTIONS = {

@@ -21,6 +21,7 @@ from tasks.errors import CacheError, ConfigError
 from tasks.entries.store import Store
 
 READ_THREADS = 4  # chunk reads and checks overlap on a small pool (I/O waits and hashing release the GIL)
+TRANSFERS = 16    # requests in flight from an object store (each waits on the network, not on a core)
 FORMS = ("torch", "ttnn")  # `into=`: torch bf16 on the host, ttnn host tensors; or an open device
 
 
@@ -53,7 +54,8 @@ class Loaded:
 
 def load(version: str, cache_root: Store | Path | str | None = None, embodiment: str | int | None = None, *,
          into="torch", layout: str | None = None, profile: str | None = None, entry: str | None = None,
-         revision: str | None = None, source: str | Path | None = None, synthetic: bool = False) -> Loaded:
+         revision: str | None = None, source: str | Path | None = None, synthetic: bool = False,
+         transfers: int = TRANSFERS) -> Loaded:
     """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
     its default profile), by target name; `.components()` groups them as the consumer does.
 
@@ -89,7 +91,7 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
                          "slot id")
     chunks = reload.plan_reads(opened.manifest, wanted.slot)
     with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
-        tensors, nbytes = _read(opened, chunks, into, every_slot=wanted.slot is None)
+        tensors, nbytes = _read(opened, chunks, into, every_slot=wanted.slot is None, transfers=transfers)
     return Loaded(tensors=tensors, entry=opened.name, slot=wanted.slot,
                   stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
                          "chunks": len(chunks)},
@@ -98,14 +100,15 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
                   source=dict(opened.manifest.source))
 
 
-def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool) -> tuple[dict, int]:
+def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool, transfers: int) -> tuple[dict, int]:
     """Tensors by target name, in the manifest's order, and the bytes read. Host-only tables are read and checked
-    while the rest loads (embed_tokens: 1.2 GB of float32)."""
+    while the rest loads (embed_tokens: 1.2 GB of float32). From an object store, `transfers` chunks are fetched at
+    once (a local folder: a few threads, which the disk and the checks keep busy)."""
     arrays = opened.manifest.arrays
     host = [c for c in chunks if arrays[c[0]].host_only]
     rest = [c for c in chunks if not arrays[c[0]].host_only]
     device = None if isinstance(into, str) else into
-    with ThreadPoolExecutor(READ_THREADS) as pool:
+    with ThreadPoolExecutor(READ_THREADS if opened.store.local_path("") else max(1, transfers)) as pool:
         tables = {name: pool.submit(reload.host_table, opened, name) for name, _ in host}
         if into == "torch":
             out = reload.torch_tensors(opened, rest, every_slot, pool)

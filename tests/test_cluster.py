@@ -113,3 +113,28 @@ def test_a_local_cache_the_workers_cannot_see_is_one_sentence(cluster, hf_cache)
     assert f"error: {cache}/entries/n16-" in proc.stderr and "cannot see this folder" in proc.stderr
     assert "--cache s3://bucket/prefix" in proc.stderr and "a filesystem they share" in proc.stderr
     assert not any(p for p in (cache / "entries").iterdir()), "nothing published, nothing left half-built"
+
+
+def test_the_readmes_cluster_lines_run_as_written(cluster, s3_url, hf_cache, tmp_path):
+    """README "On a cluster whose workers share only the bucket": each `python -m pipeline` line, with this test's
+    scheduler, bucket and checkpoint in place of the README's; the `dask` lines are what the fixture runs."""
+    import re
+
+    scheduler, hidden = cluster
+    block = re.search(r"### On a cluster whose workers share only the bucket\n.*?```sh\n(.*?)```",
+                      (ROOT / "README.md").read_text(), re.S).group(1)
+    lines = [line for line in block.splitlines() if line.startswith("python -m pipeline")]
+    assert [line.split()[3] for line in lines] == ["convert", "load"]
+    assert any(line.startswith("dask worker tcp://scheduler-host:8786") for line in block.splitlines())
+    snapshot = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
+    shared = tmp_path / "shared" / "GR00T-N1.6-3B"  # a folder every worker reads at the same path
+    shutil.copytree(snapshot, shared)
+    env = {**os.environ, "GR00T_CACHE": str(hidden / "readme-cache"), "HF_HUB_OFFLINE": "1"}
+    for line in lines:
+        cmd = (line.replace("python -m pipeline", f"{sys.executable} -m pipeline", 1)
+               .replace("tcp://scheduler-host:8786", scheduler).replace("s3://team-weights/gr00t", f"{s3_url}-readme")
+               .replace("/shared/GR00T-N1.6-3B", str(shared)))
+        proc = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
+    assert "loaded" in proc.stdout or "tensors" in proc.stdout, proc.stdout[-1000:]
+    assert open_store(f"{s3_url}-readme").children("entries")
