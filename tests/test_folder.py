@@ -1,0 +1,72 @@
+"""pipeline/folder.py's embodiment rules read directly, without a convert: LeRobot's pack step as each LeRobot
+release saves it (0.5.1's `groot_pack_inputs_v3` for N1.5, 0.6.1's `groot_n1_7_pack_inputs_v1` for N1.7), the map
+it wins with, and the built-in tables against the trainers' own (configs/<version>.toml)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.embodiments import Embodiments
+from pipeline.folder import embodiment_map, lerobot_pack, trained_tags
+from pipeline.versions import load_config
+from tasks.errors import CheckpointError
+
+# LeRobot 0.5.1 policies/groot/processor_groot.py GrootPackInputsStep.embodiment_mapping (its default), as read
+LEROBOT_051 = {"new_embodiment": 31, "oxe_droid": 17, "agibot_genie1": 26, "gr1": 24, "so100": 2, "unitree_g1": 3}
+
+
+def _preprocessor(folder: Path, step: str, config: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    steps = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+             {"registry_name": step, "config": config},
+             {"registry_name": "device_processor", "config": {"device": "cpu"}}]
+    (folder / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": steps}))
+    return folder
+
+
+def test_lerobot_051s_n15_pack_step_gives_its_tag_and_map(tmp_path):
+    folder = _preprocessor(tmp_path / "pretrained_model", "groot_pack_inputs_v3",
+                           {"embodiment_tag": "so100", "embodiment_mapping": LEROBOT_051, "max_state_dim": 64})
+    pack = lerobot_pack(folder)
+    assert pack.tag == "so100" and dict(pack.mapping) == LEROBOT_051
+    assert trained_tags(folder, pack).value == ("so100",)
+    tags, overridden, note = embodiment_map(folder, load_config("n15"), pack)
+    assert Embodiments.parse("trained").with_trained(("so100",), "").slots(load_config("n15"), 32, tags) == (2,)
+    assert Embodiments.parse("my_arm").slots(load_config("n15"), 32, tags) == (0,)  # outside it: slot 0
+    assert overridden == {} and note is None
+
+
+def test_the_pack_steps_map_is_taken_as_it_is_and_differences_are_named(tmp_path):
+    mapping = {"new_embodiment": 12, "libero_sim": 2}  # a base checkpoint's own embodiment_id.json, as LeRobot saved it
+    folder = _preprocessor(tmp_path / "p", "groot_n1_7_pack_inputs_v1",
+                           {"embodiment_tag": "new_embodiment", "embodiment_mapping": mapping})
+    tags, overridden, _ = embodiment_map(folder, load_config("n17"), lerobot_pack(folder))
+    assert dict(tags.ids) == mapping and tags.unknown_slot == 0  # nothing of ours merged in: LeRobot merges nothing
+    assert overridden == {"new_embodiment": (10, 12)}
+    assert Embodiments.parse("unitree_g1_sonic").slots(load_config("n17"), 32, tags) == (0,)
+    assert Embodiments.parse("11").slots(load_config("n17"), 32, tags) == (11,)
+
+
+def test_a_pipeline_without_a_pack_step_records_nothing_and_a_bad_one_is_refused(tmp_path):
+    assert lerobot_pack(_preprocessor(tmp_path / "a", "normalizer_processor", {"eps": 1e-8})) is None
+    bad = _preprocessor(tmp_path / "b", "groot_n1_7_pack_inputs_v1", {"embodiment_tag": ""})
+    with pytest.raises(CheckpointError, match="embodiment_tag must be a tag name"):
+        lerobot_pack(bad)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "policy_preprocessor.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="not a LeRobot processor pipeline"):
+        lerobot_pack(tmp_path / "c")
+
+
+@pytest.mark.parametrize("version", ["n15", "n17"])
+def test_the_built_in_table_agrees_with_lerobots_own_where_both_have_a_tag(version):
+    """configs/<version>.toml: the built-in table is the union of the trainers' tables, Isaac-GR00T's slot kept
+    where two differ; today LeRobot's table agrees with it on every tag it has (an independent copy for N1.5)."""
+    cfg = load_config(version)
+    lerobot = dict(cfg.lerobot["embodiments"])
+    if version == "n15":
+        assert lerobot == LEROBOT_051
+    assert all(cfg.embodiment_ids[tag] == slot for tag, slot in lerobot.items())
