@@ -466,3 +466,24 @@ def test_isaac_forms_are_cut_as_the_hf_trainer_cuts_them():
     assert all(sum(n for k, n in sizes.items() if cut[k] == name) <= 5_000_000_000 for name in names)
     assert list(cut.values()) == sorted(cut.values())  # consecutive keys, as the save walks the state dict
     assert set(hf_shards({k: n for k, n in list(sizes.items())[:10]}).values()) == {"model.safetensors"}
+
+
+def test_every_tag_of_issue_47s_table_reads_as_lerobot_trains_it(tmp_path):
+    """The table of issue 47, through one LeRobot 0.6.1 folder's saved map (tags LeRobot knows are never refused):
+    libero_sim 2, new_embodiment 10, unitree_g1_sonic 0 (not 11), real_g1_relative_eef_relative_joints 25, a custom
+    tag 0; the slots are the saved map's own values, read here from the file, not from the converter."""
+    from pipeline.embodiments import Embodiments
+    from pipeline.folder import read_folder
+
+    folder = _rebuilt("pretrained_model-my_robot", tmp_path)
+    pack = next(s for s in json.loads((folder / "policy_preprocessor.json").read_text())["steps"]
+                if s["registry_name"] == "groot_n1_7_pack_inputs_v1")["config"]["embodiment_mapping"]
+    read = read_folder(folder)
+    want = {"libero_sim": pack["libero_sim"], "new_embodiment": pack["new_embodiment"], "unitree_g1_sonic": 0,
+            "real_g1_relative_eef_relative_joints": pack["real_g1_relative_eef_relative_joints"], "my_robot": 0}
+    assert want == {"libero_sim": 2, "new_embodiment": 10, "unitree_g1_sonic": 0,
+                    "real_g1_relative_eef_relative_joints": 25, "my_robot": 0}
+    for tag, slot in want.items():
+        assert read.slots(Embodiments.parse(tag)) == (slot,), tag
+        said = [n for n in read.notes(Embodiments.parse(tag)) if n.startswith(f"embodiment {tag}:")]
+        assert bool(said) == (tag not in pack), (tag, said)  # a note exactly where LeRobot's map lacks the tag
