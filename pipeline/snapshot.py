@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
@@ -75,6 +76,10 @@ def hub_unreachable(endpoint: str | None = None, timeout: float = 4.0) -> str | 
     host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
     if not host:
         return f"HF_ENDPOINT {endpoint or constants.ENDPOINT!r} names no host"
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):  # the route is the proxy's (HTTPS_PROXY, as the hub's client)
+        via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = via.hostname or host, via.port or (443 if via.scheme == "https" else 80)
     found: list = []
     lookup = threading.Thread(target=_lookup, args=(host, port, found), daemon=True)  # no timeout of its own:
     lookup.start()                                                                    # a hung one is left behind

@@ -65,6 +65,18 @@ def test_a_first_run_without_a_route_to_the_hub_is_answered_at_once(tmp_path, en
     assert not (tmp_path / "cache" / "entries").exists() or not any((tmp_path / "cache" / "entries").iterdir())
 
 
+def test_behind_a_proxy_the_proxy_is_what_is_asked(monkeypatch):
+    """huggingface_hub goes through HTTPS_PROXY when it is set, so the quick check asks the proxy, not the hub."""
+    from pipeline.snapshot import hub_unreachable
+
+    for name in ("https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:1")
+    assert hub_unreachable("https://hub.invalid") == "127.0.0.1:1 did not answer (Connection refused)"
+    monkeypatch.setenv("NO_PROXY", "hub.invalid")
+    assert hub_unreachable("https://hub.invalid") == "its name hub.invalid does not resolve"
+
+
 def _real_looking(hf_cache: Path, tmp_path: Path, revision: str) -> Path:
     """A copy of a synthetic snapshot filed as nvidia's repo at another revision (what a user's cache may hold)."""
     src = resolve_snapshot(load_config("n17"), hf_cache=hf_cache, synthetic="tiny")
