@@ -86,6 +86,10 @@ class Embodiments:
             ids.add(slot)
         return tuple(sorted(ids))
 
+    def one_tag(self) -> str | None:
+        """The tag, when the selection is one tag (not a slot id); else None."""
+        return self.items[0] if len(self.items) == 1 and not self.items[0].isdigit() else None
+
     def outside(self, tags: TagMap) -> tuple[str, ...]:
         """The tags named that `tags` does not hold (each gets its trainer's slot for such a tag, or is refused)."""
         return tuple(item for item in self.items if not item.isdigit() and item not in tags.ids)

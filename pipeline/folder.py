@@ -99,6 +99,8 @@ class Folder:
                 "trained_embodiments": list(self.trained.value) if self.trained else None,
                 "trained_from": self.trained.source if self.trained else None,
                 "embodiment_map": self.tag_map.source,
+                # the map itself, so that a load by tag, in any later process, reads a tag as this convert did
+                "embodiment_table": {"ids": dict(self.tag_map.ids), "unknown_slot": self.tag_map.unknown_slot},
                 "left_alone": dict(self.left_alone) or None}
 
     def notes(self, embodiments: Embodiments = Embodiments()) -> list[str]:

@@ -77,26 +77,40 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
         raise ConfigError(f"load(into={into!r}): expected one of {', '.join(FORMS)}, or an open device")
     cfg = load_config(version)
     resolved_layout, resolved_profile = layout_and_profile(cfg, layout, profile)
-    slot = Embodiments.parse(embodiment).one(cfg, "load")
+    chosen = Embodiments.parse(embodiment)
+    try:
+        slot, unknown = chosen.one(cfg, "load"), None
+    except ConfigError as e:  # a tag only a fine-tune's own map knows: the entry that recorded it says its slot
+        if chosen.one_tag() is None:
+            raise
+        slot, unknown = None, e
     wanted = cache.Wanted(version=version, layout=resolved_layout, profile=resolved_profile, slot=slot, entry=entry,
-                          revision=revision, source=source)
-    opened = cache.choose_entry(cache.cache_store(cache_root), wanted)
+                          revision=revision, source=source, tag=chosen.one_tag())
+    try:
+        opened = cache.choose_entry(cache.cache_store(cache_root), wanted)
+    except CacheError:
+        if unknown is not None:  # no entry recorded it either: the tag is unknown, as the table said
+            raise unknown from None
+        raise
+    slot = wanted.slot_in(opened)
+    if slot is None and wanted.tag is not None:  # named by --entry, which never recorded that tag
+        raise unknown or CacheError(f"{opened.describe()}: does not hold embodiment {wanted.tag}")
     cache.warn_if_synthetic(opened, synthetic)
     for what, asked, held in (("layout", layout, opened.manifest.layout), ("profile", profile, opened.manifest.profile)):
         if asked is not None and asked != held:  # a named entry of another kind than asked for
             raise CacheError(f"{opened.describe()}: is a {held} entry, not {what} {asked}; leave out --{what} or "
                              f"name an entry in {asked}")
-    if into != "torch" and wanted.slot is None and any(a.bank for a in opened.manifest.arrays.values()):
+    if into != "torch" and slot is None and any(a.bank for a in opened.manifest.arrays.values()):
         raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
                          "slot id")
-    chunks = reload.plan_reads(opened.manifest, wanted.slot)
+    chunks = reload.plan_reads(opened.manifest, slot)
     with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
-        tensors, nbytes = _read(opened, chunks, into, every_slot=wanted.slot is None, transfers=transfers)
-    return Loaded(tensors=tensors, entry=opened.name, slot=wanted.slot,
+        tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, transfers=transfers)
+    return Loaded(tensors=tensors, entry=opened.name, slot=slot,
                   stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
                          "chunks": len(chunks)},
                   layout=opened.manifest.layout,
-                  banks=tuple(n for n in tensors if wanted.slot is None and opened.manifest.arrays[n].bank),
+                  banks=tuple(n for n in tensors if slot is None and opened.manifest.arrays[n].bank),
                   source=dict(opened.manifest.source))
 
 

@@ -421,6 +421,10 @@ def test_a_lerobot_tag_gets_the_slot_lerobot_packed_it_with(tmp_path, cache_dir,
     by_hand = convert(ConvertOptions(None, embodiments=tag, snapshot=folder, cache_root=cache_dir, progress=False))
     assert by_hand["slots"] == [packed["embodiment_id"]] and by_hand["fingerprint"] == trained["fingerprint"]
     assert any(n.startswith(note) for n in by_hand["notes"])
+    assert trained["source"]["embodiment_table"]["unknown_slot"] == 0 and tag not in trained["source"]["embodiment_table"]["ids"]
+    loaded = load("n17", cache_dir, tag, entry=Path(trained["cache_path"]).name, synthetic=True)  # a later process,
+    assert loaded.slot == packed["embodiment_id"]                                                # by the same tag
+    assert load("n17", cache_dir, tag, synthetic=True).slot == packed["embodiment_id"]  # found by the tag alone
     by_id = convert(ConvertOptions(None, embodiments="11", snapshot=folder, cache_root=cache_dir, progress=False))
     assert by_id["slots"] == [11] and not any(n.startswith(f"embodiment {tag}") for n in by_id["notes"])
 

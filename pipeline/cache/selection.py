@@ -55,12 +55,23 @@ class Wanted:
     entry: str | None = None
     revision: str | None = None
     source: str | Path | None = None
+    tag: str | None = None  # asked by tag: an entry that recorded the tag's slot (its trainer's map) is read by it
+
+    def slot_in(self, e: Entry) -> int | None:
+        """The slot asked for, in `e`: a tag read with the map its convert used (the trainer's: LeRobot gives a tag
+        outside its map slot 0), else with the built-in table (an entry converted before the map was recorded)."""
+        table = e.manifest.source.get("embodiment_table") or {}
+        if not self.tag or not isinstance(table.get("ids"), dict):
+            return self.slot
+        return table["ids"].get(self.tag, table.get("unknown_slot"))
 
     def fits(self, e: Entry) -> bool:
         m, snapshot = e.manifest, e.manifest.source.get("snapshot")
         same_source = self.source is None or (snapshot is not None and
                                               Path(str(snapshot)).resolve() == Path(self.source).resolve())
-        return m.holds_slot(self.slot) and self.revision in (None, m.revision) and same_source
+        slot = self.slot_in(e)
+        known = slot is not None or self.tag is None  # a tag no table knows fits only an entry that recorded it
+        return known and m.holds_slot(slot) and self.revision in (None, m.revision) and same_source
 
     def kind(self) -> tuple[str, str, str]:
         return self.version, self.layout, self.profile
