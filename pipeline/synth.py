@@ -125,13 +125,13 @@ def _link(path: Path, sha: str) -> None:
 # -- fine-tunes as users have them (../shared/reference/fine-tunes.md), rewritten from a synthetic snapshot ----------
 # Isaac-GR00T's folders, file by file: `checkpoint` (a `checkpoint-N/` of its run folder), `output` (the run folder
 # itself, the final save at its root), `best` (a best-metric save), `deepspeed` (a multi-GPU `checkpoint-N/`),
-# `mapped` (a `checkpoint-N/` trained for a tag only its `embodiment_id.json` knows).
+# `mapped` (a `checkpoint-N/` trained for a tag only its `embodiment_id.json` knows, for n15 and n16).
 ISAAC_FORMS = ("checkpoint", "output", "best", "deepspeed", "mapped")
 FORMS = ("reshard", "mixed", "half", "single", "lerobot", *ISAAC_FORMS)
 N15_ONLY_WITHOUT = ("best", "deepspeed", "mapped")  # N1.5's trainer writes none of these
 LEROBOT_PREFIX = "_groot_model."
 TRAINED_TAG = "new_embodiment"  # the tag a synthetic fine-tune was trained for
-MAPPED_TAG = "robocasa_gr1_tabletop"  # Isaac-GR00T N1.7 maps it to slot 10 (processing_gr00t_n1d7.py); ours do not
+MAPPED_TAG = "robocasa_gr1_tabletop"  # Isaac-GR00T N1.7 maps it to slot 10 (configs/n17.toml too); n15/n16 do not
 CHECKPOINT_DIR = "checkpoint-1000"
 BEST_DIR = "checkpoint-800-best-eval_loss_0.0123"
 MODEL_TYPES = {"n15": "gr00t_n1_5", "n16": "Gr00tN1d6", "n17": "Gr00tN1d7"}
