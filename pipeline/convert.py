@@ -172,8 +172,7 @@ def convert(opts: ConvertOptions) -> dict:
     pushed = {}
     if not store.can_rename and opts.device is None:  # the workers put the entry into the store themselves
         built = _build_in_store(opts, prep, store)
-        pushed = {"pushed_bytes": built.result["file_bytes"] + built.result["document_bytes"] -
-                                  built.result["already_there"]}
+        pushed = {"pushed_bytes": built.result["pushed_bytes"]}
     else:
         built = _build(opts, prep, name, final)
         if not store.can_rename:  # a device is open here: built beside it, then pushed
@@ -213,10 +212,17 @@ def _shared(ck: Checkpoint, entry: Path | None = None) -> dict[str, str]:
     shared = {str(ck.dir): "put the checkpoint where every worker can read it at the same path (a shared "
                            "filesystem), or convert with --scheduler threads"}
     if entry is not None:
-        shared[str(entry)] = (f"a cache folder is this machine's own: pass an object-store cache (--cache "
-                              f"s3://bucket/prefix), which the workers write to themselves, or a cache folder on a "
-                              f"filesystem they share")
+        shared[str(entry)] = ("a cache folder is this machine's own: pass an object-store cache (--cache "
+                              "s3://bucket/prefix), which the workers write to themselves, or a cache folder on a "
+                              "filesystem they share")
     return shared
+
+
+def _checked_when_identified(prep: Prepared, sha256: bool) -> dict[str, VerifiedShard]:
+    """Shards whose content identity this run took from their bytes moments ago: checked by that pass (a second
+    one would compare the same bytes with themselves), unless their sha256 is asked for (--sha256)."""
+    ck = prep.checkpoint
+    return {} if sha256 else {s: VerifiedShard(ck.headers[s], None, hashes) for s, hashes in prep.identified.items()}
 
 
 def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
@@ -226,17 +232,16 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
     ck, ident = prep.checkpoint, prep.identity
     try:
         present = store.sizes(entry_key(prep.name))
-        prehashed = {} if opts.sha256 else {s: VerifiedShard(ck.headers[s], None, hashes)
-                                            for s, hashes in prep.identified.items()}
         inputs = GraphInputs(plan=prep.plan, checkpoint=ck, slots=prep.slots, expected_identity=dict(ident.shards),
                              done={}, identity=ident, arrays=array_documents(prep.plan, prep.slots),
-                             check_bf16=opts.check_bf16, prehashed=prehashed, record_sha256=opts.sha256,
+                             check_bf16=opts.check_bf16, prehashed=_checked_when_identified(prep, opts.sha256),
+                             record_sha256=opts.sha256,
                              store_url=store.describe(""), present=present)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
     finally:
         ck.close()
-    result["already_there"] = sum(present.values())
+    result["pushed_bytes"] = result["file_bytes"] + result["document_bytes"] - sum(present.values())
     return Built(result=result, timings=timings, graph=graph, done={}, reused=Reuse())
 
 
@@ -256,13 +261,11 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
                      if (t.name, slot) not in done for k in t.sources}
         # A shard known by its identity alone (an earlier entry's) is trusted like a cache hit, unless something is
-        # read from it (or its sha256 is asked for and unknown). A shard whose content identity this run took from
-        # its bytes moments ago (prep.identified) is checked by that pass: a second one would compare the same
-        # bytes with themselves. Every other shard is checked by the graph's verify task, beside the conversion.
+        # read from it (or its sha256 is asked for and unknown); one identified in this run is checked by that
+        # pass. Every other shard is checked by the graph's verify task, beside the conversion.
         prehashed = {s: v for s, v in reused.verified.items()
                      if (s not in reused.identified or s not in read_from) and (v.sha256 or not opts.sha256)}
-        if not opts.sha256:
-            prehashed |= {s: VerifiedShard(ck.headers[s], None, hashes) for s, hashes in prep.identified.items()}
+        prehashed |= _checked_when_identified(prep, opts.sha256)
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")
