@@ -28,7 +28,7 @@ from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Identity, array_documents
 from tasks.entries.names import entry_key, scratch_name
-from tasks.entries.progress import already_staged, staged_records
+from tasks.entries.progress import already_staged, record_progress, staged_records
 from tasks.entries.publish import push
 from tasks.entries.refs import write_ref
 from tasks.errors import CacheError, ConfigError
@@ -227,22 +227,49 @@ def _checked_when_identified(prep: Prepared, sha256: bool) -> dict[str, Verified
 
 def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
     """Run the graph with every stage task putting its objects into the object store from the worker that runs
-    it, and the publish task putting the manifest last: the client plans and names, the workers write. Objects a
-    killed run already put (the same entry: the same bytes) are not sent again."""
-    ck, ident = prep.checkpoint, prep.identity
+    it, and the publish task putting the manifest last: the client plans and names, the workers write. What a
+    published entry of the store already holds is copied inside the store, not converted or sent; objects a killed
+    run already put (the same entry: the same bytes) are not sent again."""
+    ck, plan, slots, ident = prep.checkpoint, prep.plan, prep.slots, prep.identity
     try:
         present = store.sizes(entry_key(prep.name))
-        inputs = GraphInputs(plan=prep.plan, checkpoint=ck, slots=prep.slots, expected_identity=dict(ident.shards),
-                             done={}, identity=ident, arrays=array_documents(prep.plan, prep.slots),
-                             check_bf16=opts.check_bf16, prehashed=_checked_when_identified(prep, opts.sha256),
-                             record_sha256=opts.sha256,
+        arrays = array_documents(plan, slots)
+        reused = _reuse(opts, prep, store, entry_key(prep.name), arrays, present)
+        inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards),
+                             done=reused.records, identity=ident, arrays=arrays, check_bf16=opts.check_bf16,
+                             prehashed=_prehashed(prep, reused, reused.records, opts.sha256), record_sha256=opts.sha256,
                              store_url=store.describe(""), present=present)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
     finally:
         ck.close()
-    result["pushed_bytes"] = result["file_bytes"] + result["document_bytes"] - sum(present.values())
-    return Built(result=result, timings=timings, graph=graph, done={}, reused=Reuse())
+    result["pushed_bytes"] = (result["file_bytes"] - reused.linked_bytes + result["document_bytes"]
+                              - sum(n for k, n in present.items() if k not in reused.objects))
+    return Built(result=result, timings=timings, graph=graph, done=dict(reused.records), reused=reused)
+
+
+def _reuse(opts: ConvertOptions, prep: Prepared, store, into: str, arrays: Mapping[str, dict],
+           present: Mapping[str, int] | None = None) -> Reuse:
+    """What published entries of `store` already hold, given to the entry being built under `into` (none with
+    --force, which means "rebuild from the source", or without reuse)."""
+    if not opts.reuse or opts.force:
+        return Reuse()
+    attrs = {name: doc["attributes"] for name, doc in arrays.items()}
+    return plan_reuse(store, prep.plan, prep.slots, prep.checkpoint, dict(prep.identity.shards), into=into,
+                      array_attrs=attrs, identified=prep.identified, present=present)
+
+
+def _prehashed(prep: Prepared, reused: Reuse, done: Mapping, sha256: bool) -> dict[str, VerifiedShard]:
+    """Shards the graph need not hash again. A shard known by its identity alone (an earlier entry's) is trusted
+    like a cache hit, unless something is read from it (or its sha256 is asked for and unknown); one identified in
+    this run is checked by that pass. Every other shard is checked by the graph's verify task, beside the
+    conversion."""
+    ck, plan, slots = prep.checkpoint, prep.plan, prep.slots
+    read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
+                 if (t.name, slot) not in done for k in t.sources}
+    prehashed = {s: v for s, v in reused.verified.items()
+                 if (s not in reused.identified or s not in read_from) and (v.sha256 or not sha256)}
+    return prehashed | _checked_when_identified(prep, sha256)
 
 
 def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Built:
@@ -253,19 +280,11 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         arrays = array_documents(plan, slots)
         create_arrays(tmp, arrays)
         expected = dict(ident.shards)  # each shard's HF blob sha256, or its content identity
-        reused = Reuse()
-        if opts.reuse and not opts.force:  # --force means "rebuild from the source", not "relink"
-            attrs = {name: doc["attributes"] for name, doc in arrays.items()}
-            reused = plan_reuse(root, plan, slots, ck, expected, tmp=tmp, array_attrs=attrs, identified=prep.identified)
+        reused = _reuse(opts, prep, LocalStore(root), tmp.relative_to(root).as_posix(), arrays)
+        for staged in reused.records.values():
+            record_progress(tmp, staged)
         done = _still_staged(tmp, plan, slots, reused.records)
-        read_from = {ck.shard_of(k) for t, slot in work_units(plan.targets, slots)
-                     if (t.name, slot) not in done for k in t.sources}
-        # A shard known by its identity alone (an earlier entry's) is trusted like a cache hit, unless something is
-        # read from it (or its sha256 is asked for and unknown); one identified in this run is checked by that
-        # pass. Every other shard is checked by the graph's verify task, beside the conversion.
-        prehashed = {s: v for s, v in reused.verified.items()
-                     if (s not in reused.identified or s not in read_from) and (v.sha256 or not opts.sha256)}
-        prehashed |= _checked_when_identified(prep, opts.sha256)
+        prehashed = _prehashed(prep, reused, done, opts.sha256)
         if opts.device is not None and opts.scheduler not in ("threads", "sync"):
             raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                               f"{opts.scheduler} workers)")

@@ -4,8 +4,9 @@ Every published array carries a content id: a hash of its source tensors' bytes 
 the verify pass), its transform and device format, and the converter version. Before a conversion runs, the
 tensors of each shard are identified — from an earlier entry when the shard's identity (its HF blob sha256, or
 its content identity) is unchanged, by one xxh3 pass otherwise (its sha256 is then taken by the graph's verify
-task, beside the conversion) — and every target whose content id some published entry already holds is hard-linked from there
-instead of being read, converted and written. A typical fine-tune changes the action head: the backbone shard is
+task, beside the conversion) — and every target whose content id some published entry already holds is given to
+the new entry inside the store (a hard link in a local folder, a server-side copy on S3) instead of being read,
+converted, written or sent. A typical fine-tune changes the action head: the backbone shard is
 untouched, so only the action-head shard is hashed and only the changed targets are converted.
 """
 
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Mapping
 
 from pipeline import cache
@@ -24,10 +24,9 @@ from tasks.plan import Plan, work_units
 from tasks.entries.entry import Entry, list_entries
 from tasks.entries.manifest import Staged, content_id
 from tasks.entries.names import CONVERTER_VERSION, chunk_file, packed_path
-from tasks.entries.progress import record_progress
 from tasks.errors import CacheError
 from tasks.source import CONTENT_ID, VerifiedShard, identify_shards
-from tasks.entries.store import LocalStore
+from tasks.entries.store import Store
 
 
 @dataclass
@@ -36,10 +35,11 @@ class Reuse:
     verified: dict = field(default_factory=dict)   # shard -> VerifiedShard identified before the graph by its identity
     identified: set = field(default_factory=set)   # shards known by identity alone: verified only if read from
     linked_bytes: int = 0
+    objects: set = field(default_factory=set)      # the keys the reused chunks and device files were given
 
 
-def _published(root: Path, version: str) -> list[Entry]:
-    out = [e for _, e, state in list_entries(LocalStore(root)) if state == "published" and e.manifest.version == version]
+def _published(store: Store, version: str) -> list[Entry]:
+    out = [e for _, e, state in list_entries(store) if state == "published" and e.manifest.version == version]
     return sorted(out, key=lambda e: e.manifest.published_unix, reverse=True)
 
 
@@ -56,15 +56,6 @@ def _known_tensor_hashes(entries: list[Entry], identity: str) -> tuple[dict[str,
             for arr in e.manifest.arrays.values():
                 known.update(arr.source_xxh3)
     return known, sha256
-
-
-def _link(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)  # same bytes, no copy: entries share the file
-    except OSError:
-        shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
 
 
 def _tensor_hashes(ck: Checkpoint, entries: list[Entry], identities: dict[str, str],
@@ -89,11 +80,14 @@ def _tensor_hashes(ck: Checkpoint, entries: list[Entry], identities: dict[str, s
     return hashes
 
 
-def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, identities: dict[str, str], *,
-               tmp: Path, array_attrs: dict[str, dict], identified: Mapping[str, Mapping[str, str]] | None = None) -> Reuse:
-    """Link every reusable chunk into `tmp` with its progress record; returns what was reused."""
+def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, identities: dict[str, str], *,
+               into: str, array_attrs: dict[str, dict], identified: Mapping[str, Mapping[str, str]] | None = None,
+               present: Mapping[str, int] | None = None) -> Reuse:
+    """Give the entry being built under key `into` every chunk (and device file) whose content id a published entry
+    of `store` already holds, inside the store (store.copy_many: a hard link locally, a server-side copy on S3);
+    returns what was reused. `present`: objects already under `into` (a killed run's): not asked for again."""
     reuse = Reuse()
-    entries = _published(root, plan.version)
+    entries = _published(store, plan.version)
     if not entries:
         return reuse
     hashes = _tensor_hashes(ck, entries, identities, identified or {}, reuse)
@@ -104,34 +98,37 @@ def plan_reuse(root: Path, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, i
                 by_id[arr.content_id] = (e, name)
     holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], CONVERTER_VERSION))
               for t in plan.targets}
-    with contextlib.ExitStack() as leases:  # gc and rm leave the entries linked from alone meanwhile
-        held: dict[str, bool] = {}
-        for t, slot in work_units(plan.targets, slots):
-            if holder[t.name] is None:
-                continue
-            entry, name = holder[t.name]
-            rec = entry.manifest.arrays[name].chunks.get(slot)
-            if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
-                continue
-            if entry.name not in held:
-                held[entry.name] = _lease(leases, root, entry)
-            if not held[entry.name]:  # removed since it was listed: convert these instead
-                continue
-            _link(chunk_file(entry.path, name, len(t.shape), slot), chunk_file(tmp, t.name, len(t.shape), slot))
-            packed = rec.tensorbin
-            if packed:
-                _link(packed_path(entry.path, name, slot), packed_path(tmp, t.name, slot))
-            staged = Staged(t.name, slot, rec)
-            record_progress(tmp, staged)
-            reuse.records[(t.name, slot)] = staged
-            reuse.linked_bytes += rec.nbytes + (packed.nbytes if packed else 0)  # chunk and device file
+    held: dict[tuple[str, int | None], tuple[Staged, str, dict[str, tuple[str, int]]]] = {}
+    for t, slot in work_units(plan.targets, slots):
+        if holder[t.name] is None:
+            continue
+        entry, name = holder[t.name]
+        rec = entry.manifest.arrays[name].chunks.get(slot)
+        if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
+            continue
+        at = PurePosixPath(into)  # new key -> (the holder's key, size)
+        objects = {chunk_file(at, t.name, len(t.shape), slot).as_posix(): (entry.chunk_object(name, slot), rec.nbytes)}
+        if rec.tensorbin:
+            objects[packed_path(at, t.name, slot).as_posix()] = (entry.device_object(name, slot), rec.tensorbin.nbytes)
+        held[(t.name, slot)] = Staged(t.name, slot, rec), entry.name, objects
+    with contextlib.ExitStack() as leases:  # gc and rm leave the entries copied from alone meanwhile
+        kept = {e for e in {e for _, e, _ in held.values()} if _lease(leases, store, e)}
+        wanted = {new: old for _, e, objects in held.values() if e in kept for new, old in objects.items()}
+        there = {new for new, (_, size) in wanted.items() if (present or {}).get(new) == size}
+        made = store.copy_many({new: old for new, (old, _) in wanted.items() if new not in there}) | there
+    for unit, (staged, _, objects) in held.items():
+        if all(new in made for new in objects):  # a chunk whose holder went meanwhile is converted instead
+            reuse.records[unit] = staged
+            reuse.linked_bytes += sum(size for _, size in objects.values())
+            reuse.objects.update(objects)
     return reuse
 
 
-def _lease(leases: contextlib.ExitStack, root: Path, entry: Entry) -> bool:
-    """Hold a lease on `entry` until the links are made (a link outlives its source); False if it is gone."""
+def _lease(leases: contextlib.ExitStack, store: Store, name: str) -> bool:
+    """Hold a lease on entry `name` until its objects are copied (a link outlives its source); False if it is
+    gone. An object store has no leases: a copy whose source went meanwhile is simply not made."""
     try:
-        leases.enter_context(cache.reading(LocalStore(root), entry.name))
+        leases.enter_context(cache.reading(store, name))
     except CacheError:
         return False
     return True

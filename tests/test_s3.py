@@ -5,6 +5,8 @@ per target (no `.tensorbin` beside it), so that each push to the test server sta
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -95,3 +97,55 @@ def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     assert main(["cache", "gc", "--cache", s3_url]) == 0  # corrupt: removed with its ref
     assert store.list(f"entries/{name}") == [] and store.get_json("refs/n17-generic-bf16.synthetic.json") is None
     assert main(["cache", "verify", "nothere", "--cache", s3_url]) == 2
+
+
+def _target_of(key: str) -> str:
+    """The target an entry's object belongs to: `entries/E/<target>/c.…`, or `entries/E/tensorbin/<target>[@slot].tensorbin`."""
+    from tasks.entries.names import PACKED_DIR
+
+    within = key.split("/", 2)[2]
+    if within.startswith(f"{PACKED_DIR}/"):
+        return within[len(PACKED_DIR) + 1:].removesuffix(".tensorbin").split("@")[0]
+    return within.split("/")[0]
+
+
+def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, tmp_path, monkeypatch):
+    """Issue 49: after its release, a fine-tune converts and sends only its changed targets; every object it
+    shares with the release is copied inside the bucket (S3 CopyObject), and the entry is byte for byte what a
+    cold local convert of the fine-tune makes."""
+    from pipeline.state_dict import tensor_specs
+    from pipeline.synth import synthesize
+    from tasks.entries.store import FsspecStore
+
+    head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
+    tuned_hf = tmp_path / "tuned-hf"
+    synthesize("n16", tuned_hf, "tiny", mutate=head)
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    bucket = f"{s3_url}-finetune"
+    opts = dict(embodiments="gr1,new_embodiment", synthetic="tiny", progress=False)
+    convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=bucket, **opts))
+    sent, put, put_many = [], FsspecStore.put, FsspecStore.put_many
+    monkeypatch.setattr(FsspecStore, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
+    monkeypatch.setattr(FsspecStore, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])
+    tuned = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=bucket, **opts))
+    monkeypatch.undo()
+    cold = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=tmp_path / "cold", reuse=False, **opts))
+    assert tuned["fingerprint"] == cold["fingerprint"] and tuned["reused_chunks"] > 0
+    name = cold["cache_path"].rsplit("/", 1)[1]
+    folder, store = LocalStore(tmp_path / "cold"), open_store(bucket)
+    objects = folder.sizes(f"entries/{name}")
+    there = store.sizes(f"entries/{name}")
+    assert there.keys() == objects.keys()  # every array, device file and document: the same bytes (the manifest
+    assert all(store.get(k) == folder.get(k) for k in objects if not k.endswith("MANIFEST.json"))  # says when)
+    arrays = json.loads(folder.get(f"entries/{name}/MANIFEST.json"))["arrays"]
+    changed = {n for n, a in arrays.items() if set(a["attributes"]["sources"]) & head}
+    documents = sum(n for k, n in there.items() if k.endswith(".json"))
+    changed_bytes = sum(n for k, n in objects.items() if _target_of(k) in changed and not k.endswith(".json"))
+    assert changed and changed_bytes > 0
+    ref = len(store.get("refs/n16-tt-n16-port.synthetic.json"))
+    assert sum(sent) == changed_bytes + documents + ref  # the changed targets, the documents and the ref: no more
+    assert tuned["pushed_bytes"] == sum(sent) - ref
+    remote = load("n16", bucket, embodiment="new_embodiment", entry=name)
+    local = load("n16", tmp_path / "cold", embodiment="new_embodiment", entry=name)
+    for tensor, t in local.tensors.items():
+        assert torch.equal(remote.tensors[tensor].view(torch.int16), t.view(torch.int16)), tensor

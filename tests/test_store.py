@@ -54,6 +54,18 @@ def test_listing_is_recursive_sorted_and_sized_and_children_are_one_level(store)
     assert store.list("e") == ["e/ab/z"] and store.get("f/x") == b"4444"
 
 
+def test_copies_inside_the_store_are_whole_independent_and_skip_what_is_gone(store):
+    store.put("old/a", b"alpha")
+    store.put("old/t/b", b"beta" * 1000)
+    store.put("new/a", b"stale, from a killed run")  # replaced whole, never written through
+    made = store.copy_many({"new/a": "old/a", "new/x/b": "old/t/b", "new/gone": "old/removed"})
+    assert made == {"new/a", "new/x/b"}  # a source removed meanwhile is left out, not an error
+    assert store.get("new/a") == b"alpha" and store.get("new/x/b") == b"beta" * 1000 and store.get("new/gone") is None
+    store.delete("old")
+    assert store.get("new/a") == b"alpha" and store.get("new/x/b") == b"beta" * 1000  # the copy outlives its source
+    assert store.copy_many({}) == set()
+
+
 def test_read_into_fills_exactly_and_refuses_missing_or_short_objects(store):
     data = np.arange(12, dtype=np.uint16).reshape(3, 4)
     store.put("c/0/0", data.tobytes())

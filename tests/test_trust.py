@@ -375,12 +375,12 @@ def test_an_entry_removed_after_it_was_chosen_is_said_and_not_half_read(two_entr
 
 def test_a_fine_tune_holds_a_lease_on_the_entry_it_links_from(hf_cache, tmp_path, monkeypatch):
     """Reuse hard-links chunks out of an earlier entry; gc or rm running meanwhile must leave that entry alone."""
-    from pipeline import reuse
+    from tasks.entries import store as store_mod
 
     root = tmp_path / "cache"
     first = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
                                    progress=False))
-    source, linked, outcome = Path(first["cache_path"]).name, reuse._link, []
+    source, linked, outcome = Path(first["cache_path"]).name, store_mod.link_or_copy, []
 
     def link_while_rm_runs(src: Path, dst: Path) -> None:
         if not outcome:
@@ -391,7 +391,7 @@ def test_a_fine_tune_holds_a_lease_on_the_entry_it_links_from(hf_cache, tmp_path
                 outcome.append(str(e))
         linked(src, dst)
 
-    monkeypatch.setattr(reuse, "_link", link_while_rm_runs)
+    monkeypatch.setattr(store_mod, "link_or_copy", link_while_rm_runs)
     second = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                     cache_root=root, progress=False))
     assert second["reused_chunks"] > 0 and f"being read by process {os.getpid()}" in outcome[0], outcome

@@ -8,12 +8,15 @@ Keys are `/`-separated paths relative to the cache root. Callers ask a store wha
 - `local_path(key)`: where a key is a file on this machine (a local directory), so it can be read block by block,
   mapped, or handed to ttnn by name; None for an object store, read through `get`;
 - `supports_leases`: readers take a lock and name their pid beside the entries (pipeline/cache/leases.py), which
-  means something only where every process shares the filesystem.
+  means something only where every process shares the filesystem;
+- `copy_many`: objects another entry already holds are given new keys inside the store, the bytes never leaving
+  it (a hard link locally, a server-side copy on S3): a fine-tune sends only what changed.
 Everything else — listing, reading a chunk into a caller's buffer, verifying — is the same code for both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -32,6 +35,7 @@ from tasks.errors import CacheError
 from tasks.safetensors_file import read_into
 
 _DOWNLOADS_MADE = threading.Lock()
+COPIES_IN_FLIGHT = 16  # server-side copies requested at once (each waits on the store, not on a core)
 
 
 class Store(ABC):
@@ -80,6 +84,11 @@ class Store(ABC):
         """Write several objects, each one whole as `put` writes it; a store may send them concurrently."""
         for key, data in objects.items():
             self.put(key, data)
+
+    @abstractmethod
+    def copy_many(self, pairs: Mapping[str, str]) -> set[str]:
+        """Each `new key -> existing key` of `pairs`, inside the store; returns the new keys made. One whose source
+        is gone (removed meanwhile) is left out, not an error: the caller makes that object itself."""
 
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Fill `out` with the object, which must hold exactly `out.nbytes` bytes."""
@@ -153,6 +162,16 @@ class LocalStore(Store):
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         write_bytes_atomic(self.path(key), data)
+
+    def copy_many(self, pairs: Mapping[str, str]) -> set[str]:
+        made = set()
+        for new, old in pairs.items():
+            try:
+                link_or_copy(self.path(old), self.path(new))
+            except FileNotFoundError:
+                continue
+            made.add(new)
+        return made
 
     def sizes(self, prefix: str) -> dict[str, int]:
         base = self.path(prefix)
@@ -247,6 +266,24 @@ class FsspecStore(Store):
     def put_many(self, objects: Mapping[str, bytes]) -> None:
         self.fs.pipe({self._path(k): bytes(v) for k, v in objects.items()})  # s3fs: the PUTs run concurrently
 
+    def copy_many(self, pairs: Mapping[str, str]) -> set[str]:
+        from fsspec.asyn import sync  # lazy, as fsspec itself
+
+        async def every() -> list[str | None]:
+            in_flight = asyncio.Semaphore(COPIES_IN_FLIGHT)
+
+            async def copy(new: str, old: str) -> str | None:
+                async with in_flight:
+                    try:
+                        await self.fs._cp_file(self._path(old), self._path(new))  # S3 CopyObject: no bytes sent
+                    except FileNotFoundError:
+                        return None
+                return new
+
+            return await asyncio.gather(*(copy(new, old) for new, old in pairs.items()))
+
+        return {new for new in sync(self.fs.loop, every) if new is not None} if pairs else set()
+
     def sizes(self, prefix: str) -> dict[str, int]:
         try:
             found = self.fs.find(self._path(prefix), detail=True)
@@ -268,6 +305,19 @@ class FsspecStore(Store):
 
     def describe(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """`dst` as the same file as `src` (a hard link: entries share the bytes), or a copy across filesystems. An
+    existing `dst` is replaced, never written through."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
 
 
 def is_url(root: object) -> bool:
