@@ -1,0 +1,95 @@
+"""`python -m bench.bucket_finetune`: a fine-tune converted into an object store after its release (issue 49).
+
+moto's S3 server on 127.0.0.1 stands in for the bucket. A synthetic N1.6 (tiny, every slot, seed 7) is converted into
+`s3://gr00t/cache`, then a fine-tune of it whose `action_head.*` tensors changed; then both into a local folder, for
+the changed targets' bytes. Bytes sent are counted at the store interface (every `put` and `put_many` of this
+process: the threads scheduler runs the stage tasks here); objects and bytes added are read off the bucket's
+listing before and after. Writes bench/bucket-finetune-results.json and prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OUT = Path(__file__).with_name("bucket-finetune-results.json")
+
+
+def _moto() -> subprocess.Popen:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
+                      AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return server
+        except OSError:
+            time.sleep(0.1)
+    server.terminate()
+    raise SystemExit("moto's server did not start")
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="bench-bucket-"))
+    os.environ["GR00T_CACHE"] = str(work / "client")  # the client's own folder: the source memo only
+    server = _moto()
+    try:
+        import boto3
+
+        from pipeline.convert import ConvertOptions, convert
+        from pipeline.state_dict import tensor_specs
+        from pipeline.synth import synthesize
+        from tasks.entries.store import FsspecStore, open_store
+
+        boto3.client("s3").create_bucket(Bucket="gr00t")
+        head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
+        release_hf, tuned_hf = work / "release-hf", work / "tuned-hf"
+        synthesize("n16", release_hf, "tiny", seed=7)
+        synthesize("n16", tuned_hf, "tiny", seed=7, mutate=head)
+        sent: list[int] = []
+        put, put_many = FsspecStore.put, FsspecStore.put_many
+        FsspecStore.put = lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1]
+        FsspecStore.put_many = lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1]
+        bucket = "s3://gr00t/cache"
+        store = open_store(bucket)
+
+        def run(hf: Path, root: str | Path) -> dict:
+            before = store.sizes("")
+            sent.clear()
+            t0, c0 = time.perf_counter(), os.times()
+            s = convert(ConvertOptions("n16", hf_cache=hf, synthetic="tiny", cache_root=root, progress=False))
+            wall, c1 = time.perf_counter() - t0, os.times()
+            added = {k: n for k, n in store.sizes("").items() if k not in before}
+            return {"wall_s": round(wall, 2), "cpu_s": round(c1.user - c0.user + c1.system - c0.system, 2),
+                    "bytes_sent": sum(sent), "objects_added": len(added), "bytes_added": sum(added.values()),
+                    "reused_chunks": s.get("reused_chunks", 0), "bytes_written": s.get("bytes_written", 0)}
+
+        rows = {"release into the bucket": run(release_hf, bucket),
+                "fine-tune into the bucket": run(tuned_hf, bucket),
+                "release into a local folder": run(release_hf, work / "local"),
+                "fine-tune into a local folder": run(tuned_hf, work / "local")}
+        changed = rows["fine-tune into a local folder"]["bytes_written"]
+        result = {"measured": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "python -m bench.bucket_finetune",
+                  "rows": rows, "changed_targets_bytes": changed,
+                  "bytes_sent_over_changed": round(rows["fine-tune into the bucket"]["bytes_sent"] / changed, 3)}
+        OUT.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result, indent=1))
+    finally:
+        server.terminate()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
