@@ -6,6 +6,8 @@ per target (no `.tensorbin` beside it), so that each push to the test server sta
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.load import load
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore, open_store
+from tests.conftest import run_cli
 
 
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):
@@ -149,3 +152,43 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     local = load("n16", tmp_path / "cold", embodiment="new_embodiment", entry=name)
     for tensor, t in local.tensors.items():
         assert torch.equal(remote.tensors[tensor].view(torch.int16), t.view(torch.int16)), tensor
+
+
+@pytest.mark.parametrize("case", ["unreachable", "no such bucket", "no credentials"])
+def test_a_bucket_that_cannot_be_used_is_one_sentence_and_exit_2(case, s3_url, hf_cache, tmp_path):
+    """Issue 49 item 5: the bucket unreachable, missing, or no credentials: one sentence naming the URL and the
+    remedy, exit 2, no traceback, nothing published."""
+    env = {**os.environ, "GR00T_CACHE": str(tmp_path / "client")}
+    url = s3_url
+    if case == "unreachable":
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{_closed_port()}"
+    elif case == "no such bucket":
+        url = "s3://no-such-bucket/gr00t"
+    else:
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.pop(k)
+        env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+                   AWS_EC2_METADATA_DISABLED="true")
+    said = {"unreachable": "the object store cannot be reached", "no such bucket": "the bucket s3://no-such-bucket does "
+            "not exist", "no credentials": "no credentials for the object store"}[case]
+    r = run_cli("convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--embodiments",
+                "gr1", "--cache", url, env=env, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: {url}: {said}"), r.stderr[-2000:]
+
+
+def test_access_denied_is_one_sentence(s3_url, monkeypatch):
+    store = open_store(f"{s3_url}/denied")
+
+    def refuse(*_a, **_k):
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(store.fs, "cat_file", refuse)
+    with pytest.raises(CacheError, match=rf"^{s3_url}/denied: access denied by the object store; check the credentials"):
+        store.get("refs/x.json")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # free again once closed: nothing listens there

@@ -242,8 +242,47 @@ class LocalStore(Store):
         return self.path(key) if self.path(key).is_file() else None
 
 
+def _failure(e: BaseException) -> str | None:
+    """What the user should hear when an object store refuses or cannot be reached, or None for anything else.
+    Named by class, not imported: the store may be any fsspec backend, and botocore is s3fs's."""
+    names = {c.__name__ for c in type(e).__mro__}
+    if isinstance(e, PermissionError):
+        return ("access denied by the object store; check the credentials (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or ~/.aws) and that they may read and write this bucket")
+    if "NoCredentialsError" in names:
+        return "no credentials for the object store; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws)"
+    if names & {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ClientConnectorError",
+                "ServerDisconnectedError", "ConnectionRefusedError"}:
+        return (f"the object store cannot be reached ({e}); check AWS_ENDPOINT_URL and the network, or pass a "
+                "local folder as --cache")
+    return None
+
+
+WRITES = ("put", "put_many")  # where a missing object can only mean a missing bucket
+
+
+def _speaks(method):
+    """An object-store call whose refusal or unreachable endpoint becomes one sentence (CacheError), never a
+    traceback; every other error passes through as it is."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            said = _failure(e)
+            if said is None and isinstance(e, FileNotFoundError) and method.__name__ in WRITES:
+                bucket = f"{self.url.split('://')[0]}://{self.base.split('/')[0]}"
+                said = f"the bucket {bucket} does not exist; create it (for S3: `aws s3 mb {bucket}`) or name one that does"
+            if said is None:
+                raise
+            raise CacheError(f"{self.url}: {said}") from None
+    return call
+
+
 class FsspecStore(Store):
-    """An object store through fsspec (s3fs for `s3://`; the endpoint comes from AWS_ENDPOINT_URL when set)."""
+    """An object store through fsspec (s3fs for `s3://`; the endpoint comes from AWS_ENDPOINT_URL when set). A
+    refusal or an unreachable endpoint is one sentence naming the URL (`_speaks`); a bucket that does not exist
+    reads as empty and refuses writes in one sentence."""
 
     def __init__(self, url: str):
         import fsspec  # lazy: only object-store caches need it (with s3fs, ~0.3 s to import)
@@ -254,18 +293,22 @@ class FsspecStore(Store):
     def _path(self, key: str) -> str:
         return f"{self.base}/{key}" if key else self.base
 
+    @_speaks
     def get(self, key: str) -> bytes | None:
         try:
             return self.fs.cat_file(self._path(key))
         except FileNotFoundError:
             return None
 
+    @_speaks
     def put(self, key: str, data: bytes | memoryview) -> None:
         self.fs.pipe_file(self._path(key), bytes(data))  # one PUT: atomic per object
 
+    @_speaks
     def put_many(self, objects: Mapping[str, bytes]) -> None:
         self.fs.pipe({self._path(k): bytes(v) for k, v in objects.items()})  # s3fs: the PUTs run concurrently
 
+    @_speaks
     def copy_many(self, pairs: Mapping[str, str]) -> set[str]:
         from fsspec.asyn import sync  # lazy, as fsspec itself
 
@@ -284,6 +327,7 @@ class FsspecStore(Store):
 
         return {new for new in sync(self.fs.loop, every) if new is not None} if pairs else set()
 
+    @_speaks
     def sizes(self, prefix: str) -> dict[str, int]:
         try:
             found = self.fs.find(self._path(prefix), detail=True)
@@ -291,6 +335,7 @@ class FsspecStore(Store):
             return {}
         return {p[len(self.base) + 1:]: int(info.get("size") or 0) for p, info in sorted(found.items())}
 
+    @_speaks
     def children(self, prefix: str) -> list[str]:
         try:
             found = self.fs.ls(self._path(prefix), detail=False, refresh=True)
@@ -298,6 +343,7 @@ class FsspecStore(Store):
             return []
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
 
+    @_speaks
     def delete(self, prefix: str) -> None:
         paths = self.fs.find(self._path(prefix))
         if paths:
