@@ -112,7 +112,9 @@ def cmd_load(a: argparse.Namespace) -> dict:
     if not a.json:
         if loaded.source.get("synthetic"):
             print(f"SYNTHETIC weights: {loaded.source['synthetic']}")
-        print(f"loaded {result['tensors']} tensors ({mb(result['bytes_read'])}) from {loaded.entry} "
+        fetched = (f"; fetched {mb(result['bytes_fetched'])}, {mb(result['bytes_kept_here'])} kept here by an "
+                   "earlier load" if "bytes_fetched" in result else "")
+        print(f"loaded {result['tensors']} tensors ({mb(result['bytes_read'])}{fetched}) from {loaded.entry} "
               f"in {result['seconds']:.3f} s")
     return result
 

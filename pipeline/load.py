@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline import cache
@@ -17,6 +17,8 @@ from pipeline.embodiments import Embodiments
 from pipeline.recipe import layout_and_profile
 from pipeline.versions import load_config
 from tasks.entries import reload
+from tasks.entries.fetched import Fetched
+from tasks.entries.names import FETCHED
 from tasks.errors import CacheError, ConfigError
 from tasks.entries.store import Store
 
@@ -104,11 +106,18 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
         raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
                          "slot id")
     chunks = reload.plan_reads(opened.manifest, slot)
+    fetched = {}
+    if opened.store.local_path("") is None:  # an object store: what this machine fetched before is kept
+        opened = replace(opened, fetched=Fetched(cache.build_root(opened.store) / FETCHED))
+        kept = reload.kept_bytes(opened, chunks, from_device_files=into != "torch" and reload.takes_device_files(
+            None if isinstance(into, str) else into))
     with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
         tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, transfers=transfers)
+    if opened.fetched is not None:
+        fetched = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept}
     return Loaded(tensors=tensors, entry=opened.name, slot=slot,
                   stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
-                         "chunks": len(chunks)},
+                         "chunks": len(chunks), **fetched},
                   layout=opened.manifest.layout,
                   banks=tuple(n for n in tensors if slot is None and opened.manifest.arrays[n].bank),
                   source=dict(opened.manifest.source))

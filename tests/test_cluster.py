@@ -91,7 +91,9 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
               f"got = load('n16', {bucket_url!r}, layout='generic', embodiment='gr1')\n"
               "print(json.dumps({k: hashlib.sha256(t.contiguous().view(-1).view(__import__('torch').uint8).numpy()"
               ".tobytes()).hexdigest() for k, t in got.tensors.items()}))")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    elsewhere = {**os.environ, "GR00T_CACHE": str(tmp_path / "elsewhere")}  # that machine's own local cache
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=elsewhere)
     assert proc.returncode == 0, proc.stderr[-2000:]
     remote = json.loads(proc.stdout.strip().splitlines()[-1])
     import hashlib

@@ -131,7 +131,8 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     monkeypatch.setattr(FsspecStore, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
     monkeypatch.setattr(FsspecStore, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])
     tuned = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=bucket, **opts))
-    monkeypatch.undo()
+    monkeypatch.setattr(FsspecStore, "put", put)
+    monkeypatch.setattr(FsspecStore, "put_many", put_many)
     cold = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=tmp_path / "cold", reuse=False, **opts))
     assert tuned["fingerprint"] == cold["fingerprint"] and tuned["reused_chunks"] > 0
     name = cold["cache_path"].rsplit("/", 1)[1]
@@ -192,3 +193,64 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]  # free again once closed: nothing listens there
+
+
+def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differs(s3_url, hf_cache, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 49 item 4: a load from the bucket keeps each chunk it fetched on this machine, by content; a second
+    fine-tune of the same release, loaded next, fetches only the chunks in which the two differ. Every object
+    fetched is counted at the store interface; the tensors equal a load of the same entry from a local folder."""
+    from pipeline.state_dict import tensor_specs
+    from pipeline.synth import synthesize
+    from tasks.entries.store import FsspecStore
+
+    changed = frozenset(s.key for s in tensor_specs("n16", "tiny")
+                        if s.key.startswith("action_head.model.transformer_blocks.0."))
+    tuned_hf = tmp_path / "tuned-hf"
+    synthesize("n16", tuned_hf, "tiny", mutate=changed)
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "client"))
+    bucket = f"{s3_url}-kept"
+    opts = dict(embodiments="new_embodiment", layout="generic", synthetic="tiny", progress=False)
+    first = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=bucket, **opts))
+    second = convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=bucket, **opts))
+    assert first["fingerprint"] != second["fingerprint"]
+    fetched, cat_file = [], FsspecStore.get
+    monkeypatch.setattr(FsspecStore, "get", lambda self, k: (lambda d: (fetched.append((k, len(d or b""))), d)[1])(cat_file(self, k)))
+    names = [s["cache_path"].rsplit("/", 1)[1] for s in (first, second)]
+    one = load("n16", bucket, "new_embodiment", layout="generic", entry=names[0])
+    chunks = [(k, n) for k, n in fetched if "/c." in k]
+    assert sum(n for _, n in chunks) == one.stats["bytes_read"] > 0
+    assert one.stats["bytes_fetched"] == one.stats["bytes_read"]
+    fetched.clear()
+    two = load("n16", bucket, "new_embodiment", layout="generic", entry=names[1])
+    store = open_store(bucket)
+    a, b = (json.loads(store.get(f"entries/{n}/MANIFEST.json"))["arrays"] for n in names)
+    differ = sum(rec["nbytes"] for t, arr in b.items() for s, rec in arr["chunks"].items()
+                 if s in ("all", str(one.slot)) and a[t]["chunks"].get(s, {}).get("xxh3") != rec["xxh3"])
+    assert 0 < differ < two.stats["bytes_read"] / 4
+    assert sum(n for k, n in fetched if "/c." in k) == differ  # only the chunks in which the two entries differ
+    assert two.stats["bytes_fetched"] == differ and two.stats["bytes_kept_here"] == two.stats["bytes_read"] - differ
+    convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=tmp_path / "local", **opts))
+    local = load("n16", tmp_path / "local", "new_embodiment", layout="generic")
+    assert local.tensors.keys() == two.tensors.keys()
+    for name, t in local.tensors.items():
+        assert torch.equal(two.tensors[name].view(torch.int16), t.view(torch.int16)), name
+
+
+def test_gc_removes_kept_fetches_unused_that_long_and_nothing_else(tmp_path):
+    import os
+    import time
+
+    from pipeline.cache import collect_garbage
+    from tasks.entries.names import FETCHED
+
+    root = LocalStore(tmp_path)
+    (tmp_path / FETCHED).mkdir()
+    old, recent = tmp_path / FETCHED / "aa-3", tmp_path / FETCHED / "bb-4"
+    old.write_bytes(b"old")
+    recent.write_bytes(b"used")
+    os.utime(old, (time.time() - 3 * 86400,) * 2)
+    assert collect_garbage(root, older_than_days=2, dry_run=True)[0]["bytes"] == 3 and old.exists()
+    rows = collect_garbage(root, older_than_days=2)
+    assert [r["entry"] for r in rows] == [f"{FETCHED}/ (1 files)"] and not old.exists() and recent.exists()
+    assert collect_garbage(root) == [] and recent.exists()  # without an age, kept fetches stay

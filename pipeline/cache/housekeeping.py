@@ -9,7 +9,7 @@ import time
 from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless_read
 from pipeline.cache.roots import pid_alive
 from tasks.entries.entry import list_entries
-from tasks.entries.names import ENTRIES, PORT_MODELS, TMP_MARK, entry_key, ref_object, tmp_owner
+from tasks.entries.names import ENTRIES, FETCHED, PORT_MODELS, TMP_MARK, entry_key, ref_object, tmp_owner
 from tasks.errors import CacheError
 from tasks.entries.refs import readable, refs
 from tasks.entries.store import Store
@@ -118,7 +118,23 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
                 total -= row["unique_bytes"]  # a kept entry (a live reader's) still takes its room
     if not dry_run:
         _drop_orphan_port_models(store)
+    if older_than_days is not None:
+        removed += _drop_unused_fetched(store, time.time() - older_than_days * 86400, older_than_days, dry_run)
     return removed + [{**k, "kept": True, "freed_bytes": 0, "refs": []} for k in kept]
+
+
+def _drop_unused_fetched(store: Store, cutoff: float, days: float, dry_run: bool) -> list[dict]:
+    """What loads from an object store keep here (tasks/entries/fetched.py), unused since `cutoff` (a load that
+    uses a kept file touches it): one row for all of them. Only in a local cache; the bucket still holds them."""
+    folder = store.local_path(FETCHED)
+    old = [p for p in folder.iterdir() if p.is_file() and p.stat().st_mtime < cutoff] if folder and folder.is_dir() else []
+    if not old:
+        return []
+    size = sum(p.stat().st_size for p in old)
+    for p in old if not dry_run else ():
+        p.unlink(missing_ok=True)
+    return [{"entry": f"{FETCHED}/ ({len(old)} files)", "reason": f"kept from an object store, unused for "
+             f"{days:g} days", "bytes": size, "freed_bytes": size, "refs": []}]
 
 
 def _drop_orphan_port_models(store: Store) -> None:

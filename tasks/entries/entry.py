@@ -17,6 +17,7 @@ import xxhash
 
 from tasks.errors import CacheError
 from tasks.file_blocks import each_read
+from tasks.entries.fetched import Fetched
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest
 from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, TMP_MARK, chunk_file, chunk_key,
                                  entry_key, manifest_key, packed_name, packed_path)
@@ -28,6 +29,7 @@ class Entry:
     store: Store
     name: str
     manifest: Manifest
+    fetched: Fetched | None = None  # where a load keeps what it fetches from an object store (tasks/entries/fetched.py)
 
     @property
     def path(self) -> Path:
@@ -53,12 +55,20 @@ class Entry:
         """One chunk, checked against its manifest record (the pass that touches every byte): read into `out`
         (e.g. a slot's slice of a whole bank), else mapped (locally) or fetched on its own."""
         arr = self.manifest.arrays[array]
-        key = self.chunk_object(array, slot)
+        key, record = self.chunk_object(array, slot), arr.chunks[slot]
+        kept = self.fetched if self.store.local_path(key) is None else None
+        if kept is not None:
+            out = np.empty(arr.logical_shape, arr.storage_dtype) if out is None else out
+            if kept.read_into(record, out) and record.matches(out):
+                return out
         if out is None:
             out = self.store.map(key, arr.storage_dtype, tuple(arr.logical_shape))
         else:
             self.store.read_into(key, out)
-        if not arr.chunks[slot].matches(out):
+        if kept is not None and record.matches(out):
+            kept.keep(record, out)
+            return out
+        if not record.matches(out):
             raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
         return out
@@ -100,6 +110,16 @@ class Entry:
     def device_file(self, array: str, slot: int | None) -> Path:
         """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
         rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
+        kept = self.fetched if self.store.local_path(key) is None else None
+        if kept is not None:
+            path = kept.file(rec)
+            if path is not None:
+                return path
+            data = self.store.get(key)
+            if data is not None and rec.matches(data):
+                path = kept.keep(rec, data)
+                if path is not None:
+                    return path
         path = self.store.local_file(key)
         if path is None:
             raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
@@ -119,6 +139,8 @@ class Entry:
         for name, slot in chunks:
             if packed is not None:
                 path = os.path.join(folder, packed_name(name, slot))
+            elif self.fetched is not None:  # kept here by an earlier load, or fetched and kept now
+                path = str(self.device_file(name, slot))
             else:
                 fetched = self.store.local_file(self.device_object(name, slot))
                 path = os.path.realpath(fetched) if fetched else ""

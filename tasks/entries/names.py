@@ -16,6 +16,7 @@ READABLE_FORMATS = (3, 4, 5)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + so
                               # Format 2 kept c/0/0 and is not read.
 MANIFEST = "MANIFEST.json"  # written last: present means complete
 ENTRIES, REFS = "entries", "refs"
+FETCHED = "fetched"         # fetched/<xxh3>-<size>: what loads from an object store keep (tasks/entries/fetched.py)
 PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
 PACKED_DIR = "tensorbin"    # ttnn's `.tensorbin` device files, outside the Zarr arrays

@@ -44,6 +44,22 @@ def read_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = Fals
     return sum(r.tensorbin.nbytes if from_device_files and r.tensorbin is not None else r.nbytes for r in records)
 
 
+def kept_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = False) -> int:
+    """Of what reading these chunks reads (`read_bytes`), the bytes an earlier load from the same object store
+    already keeps on this machine (`entry.fetched`), by their content: those are not fetched again."""
+    if entry.fetched is None:
+        return 0
+    total = 0
+    for name, slot in chunks:
+        record = entry.manifest.arrays[name].chunks[slot]
+        record = record.tensorbin if from_device_files and record.tensorbin is not None else record
+        try:
+            total += record.nbytes if entry.fetched.path(record).stat().st_size == record.nbytes else 0
+        except OSError:
+            pass
+    return total
+
+
 def torch_tensors(entry: Entry, chunks: list[Chunk], every_slot: bool, pool: ThreadPoolExecutor) -> dict:
     """torch bf16 tensors by array name. `every_slot`: a bank becomes one `[slots, ...]` tensor, its slots read
     straight into one buffer (no stacking copy); else each chunk is its own tensor."""
