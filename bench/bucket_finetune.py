@@ -40,6 +40,52 @@ def _moto() -> subprocess.Popen:
     raise SystemExit("moto's server did not start")
 
 
+def _loads(store, bucket: str, names: list[str], work: Path) -> dict:
+    """One embodiment (new_embodiment) of the release, then of its fine-tune, loaded from the bucket into a machine
+    whose local cache starts empty; beside each, the floor: the same chunk objects fetched by boto3 with as many
+    requests in flight (16), in this process. And the bytes in which the two entries' chunks differ."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    from pipeline.load import TRANSFERS, load
+    from tasks.entries import reload
+    from tasks.entries.entry import open_entry
+
+    import torch  # noqa: F401  imported before the clock starts, as in any process that uses the tensors
+
+    os.environ["GR00T_CACHE"] = str(work / "loader")  # another machine: nothing kept yet
+    client = boto3.client("s3")
+    bucket_name, prefix = bucket.removeprefix("s3://").split("/", 1)
+    out, manifests = {}, []
+    for what, name in zip(("release", "fine-tune"), names):
+        t0 = time.perf_counter()
+        got = load("n16", bucket, "new_embodiment", entry=name, synthetic=True)
+        wall = time.perf_counter() - t0
+        entry = open_entry(store, name)
+        manifests.append(entry.manifest)
+        keys = [entry.chunk_object(a, s) for a, s in reload.plan_reads(entry.manifest, got.slot)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(TRANSFERS) as pool:
+            fetched = sum(pool.map(lambda k: len(client.get_object(Bucket=bucket_name, Key=f"{prefix}/{k}")["Body"].read()),
+                                   keys))
+        floor = time.perf_counter() - t0
+        out[f"load {what} from the bucket"] = {"wall_s": round(wall, 2), "bytes_read": got.stats["bytes_read"],
+                                                "bytes_fetched": got.stats["bytes_fetched"],
+                                                "floor_boto3_s": round(floor, 2), "floor_bytes": fetched,
+                                                "wall_over_floor": round(wall / floor, 2)}
+        slot = got.slot
+    release, tuned = manifests
+    differ = 0
+    for name, arr in tuned.arrays.items():
+        for s, rec in arr.chunks.items():
+            if s in (None, slot):
+                before = release.arrays[name].chunks.get(s) if name in release.arrays else None
+                differ += rec.nbytes if before is None or before.xxh3 != rec.xxh3 else 0
+    out["bytes in which the two differ"] = differ
+    return out
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-bucket-"))
     os.environ["GR00T_CACHE"] = str(work / "client")  # the client's own folder: the source memo only
@@ -73,15 +119,18 @@ def main() -> int:
             added = {k: n for k, n in store.sizes("").items() if k not in before}
             return {"wall_s": round(wall, 2), "cpu_s": round(c1.user - c0.user + c1.system - c0.system, 2),
                     "bytes_sent": sum(sent), "objects_added": len(added), "bytes_added": sum(added.values()),
-                    "reused_chunks": s.get("reused_chunks", 0), "bytes_written": s.get("bytes_written", 0)}
+                    "reused_chunks": s.get("reused_chunks", 0), "bytes_written": s.get("bytes_written", 0),
+                    "entry": s["cache_path"].rstrip("/").rsplit("/", 1)[1]}
 
         rows = {"release into the bucket": run(release_hf, bucket),
                 "fine-tune into the bucket": run(tuned_hf, bucket),
                 "release into a local folder": run(release_hf, work / "local"),
                 "fine-tune into a local folder": run(tuned_hf, work / "local")}
         changed = rows["fine-tune into a local folder"]["bytes_written"]
+        loads = _loads(store, bucket, [rows["release into the bucket"]["entry"], rows["fine-tune into the bucket"]["entry"]],
+                       work)
         result = {"measured": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "python -m bench.bucket_finetune",
-                  "rows": rows, "changed_targets_bytes": changed,
+                  "rows": rows, "loads": loads, "changed_targets_bytes": changed,
                   "bytes_sent_over_changed": round(rows["fine-tune into the bucket"]["bytes_sent"] / changed, 3)}
         OUT.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
