@@ -17,7 +17,8 @@ from pathlib import Path
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
 from pipeline.cache import cache_root
-from pipeline.versions import VersionConfig
+from pipeline.versions import VERSIONS, VersionConfig
+from tasks.entries.store import is_url
 from pipeline.folder import HUB_FILES, refuse_adapter
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, weight_files
 from tasks.errors import CheckpointError, ConfigError
@@ -25,7 +26,7 @@ from tasks.errors import CheckpointError, ConfigError
 def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
     """Where `synth` writes by default and `make demo` synthesizes, read only for --synthetic: `hf/` under the
     cache root (`--cache`, $GR00T_CACHE when it is a folder, else the project's `cache/`)."""
-    return cache_root(cache_dir if cache_dir is not None and "://" not in str(cache_dir) else None) / "hf"
+    return cache_root(cache_dir if cache_dir is not None and not is_url(str(cache_dir)) else None) / "hf"
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
 SYNTHETIC_ORG = "gr00t-tt-synthetic"
 
@@ -151,7 +152,7 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
             raise ConfigError(f"--model {model!r} is not a Hugging Face repo id: pass OWNER/NAME")
         return _from_hub(model, revision or "main", Path(hf_cache or default_hf_cache()))
     if cfg is None:
-        raise ConfigError("pass --version (one of n15, n16, n17) to convert a release, or --snapshot DIR or "
+        raise ConfigError(f"pass --version (one of {', '.join(VERSIONS)}) to convert a release, or --snapshot DIR or "
                           "--model OWNER/NAME to convert a fine-tune")
     if synthetic is not None:
         repo_id, cache_dir = synthetic_repo_id(cfg, synthetic), Path(hf_cache or synthetic_hf_cache())

@@ -30,7 +30,7 @@ class Target:
     bank_slots: int = 0        # slots in the source bank (embodiment targets)
     mirrors: str = ""          # the consumer's file@commit and function this target reproduces
     unit: str = ""             # the layer, block or module its first source belongs to: one ("unit", ...) task each
-    source_dtypes: tuple[str, ...] = ()  # each source's safetensors dtype (BF16 | F16 | F32); () means BF16
+    source_dtypes: tuple[str, ...] = ()  # each source's safetensors dtype (precision.source_dtypes: () means BF16)
 
     @property
     def host(self) -> bool:

@@ -29,6 +29,12 @@ from tasks import kernels
 from tasks.errors import CheckpointError
 
 FLOAT_SOURCES = ("BF16", "F16", "F32")  # what a GR00T weight may be stored as
+
+
+def source_dtypes(recorded, count: int) -> list[str]:
+    """Each of `count` sources' safetensors dtype as recorded; none recorded means BF16, as every release (plans of
+    a bf16 checkpoint, entries before cache format 5)."""
+    return list(recorded or ["BF16"] * count)
 BF16, F32 = "bfloat16", "float32"       # what the cache stores (an array's `attributes.dtype`)
 _BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
 

@@ -28,7 +28,6 @@ BUILD = ROOT / "build" / "ttsim"
 SOURCE_TARBALL = Path(os.environ.get("GR00T_TTSIM_SOURCE", ROOT.parent / "shared" / "vendor" / "ttsim-1.10.0-src.tar.gz"))
 CONFIGS = ("wh", "wh_x2", "bh")      # a Wormhole N150, the two-chip N300, a Blackhole P150
 SOC_DESCRIPTORS = {"wh": "wormhole_b0_80_arch.yaml", "wh_x2": "wormhole_b0_80_arch.yaml", "bh": "blackhole_140_arch.yaml"}
-ARCH_NAMES = {"wh": "Wormhole N150", "wh_x2": "Wormhole N300", "bh": "Blackhole P150"}
 # The firmware each architecture's pre-compiled sets hold, and the `-mcpu` tt-metal compiles them for.
 FIRMWARE_CORES = {"tt-wh": ("brisc", "ncrisc", "trisc0", "trisc1", "trisc2", "erisc", "idle_erisc"),
                   "tt-bh": ("brisc", "ncrisc", "trisc0", "trisc1", "trisc2", "drisc", "active_erisc", "idle_erisc",

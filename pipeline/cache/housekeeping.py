@@ -9,7 +9,7 @@ import time
 from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless_read
 from pipeline.cache.roots import pid_alive
 from tasks.entries.entry import list_entries
-from tasks.entries.names import ENTRIES, FETCHED, PORT_MODELS, TMP_MARK, entry_key, ref_object, tmp_owner
+from tasks.entries.names import ENTRIES, FETCHED, PORT_MODELS, is_temporary, entry_key, ref_object, tmp_owner
 from tasks.errors import CacheError
 from tasks.entries.refs import readable, refs
 from tasks.entries.store import Store
@@ -25,7 +25,7 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
         if verify and entry is not None:
             problems = entry.verify()
             state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
-        elif state == "incomplete" and TMP_MARK not in name:
+        elif state == "incomplete" and not is_temporary(name):
             state = "incomplete (no manifest: a push in progress or abandoned)"
         size, unique, files = store.usage(entry_key(name))
         seen.update(files)
@@ -50,7 +50,7 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
 
 
 def _no_such_entry(store: Store, name: str) -> CacheError:
-    known = ", ".join(n for n in store.children(ENTRIES) if TMP_MARK not in n) or "none"
+    known = ", ".join(n for n in store.children(ENTRIES) if not is_temporary(n)) or "none"
     return CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} (entries: {known})")
 
 
@@ -58,7 +58,7 @@ def _unfit(row: dict) -> tuple[str, bool] | None:
     """Why gc removes an entry whatever its age, and whether its refs go too; None for a sound one (or a live
     process's temporary)."""
     name, state = row["entry"], row["state"]
-    if TMP_MARK in name:
+    if is_temporary(name):
         owner = tmp_owner(name)
         return ("temporary of a dead process", False) if owner is not None and not pid_alive(owner) else None
     if state == "broken":
@@ -157,7 +157,7 @@ def _busy(store: Store, name: str) -> CacheError:
 def remove_entry(store: Store, name: str, include_current: bool = False, dry_run: bool = False) -> dict:
     """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
     and then its refs go too. `dry_run` says what would go and removes nothing."""
-    if TMP_MARK in name or name not in store.children(ENTRIES):
+    if is_temporary(name) or name not in store.children(ENTRIES):
         raise _no_such_entry(store, name)
     if readers(store, name):
         raise _busy(store, name)

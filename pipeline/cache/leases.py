@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.cache.roots import pid_alive
-from tasks.entries.names import PORT_MODELS, TMP_MARK, entry_key, manifest_key
+from tasks.entries.names import PORT_MODELS, is_temporary, entry_key, manifest_key
 from tasks.errors import CacheError
 from tasks.entries.store import Store
 
@@ -98,7 +98,7 @@ def removed_unless_read(store: Store, name: str, dry_run: bool) -> bool:
         return False
     if dry_run:
         return True
-    if TMP_MARK in name:  # a dead process's temporary: nothing reads one
+    if is_temporary(name):  # a dead process's temporary: nothing reads one
         store.delete(entry_key(name))
         return True
     return delete_unread(store, name)

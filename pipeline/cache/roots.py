@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tasks.entries.entry import Entry, open_entry
 from tasks.entries.names import ENTRIES, TMP_MARK, tmp_name, tmp_owner
-from tasks.entries.store import LocalStore, Store, open_store
+from tasks.entries.store import LocalStore, Store, is_url, open_store
 
 
 def _default_root() -> Path:
@@ -30,7 +30,7 @@ def cache_root(root: Path | str | None = None) -> Path:
     """The local cache: `--cache`, else $GR00T_CACHE when it names a folder, else the project's `cache/` folder.
     (An object-store $GR00T_CACHE is handled by convert/load, which build locally here and push there.)"""
     env = os.environ.get("GR00T_CACHE")
-    return Path(root or (env if env and "://" not in env else None) or DEFAULT_ROOT)
+    return Path(root or (env if env and not is_url(env) else None) or DEFAULT_ROOT)
 
 
 

@@ -19,7 +19,7 @@ from tasks.errors import CacheError
 from tasks.file_blocks import each_read
 from tasks.entries.fetched import Fetched
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest
-from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, TMP_MARK, chunk_file, chunk_key,
+from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, is_temporary, chunk_file, chunk_key,
                                  entry_key, manifest_key, packed_name, packed_path)
 from tasks.entries.store import Store
 
@@ -224,7 +224,7 @@ def list_entries(store: Store, opened: Entry | None = None) -> Iterator[tuple[st
     final name without a valid manifest, which publish-by-rename can never produce). `opened`: an entry of this
     store the caller opened already, handed back as it is (its manifest is not parsed again)."""
     for name in store.children(ENTRIES):
-        if TMP_MARK in name:
+        if is_temporary(name):
             yield name, None, "incomplete"
             continue
         if opened is not None and name == opened.name:

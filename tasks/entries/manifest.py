@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import xxhash
 
+from tasks import precision
 from tasks.file_blocks import each_read
 from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, slot_of
 from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
@@ -103,7 +104,7 @@ class ArrayRecord:
     @property
     def source_dtypes(self) -> list[str]:
         """Each source's safetensors dtype (entries before format 5: BF16, as every release)."""
-        return list(self.attributes.get("source_dtypes") or ["BF16"] * len(self.attributes["sources"]))
+        return precision.source_dtypes(self.attributes.get("source_dtypes"), len(self.attributes["sources"]))
 
     @property
     def device_layout(self) -> str:
@@ -275,7 +276,7 @@ def manifest_arrays(staged: Sequence[Staged], array_meta: Mapping[str, dict], te
 def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
     """What a target's array records about itself (cache/README.md, "entries/")."""
     return {"dtype": t.stored_dtype, "sources": list(t.sources),
-            "source_dtypes": list(t.source_dtypes) or ["BF16"] * len(t.sources), "transform": t.transform,
+            "source_dtypes": precision.source_dtypes(t.source_dtypes, len(t.sources)), "transform": t.transform,
             "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
             "device_layout": t.device_layout, "host_only": t.host, "logical_shape": list(t.shape),
             "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}

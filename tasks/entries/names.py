@@ -25,6 +25,11 @@ TMP_MARK = ".tmp-"          # `<name>.tmp-<pid>-<random>`: an entry being built 
 
 
 # -- names --------------------------------------------------------------------------------------------------------
+def is_temporary(name: str) -> bool:
+    """Whether a name under entries/ is an entry being built (or a killed run's, or a replaced one set aside)."""
+    return TMP_MARK in name
+
+
 def entry_key(name: str) -> str:
     return f"{ENTRIES}/{name}"
 
