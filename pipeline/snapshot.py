@@ -18,6 +18,7 @@ from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
 from pipeline.cache import cache_root
 from pipeline.versions import VERSIONS, VersionConfig
+from tasks.entries.names import HF
 from tasks.entries.store import is_url
 from pipeline.folder import HUB_FILES, refuse_adapter
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, weight_files
@@ -26,7 +27,7 @@ from tasks.errors import CheckpointError, ConfigError
 def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
     """Where `synth` writes by default and `make demo` synthesizes, read only for --synthetic: `hf/` under the
     cache root (`--cache`, $GR00T_CACHE when it is a folder, else the project's `cache/`)."""
-    return cache_root(cache_dir if cache_dir is not None and not is_url(str(cache_dir)) else None) / "hf"
+    return cache_root(cache_dir if cache_dir is not None and not is_url(str(cache_dir)) else None) / HF
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
 SYNTHETIC_ORG = "gr00t-tt-synthetic"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from tasks.entries.names import (chunk_file, chunk_key, entry_key, entry_name, is_temporary, manifest_key,
-                                 packed_path, ref_key, scratch_name, slot_of, tmp_name, tmp_owner)
+                                 packed_path, ref_key, scratch_name, set_aside_name, slot_of, tmp_name, tmp_owner)
 
 
 def test_every_temporary_name_is_temporary_and_no_published_one_is():
@@ -15,7 +15,9 @@ def test_every_temporary_name_is_temporary_and_no_published_one_is():
     building, check = tmp_name(published, 4242, "deadbeef"), scratch_name(published, 4242)
     assert building == published + ".tmp-4242-deadbeef" and is_temporary(building)
     assert check == ".tmp-4242-check-" + published and is_temporary(check)
-    assert tmp_owner(building) == 4242 == tmp_owner(check) and tmp_owner(published) is None
+    aside = set_aside_name(published, 4242)  # --force's published entry, moved out of the way of its replacement
+    assert aside == published + ".tmp-4242-replaced" and is_temporary(aside)
+    assert tmp_owner(building) == tmp_owner(check) == tmp_owner(aside) == 4242 and tmp_owner(published) is None
 
 
 def test_keys_under_the_cache_root():

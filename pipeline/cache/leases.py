@@ -10,12 +10,11 @@ import uuid
 from pathlib import Path
 
 from pipeline.cache.roots import pid_alive
-from tasks.entries.names import PORT_MODELS, is_temporary, entry_key, manifest_key
+from tasks.entries.names import LEASES, PORT_MODELS, entry_key, is_temporary, manifest_key
 from tasks.errors import CacheError
 from tasks.entries.store import Store
 
 
-LEASES = "leases"  # `leases/<entry>.lock` (the lock) and `leases/<entry>@<pid>-<random>` (who reads it)
 
 
 def _lock_path(store: Store, name: str) -> Path:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from tasks import source
+from tasks.entries.names import SOURCES
 from tasks.bulk_write import write_json_atomic
 from tasks.checkpoint import Checkpoint
 
@@ -32,7 +33,7 @@ def source_identity(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[st
             out[shard] = named
             continue
         stat = _stat_key(ck.shard_path(shard))
-        record = root / "sources" / (hashlib.sha256(stat["path"].encode()).hexdigest()[:32] + ".json")
+        record = root / SOURCES / (hashlib.sha256(stat["path"].encode()).hexdigest()[:32] + ".json")
         try:
             known = json.loads(record.read_text())
             if known["stat"] == stat and known["content"].startswith(source.CONTENT_ID):

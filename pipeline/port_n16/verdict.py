@@ -16,7 +16,7 @@ from pipeline.port_n16.compare import build_with_port, differences
 from pipeline.port_n16.match import serving_layout
 from pipeline.port_n16.trace import port_config
 from pipeline.recipe import recipes_sha256
-from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION
+from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION, PORT_CHECKS
 
 
 CHECK_SCALE = "attn"  # real attention shapes: the port's cross-attention test sees non-square to_k there
@@ -25,7 +25,7 @@ CHECK_SCALE = "attn"  # real attention shapes: the port's cross-attention test s
 def _verdict_path(root: Path, code: PortCode, layout: str) -> Path:
     key = hashlib.sha256(f"{code.revision}\0{layout}\0{recipes_sha256()}\0{CACHE_FORMAT}\0"
                          f"{CONVERTER_VERSION}".encode()).hexdigest()[:20]
-    return root / "port-checks" / f"{code.revision}-{layout}-{key}.json"
+    return root / PORT_CHECKS / f"{code.revision}-{layout}-{key}.json"
 
 
 def check_port(code: PortCode, layout: str | None = None, build_root: Path | None = None, device=None,

@@ -19,7 +19,7 @@ from tasks.errors import CacheError
 from tasks.file_blocks import each_read
 from tasks.entries.fetched import Fetched
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest
-from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, is_temporary, chunk_file, chunk_key,
+from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, chunk_file, chunk_key, is_temporary,
                                  entry_key, manifest_key, packed_name, packed_path)
 from tasks.entries.store import Store
 

@@ -16,6 +16,10 @@ READABLE_FORMATS = (3, 4, 5)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + so
                               # Format 2 kept c/0/0 and is not read.
 MANIFEST = "MANIFEST.json"  # written last: present means complete
 ENTRIES, REFS = "entries", "refs"
+LEASES = "leases"           # `leases/<entry>.lock` (the lock) and `leases/<entry>@<pid>-<random>` (who reads it)
+SOURCES = "sources"         # sources/<hash>.json: a plain folder's shard identities (pipeline/cache/sources.py)
+HF = "hf"                   # the demo's synthetic Hugging Face cache (pipeline/snapshot.py)
+PORT_CHECKS = "port-checks"  # the port hand-off's self-check verdicts (pipeline/port_n16/verdict.py)
 FETCHED = "fetched"         # fetched/<xxh3>-<size>: what loads from an object store keep (tasks/entries/fetched.py)
 PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
@@ -91,6 +95,12 @@ def packed_name(name: str, slot: int | None) -> str:
 def tmp_name(name: str, pid: int, token: str) -> str:
     """The folder an entry is built in: `<name>.tmp-<pid>-<token>` (its owner's pid, so orphans can be told)."""
     return f"{name}{TMP_MARK}{pid}-{token}"
+
+
+def set_aside_name(name: str, pid: int) -> str:
+    """Where `--force` moves a published entry while its replacement is renamed into place (a temporary, so gc
+    removes one a kill left behind)."""
+    return f"{name}{TMP_MARK}{pid}-replaced"
 
 
 def scratch_name(name: str, pid: int) -> str:

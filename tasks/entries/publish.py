@@ -23,7 +23,7 @@ from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.bulk_write import write_json_atomic
 from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
-from tasks.entries.names import MANIFEST, PROGRESS_DIR, TMP_MARK, entry_key, manifest_key
+from tasks.entries.names import MANIFEST, PROGRESS_DIR, entry_key, manifest_key, set_aside_name
 from tasks.entries.store import LocalStore, Store, store_at
 from tasks.device import Uploaded
 
@@ -138,7 +138,7 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     fsync_tree(tmp_dir)
     write_json_atomic(tmp_dir / MANIFEST, manifest.to_json(), durable=True)
     _fsync(tmp_dir)
-    aside = final_dir.with_name(f"{final_dir.name}{TMP_MARK}{os.getpid()}-replaced")
+    aside = final_dir.with_name(set_aside_name(final_dir.name, os.getpid()))
     if replace and final_dir.exists():
         os.rename(final_dir, aside)
     try:
