@@ -130,6 +130,8 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
     cfg = load_config(found)
     check_shapes(ck, cfg)
     ties = tie_tables(ck, cfg)
+    for key, twin in (ties.value if ties else {}).items():  # in order: recorded ties first, then embed_tokens'
+        ck.tie(key, twin)
     pack = lerobot_pack(ck.dir)
     tag_map, overridden, map_note = embodiment_map(ck.dir, cfg, pack)
     return Folder(checkpoint=ck, version=found, version_found=version is None,
@@ -240,25 +242,22 @@ def _config_ties(folder: Path) -> bool | None:
 
 
 def tie_tables(ck: Checkpoint, cfg: VersionConfig) -> Read | None:
-    """Read a table the save dropped from the one it is tied to: as the file's `__metadata__` records it first,
-    then as `config.json` says, else as every GR00T release ties them (embed_tokens to lm_head). Nothing is tied
-    when both are present."""
+    """Which table the save dropped is read from which one it is tied to (key -> twin), and where that was said:
+    the file's `__metadata__` first, then `config.json`, else as every GR00T release ties them (embed_tokens to
+    lm_head). None when nothing is tied. Changes nothing: the caller ties them (`Checkpoint.tie`)."""
     embed, head = f"{cfg.containers['llm']}embed_tokens.weight", f"{cfg.containers['lm_head']}weight"
     recorded = ck.recorded_ties()
-    for key, (twin, _) in sorted(recorded.items()):
-        ck.tie(key, twin)
     said = Read({k: t for k, (t, _) in sorted(recorded.items())},
                 f"the __metadata__ of {sorted({s for _, s in recorded.values()})[0]}") if recorded else None
-    if embed in ck:
+    if embed in ck or embed in recorded:
         return said
-    if head not in ck:
+    if head not in ck and head not in recorded:
         raise CheckpointError(ck.where, f"neither the token embedding nor {head!r} it is tied to is in the checkpoint; "
                                         "save the fine-tune with its embeddings", embed)
     ties = _config_ties(ck.dir)
     if ties is False:
         raise CheckpointError(ck.where, f"the token embedding is missing and {ck.dir / 'config.json'} does not tie it to "
                                         f"{head!r} (tie_word_embeddings is false); save the fine-tune with its embeddings", embed)
-    ck.tie(embed, head)
     return Read({**(said.value if said else {}), embed: head}, "config.json (tie_word_embeddings)" if ties else
                 f"GR00T {cfg.version}'s own config (every release ties them; the folder says nothing)")
 

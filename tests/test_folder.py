@@ -70,3 +70,29 @@ def test_the_built_in_table_agrees_with_lerobots_own_where_both_have_a_tag(versi
     if version == "n15":
         assert lerobot == LEROBOT_051
     assert all(cfg.embodiment_ids[tag] == slot for tag, slot in lerobot.items())
+
+
+def test_tie_tables_says_what_to_tie_and_changes_nothing_and_read_folder_ties_it(snapshots, tmp_path):
+    """Issue 50 item 5: the rule returns what to tie (key -> twin, and who said so); the caller applies it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.folder import read_folder, tie_tables
+    from tasks.checkpoint import Checkpoint
+
+    cfg = load_config("n16")
+    embed, head = f"{cfg.containers['llm']}embed_tokens.weight", f"{cfg.containers['lm_head']}weight"
+    tensors = {}
+    for shard in sorted(snapshots["n16"].glob("*.safetensors")):
+        tensors.update(load_file(str(shard)))
+    tensors.pop(embed)  # as a trainer's tie de-duplication saves it, with nothing in __metadata__ or config.json
+    (tmp_path / "ft").mkdir()
+    save_file(tensors, str(tmp_path / "ft" / "model.safetensors"))
+    ck = Checkpoint(tmp_path / "ft")
+    said = tie_tables(ck, cfg)
+    assert said.value == {embed: head} and "every release ties them" in said.source
+    assert embed not in ck  # the rule changed nothing
+    folder = read_folder(tmp_path / "ft", "n16")
+    assert embed in folder.checkpoint and torch.equal(
+        torch.from_numpy(folder.checkpoint.get(embed).view("uint16").copy()),
+        tensors[head].view(torch.uint16))
