@@ -25,7 +25,8 @@ from pipeline.inspection import inspect_report
 from pipeline.load import TRANSFERS, load
 from pipeline.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
 from pipeline.render import write_graph
-from pipeline.snapshot import default_hf_cache, synthetic_hf_cache
+from pipeline.cache import synthetic_hf_cache
+from pipeline.snapshot import default_hf_cache
 from pipeline.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
 from pipeline.versions import SCALES, VERSIONS
 from tasks.errors import CacheError, ConfigError, PipelineError

@@ -21,7 +21,7 @@ from pipeline.load import load
 from pipeline.recipe import build_plan, recipes_sha256
 from pipeline.reuse import Reuse, plan_reuse
 from pipeline.run import check_scheduler, run
-from pipeline.snapshot import resolve_snapshot, snapshot_revision, synthetic_hf_cache
+from pipeline.snapshot import resolve_snapshot, snapshot_revision
 from pipeline.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.entries.chunks import create_arrays
@@ -112,7 +112,7 @@ class Built:
 
 def open_folder(opts: ConvertOptions) -> Folder:
     """The checkpoint `opts` names, with everything its folder says about itself (pipeline/folder.py)."""
-    hf = opts.hf_cache or (synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
+    hf = opts.hf_cache or (cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     cfg = load_config(opts.version) if opts.version else None
     return read_folder(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic, opts.model), opts.version)
 

@@ -11,7 +11,7 @@ from pipeline.convert import ConvertOptions, convert
 from pipeline.inspection import inspect_report
 from pipeline.load import load
 from pipeline.printing import mb, print_convert, print_inspect, print_targets
-from pipeline.snapshot import synthetic_hf_cache
+from pipeline.cache import synthetic_hf_cache
 from pipeline.synth import synthesize
 
 

@@ -16,18 +16,11 @@ from pathlib import Path
 
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
-from pipeline.cache import cache_root
 from pipeline.versions import VERSIONS, VersionConfig
-from tasks.entries.names import HF
-from tasks.entries.store import is_url
-from pipeline.folder import HUB_FILES, refuse_adapter
-from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, weight_files
+from pipeline.folder import HUB_FILES
+from tasks.checkpoint import INDEX_NAME, SINGLE_NAME
 from tasks.errors import CheckpointError, ConfigError
 
-def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
-    """Where `synth` writes by default and `make demo` synthesizes, read only for --synthetic: `hf/` under the
-    cache root (`--cache`, $GR00T_CACHE when it is a folder, else the project's `cache/`)."""
-    return cache_root(cache_dir if cache_dir is not None and not is_url(str(cache_dir)) else None) / HF
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
 SYNTHETIC_ORG = "gr00t-tt-synthetic"
 
@@ -144,9 +137,7 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
     if snapshot is not None and revision is not None:  # a folder is read as it is: a revision would be ignored
         raise ConfigError(f"--revision {revision} does not apply to --snapshot {snapshot}: a folder is read as it is; "
                           "leave out --revision, or name the repo with --model OWNER/NAME --revision REV")
-    if snapshot is not None:
-        refuse_adapter(Path(snapshot))  # a folder with no model in it: one sentence now
-        weight_files(Path(snapshot))
+    if snapshot is not None:  # found; what it holds is read once, by pipeline/folder.py `read_folder`
         return Path(snapshot)
     if model is not None:
         if model.count("/") != 1 or not all(model.split("/")):
@@ -156,7 +147,7 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
         raise ConfigError(f"pass --version (one of {', '.join(VERSIONS)}) to convert a release, or --snapshot DIR or "
                           "--model OWNER/NAME to convert a fine-tune")
     if synthetic is not None:
-        repo_id, cache_dir = synthetic_repo_id(cfg, synthetic), Path(hf_cache or synthetic_hf_cache())
+        repo_id, cache_dir = synthetic_repo_id(cfg, synthetic), Path(hf_cache)  # the caller's: cache.synthetic_hf_cache
         found = try_to_load_from_cache(repo_id, INDEX_NAME, cache_dir=str(cache_dir), revision=revision or "main")
         if isinstance(found, str):
             return Path(found).parent

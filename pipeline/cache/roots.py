@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from tasks.entries.entry import Entry, open_entry
-from tasks.entries.names import ENTRIES, TMP_MARK, tmp_name, tmp_owner
+from tasks.entries.names import ENTRIES, HF, TMP_MARK, tmp_name, tmp_owner
 from tasks.entries.store import LocalStore, Store, is_url, open_store
 
 
@@ -32,6 +32,12 @@ def cache_root(root: Path | str | None = None) -> Path:
     env = os.environ.get("GR00T_CACHE")
     return Path(root or (env if env and not is_url(env) else None) or DEFAULT_ROOT)
 
+
+
+def synthetic_hf_cache(cache_dir: Path | str | None = None) -> Path:
+    """Where `synth` writes by default and `make demo` synthesizes, read only for --synthetic: `hf/` under the
+    cache root (`--cache`, $GR00T_CACHE when it is a folder, else the project's `cache/`)."""
+    return cache_root(cache_dir if cache_dir is not None and not is_url(str(cache_dir)) else None) / HF
 
 
 def entries_dir(root: Path) -> Path:
