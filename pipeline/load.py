@@ -20,10 +20,10 @@ from tasks.entries import reload
 from tasks.entries.fetched import Fetched
 from tasks.entries.names import FETCHED
 from tasks.errors import CacheError, ConfigError
-from tasks.entries.store import Store
+from tasks.entries.store import IN_FLIGHT, Store
 
 READ_THREADS = 4  # chunk reads and checks overlap on a small pool (I/O waits and hashing release the GIL)
-TRANSFERS = 16    # requests in flight from an object store (each waits on the network, not on a core)
+TRANSFERS = IN_FLIGHT  # requests in flight from an object store (each waits on the network, not on a core)
 FORMS = ("torch", "ttnn")  # `into=`: torch bf16 on the host, ttnn host tensors; or an open device
 
 

@@ -254,3 +254,22 @@ def test_gc_removes_kept_fetches_unused_that_long_and_nothing_else(tmp_path):
     rows = collect_garbage(root, older_than_days=2)
     assert [r["entry"] for r in rows] == [f"{FETCHED}/ (1 files)"] and not old.exists() and recent.exists()
     assert collect_garbage(root) == [] and recent.exists()  # without an age, kept fetches stay
+
+
+def test_device_files_loaded_from_the_bucket_are_kept_under_a_name_ttnn_takes(s3_url, hf_cache, tmp_path, monkeypatch):
+    """ttnn's load_tensor refuses a file not named `.tensorbin`: a kept device file keeps that suffix. The second
+    ttnn load fetches nothing and gives the same tensors as the first."""
+    import ttnn
+
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "client"))
+    bucket = f"{s3_url}-kept-ttnn"
+    convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=bucket, progress=False))
+    first = load("n16", bucket, "gr1", into="ttnn", synthetic=True)
+    second = load("n16", bucket, "gr1", into="ttnn", synthetic=True)
+    assert first.stats["bytes_fetched"] == first.stats["bytes_read"] > 0
+    assert second.stats["bytes_fetched"] == 0 and second.stats["bytes_kept_here"] == second.stats["bytes_read"]
+    assert any(p.suffix == ".tensorbin" for p in (tmp_path / "client" / "fetched").iterdir())
+    for name, t in first.tensors.items():
+        a = t if isinstance(t, torch.Tensor) else ttnn.to_torch(t)
+        b = second.tensors[name] if isinstance(second.tensors[name], torch.Tensor) else ttnn.to_torch(second.tensors[name])
+        assert torch.equal(a.float(), b.float()), name

@@ -19,8 +19,8 @@ from tasks.errors import CacheError
 from tasks.file_blocks import each_read
 from tasks.entries.fetched import Fetched
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest
-from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, READABLE_FORMATS, chunk_file, chunk_key, is_temporary,
-                                 entry_key, manifest_key, packed_name, packed_path)
+from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PACKED_SUFFIX, READABLE_FORMATS, chunk_file, chunk_key,
+                                 entry_key, is_temporary, manifest_key, packed_name, packed_path)
 from tasks.entries.store import Store
 
 
@@ -56,7 +56,7 @@ class Entry:
         (e.g. a slot's slice of a whole bank), else mapped (locally) or fetched on its own."""
         arr = self.manifest.arrays[array]
         key, record = self.chunk_object(array, slot), arr.chunks[slot]
-        kept = self.fetched if self.store.local_path(key) is None else None
+        kept = self.fetched if self.fetched is not None and self.store.local_path(key) is None else None
         if kept is not None:
             out = np.empty(arr.logical_shape, arr.storage_dtype) if out is None else out
             if kept.read_into(record, out) and record.matches(out):
@@ -110,14 +110,14 @@ class Entry:
     def device_file(self, array: str, slot: int | None) -> Path:
         """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
         rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
-        kept = self.fetched if self.store.local_path(key) is None else None
+        kept = self.fetched if self.fetched is not None and self.store.local_path(key) is None else None
         if kept is not None:
-            path = kept.file(rec)
+            path = kept.file(rec, PACKED_SUFFIX)
             if path is not None:
                 return path
             data = self.store.get(key)
             if data is not None and rec.matches(data):
-                path = kept.keep(rec, data)
+                path = kept.keep(rec, data, PACKED_SUFFIX)
                 if path is not None:
                     return path
         path = self.store.local_file(key)
@@ -139,8 +139,8 @@ class Entry:
         for name, slot in chunks:
             if packed is not None:
                 path = os.path.join(folder, packed_name(name, slot))
-            elif self.fetched is not None:  # kept here by an earlier load, or fetched and kept now
-                path = str(self.device_file(name, slot))
+            elif self.fetched is not None:  # kept here by an earlier load (checked later, as a local file is)
+                path = str(self.fetched.path(self.manifest.arrays[name].chunks[slot].tensorbin, PACKED_SUFFIX))
             else:
                 fetched = self.store.local_file(self.device_object(name, slot))
                 path = os.path.realpath(fetched) if fetched else ""

@@ -32,8 +32,9 @@ def _used(path: Path) -> None:
 class Fetched:
     folder: Path
 
-    def path(self, record: FileRecord) -> Path:
-        return self.folder / f"{record.xxh3}-{record.nbytes}"
+    def path(self, record: FileRecord, suffix: str = "") -> Path:
+        """`suffix`: a device file's (PACKED_SUFFIX), which ttnn wants in the name it loads."""
+        return self.folder / f"{record.xxh3}-{record.nbytes}{suffix}"
 
     def read_into(self, record: FileRecord, out: np.ndarray) -> bool:
         """Fill `out` from the kept copy of `record`'s bytes; False when there is none (or not of its size). The
@@ -54,9 +55,9 @@ class Fetched:
         _used(path)
         return True
 
-    def file(self, record: FileRecord) -> Path | None:
+    def file(self, record: FileRecord, suffix: str = "") -> Path | None:
         """The kept copy of `record`'s bytes as a checked local file (ttnn loads from a path), or None."""
-        path = self.path(record)
+        path = self.path(record, suffix)
         try:
             if not record.matches_file(path):
                 return None
@@ -65,9 +66,9 @@ class Fetched:
         _used(path)
         return path
 
-    def keep(self, record: FileRecord, data: np.ndarray | bytes | memoryview) -> Path | None:
+    def keep(self, record: FileRecord, data: np.ndarray | bytes | memoryview, suffix: str = "") -> Path | None:
         """Keep bytes just fetched and checked against `record`; the file, or None if it could not be written."""
-        path = self.path(record)
+        path = self.path(record, suffix)
         try:
             write_bytes_atomic(path, memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray)
                                else data)

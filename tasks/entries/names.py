@@ -24,6 +24,7 @@ FETCHED = "fetched"         # fetched/<xxh3>-<size>: what loads from an object s
 PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
 PACKED_DIR = "tensorbin"    # ttnn's `.tensorbin` device files, outside the Zarr arrays
+PACKED_SUFFIX = ".tensorbin"  # ttnn's load_tensor refuses a device file named otherwise
 WHOLE = "all"               # the manifest key of a whole-array chunk; a bank's chunks are keyed by slot
 TMP_MARK = ".tmp-"          # `<name>.tmp-<pid>-<random>`: an entry being built (local caches only)
 
@@ -89,7 +90,7 @@ def packed_path(entry: Path | PurePosixPath, name: str, slot: int | None) -> Pat
 
 
 def packed_name(name: str, slot: int | None) -> str:
-    return _chunk_name(name, slot) + ".tensorbin"
+    return _chunk_name(name, slot) + PACKED_SUFFIX
 
 
 def tmp_name(name: str, pid: int, token: str) -> str:

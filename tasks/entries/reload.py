@@ -16,6 +16,7 @@ from tasks import device as tt
 from tasks import tensorbin
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Manifest
+from tasks.entries.names import PACKED_SUFFIX
 from tasks.errors import CacheError
 
 Chunk = tuple[str, "int | None"]  # (array, slot): slot None is the whole array
@@ -51,10 +52,11 @@ def kept_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = Fals
         return 0
     total = 0
     for name, slot in chunks:
-        record = entry.manifest.arrays[name].chunks[slot]
-        record = record.tensorbin if from_device_files and record.tensorbin is not None else record
+        record, suffix = entry.manifest.arrays[name].chunks[slot], ""
+        if from_device_files and record.tensorbin is not None:
+            record, suffix = record.tensorbin, PACKED_SUFFIX
         try:
-            total += record.nbytes if entry.fetched.path(record).stat().st_size == record.nbytes else 0
+            total += record.nbytes if entry.fetched.path(record, suffix).stat().st_size == record.nbytes else 0
         except OSError:
             pass
     return total

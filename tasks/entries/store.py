@@ -35,7 +35,7 @@ from tasks.errors import CacheError
 from tasks.safetensors_file import read_into
 
 _DOWNLOADS_MADE = threading.Lock()
-COPIES_IN_FLIGHT = 16  # server-side copies requested at once (each waits on the store, not on a core)
+IN_FLIGHT = 16  # requests to an object store at once: server-side copies, and a load's fetches (`--transfers`)
 
 
 class Store(ABC):
@@ -313,7 +313,7 @@ class FsspecStore(Store):
         from fsspec.asyn import sync  # lazy, as fsspec itself
 
         async def every() -> list[str | None]:
-            in_flight = asyncio.Semaphore(COPIES_IN_FLIGHT)
+            in_flight = asyncio.Semaphore(IN_FLIGHT)
 
             async def copy(new: str, old: str) -> str | None:
                 async with in_flight:
