@@ -136,12 +136,16 @@ def read_tensor(header: ShardHeader, key: str) -> np.ndarray:
 def read_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
     """`W[slot]` of an embodiment bank: reads that slot's bytes only. Never transposed: the model computes
     `x @ W[e] + b[e]`."""
+    _slot_in_range(header, key, slot)
+    return read_rows(header, key, slot, slot + 1)[0]
+
+
+def _slot_in_range(header: ShardHeader, key: str, slot: int) -> None:
     shape = header.entries[key].shape
     if len(shape) < 2:
         raise CheckpointError(header.path, f"shape {list(shape)} has no slot dimension to index", key)
     if not 0 <= slot < shape[0]:
         raise CheckpointError(header.path, f"slot {slot} is out of range: the bank has slots 0..{shape[0] - 1}", key)
-    return read_rows(header, key, slot, slot + 1)[0]
 
 
 @dataclass(frozen=True)
@@ -212,5 +216,12 @@ def _read_as_stored(header: ShardHeader, key: str, host: bool, first: int, out: 
 
 
 def read_weight_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:
-    """`W[slot]` of a bank, rounded to bf16: the graph's slot task."""
-    return precision.to_bf16(read_slot(header, key, slot), key, header.path)
+    """`W[slot]` of a bank as bf16 (`.to(torch.bfloat16)`): the graph's slot task. A wider source is rounded
+    block by block as it is read (one pass), into a page-aligned array the stage writes without a bounce copy."""
+    entry = header.entries[key]
+    if precision.kept_as_stored(entry.dtype, host=False):
+        return read_slot(header, key, slot)
+    _slot_in_range(header, key, slot)
+    out = aligned_empty(entry.shape[1:], ml_dtypes.bfloat16)
+    _read_as_stored(header, key, False, slot * out.size, out.reshape(-1).view(np.uint16))
+    return out

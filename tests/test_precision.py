@@ -97,6 +97,30 @@ def test_a_wide_tensor_is_rounded_as_it_is_read_and_refused_by_its_flat_index(ro
         source.read_weight(read_header(tmp_path / "m.safetensors"), "w")
 
 
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_wide_banks_slot_is_rounded_as_it_is_read_into_a_page_aligned_array(rounding_path, tmp_path, dtype):
+    """The graph's slot task (tasks/source.py read_weight_slot): only the slot's bytes, rounded block by block as
+    torch rounds `W[e]`, into memory the stage writes past the page cache as it is; refused by the flat index in
+    the bank."""
+    from safetensors.numpy import save_file
+
+    from tasks import source
+    from tasks.bulk_write import ALIGN
+
+    bank = np.random.default_rng(6).standard_normal((4, 1300, 900)).astype(dtype)  # a slot spans several blocks
+    save_file({"b": bank}, str(tmp_path / "m.safetensors"))
+    for slot in (0, 2, 3):
+        got = source.read_weight_slot(read_header(tmp_path / "m.safetensors"), "b", slot)
+        assert got.dtype == ml_dtypes.bfloat16 and got.shape == (1300, 900)
+        assert np.array_equal(got.view(np.uint16), _torch_bf16_bits(bank[slot]))
+        assert got.ctypes.data % ALIGN == 0
+    if dtype == np.float32:
+        bank[2].reshape(-1)[5] = 3.4e38
+        save_file({"b": bank}, str(tmp_path / "m.safetensors"))
+        with pytest.raises(CheckpointError, match=rf"flat index {2 * 1300 * 900 + 5}\) rounds to \+Inf"):
+            source.read_weight_slot(read_header(tmp_path / "m.safetensors"), "b", 2)
 TIE_TO_INF = float(np.array(0x7F7F8000, np.uint32).view(np.float32))  # half-way past bf16's largest: to even, Inf
 
 
