@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -100,6 +101,55 @@ def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     assert main(["cache", "gc", "--cache", s3_url]) == 0  # corrupt: removed with its ref
     assert store.list(f"entries/{name}") == [] and store.get_json("refs/n17-generic-bf16.synthetic.json") is None
     assert main(["cache", "verify", "nothere", "--cache", s3_url]) == 2
+
+
+def test_gc_during_a_publish_loses_nothing_and_removes_a_push_abandoned_past_the_grace_period(s3_url, hf_cache,
+                                                                                              tmp_path, monkeypatch):
+    """A convert into the bucket is held just before its manifest (its workers' objects are in, a reader cannot see
+    it yet) while another process runs `cache gc`: the push is left alone, and the entry publishes and loads. A
+    push abandoned that way (no manifest, nothing written since) goes once it is older than `--grace-hours`."""
+    import threading
+
+    import pipeline.graph
+    from pipeline.cli import main
+    from tasks.entries.publish import publish_into_store
+
+    s3_url = f"{s3_url}-grace"
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    held, go_on = threading.Event(), threading.Event()
+
+    def publish_later(*args):
+        held.set()
+        assert go_on.wait(60)
+        return publish_into_store(*args)
+
+    monkeypatch.setattr(pipeline.graph, "publish_into_store", publish_later)
+    options = ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache,
+                             synthetic="tiny", cache_root=s3_url, progress=False)
+    done: dict = {}
+    converting = threading.Thread(target=lambda: done.update(convert(options)))
+    converting.start()
+    try:
+        assert held.wait(120)
+        store = open_store(s3_url)
+        (name,) = store.children("entries")
+        in_flight = store.sizes(f"entries/{name}")
+        assert in_flight and not any(k.endswith("MANIFEST.json") for k in in_flight)
+        assert main(["cache", "gc", "--cache", s3_url]) == 0  # the default grace period: a push in flight stays
+        assert store.sizes(f"entries/{name}") == in_flight
+    finally:
+        go_on.set()
+        converting.join()
+    assert done["cache_path"].endswith(name) and store.get_json(f"entries/{name}/MANIFEST.json") is not None
+    elsewhere = open_store(f"{s3_url}-abandoned")  # a prefix of its own: gc verifies every published entry
+    abandoned = "n17-generic-bf16-0123456789abcdef0123"  # a push whose client died before its manifest
+    for key in list(in_flight)[:3]:
+        elsewhere.put(key.replace(name, abandoned), store.get(key))
+    assert main(["cache", "gc", "--cache", elsewhere.describe("")]) == 0
+    assert elsewhere.list(f"entries/{abandoned}"), "written moments ago: within the grace period"
+    time.sleep(1.1)
+    assert main(["cache", "gc", "--grace-hours", "0.0002", "--cache", elsewhere.describe("")]) == 0  # 0.72 s
+    assert elsewhere.list(f"entries/{abandoned}") == []
 
 
 def _target_of(key: str) -> str:

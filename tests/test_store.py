@@ -4,6 +4,7 @@ and an entry read through either gives the same manifest, chunks, device files a
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -52,6 +53,18 @@ def test_listing_is_recursive_sorted_and_sized_and_children_are_one_level(store)
     assert (size, own, sum(files.values()), len(files)) == (6, 6, 6, 3)
     store.delete("e/a")
     assert store.list("e") == ["e/ab/z"] and store.get("f/x") == b"4444"
+
+
+def test_last_written_is_the_newest_objects_time_under_the_prefix(store):
+    assert store.last_written("e") is None
+    before = time.time()
+    store.put("e/a/first", b"1")
+    time.sleep(1.1)  # S3 keeps whole seconds
+    store.put("e/b/second", b"2")
+    store.put("f/other", b"3")
+    first, newest = store.last_written("e/a"), store.last_written("e")
+    assert before - 1 <= first < newest <= time.time() + 1
+    assert store.last_written("e/b/second") == newest and store.last_written("nothing") is None
 
 
 def test_copies_inside_the_store_are_whole_independent_and_skip_what_is_gone(store):

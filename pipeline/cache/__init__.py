@@ -11,7 +11,7 @@ published by rename (tasks/entries/publish.py). `refs/<version>-<layout>-<profil
 produced, so a later process can load without touching the source checkpoint.
 """
 
-from pipeline.cache.housekeeping import collect_garbage, entry_rows, remove_entry
+from pipeline.cache.housekeeping import GRACE_HOURS, collect_garbage, entry_rows, remove_entry
 from pipeline.cache.leases import LEASES, readers, reading
 from pipeline.cache.roots import (DEFAULT_ROOT, build_root, cache_root, cache_store, claim_tmp, entries_dir, entry_at,
                                   synthetic_hf_cache)
@@ -19,5 +19,5 @@ from pipeline.cache.selection import SyntheticWeightsWarning, Wanted, choose_ent
 from pipeline.cache.sources import source_identity
 
 __all__ = ["DEFAULT_ROOT", "LEASES", "SyntheticWeightsWarning", "Wanted", "build_root", "cache_root", "cache_store", "choose_entry",
-           "claim_tmp", "collect_garbage", "entries_dir", "entry_at", "entry_rows", "find_entry", "readers", "reading",
+           "GRACE_HOURS", "claim_tmp", "collect_garbage", "entries_dir", "entry_at", "entry_rows", "find_entry", "readers", "reading",
            "remove_entry", "resolve_ref", "source_identity", "synthetic_hf_cache", "warn_if_synthetic"]

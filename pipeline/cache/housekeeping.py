@@ -54,13 +54,22 @@ def _no_such_entry(store: Store, name: str) -> CacheError:
     return CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} (entries: {known})")
 
 
-def _unfit(row: dict) -> tuple[str, bool] | None:
+GRACE_HOURS = 24.0  # `cache gc --grace-hours`: an object-store entry without a manifest written to this recently
+# may be a push in flight (a cluster's workers write for as long as the convert runs): gc leaves it alone
+
+
+def _unfit(store: Store, row: dict, grace_hours: float) -> tuple[str, bool] | None:
     """Why gc removes an entry whatever its age, and whether its refs go too; None for a sound one (or a live
-    process's temporary)."""
+    process's temporary, or an object-store push written to within the grace period)."""
     name, state = row["entry"], row["state"]
     if is_temporary(name):
         owner = tmp_owner(name)
         return ("temporary of a dead process", False) if owner is not None and not pid_alive(owner) else None
+    if state.startswith("incomplete"):  # no manifest where there is no rename: a push in flight, or abandoned
+        written = store.last_written(entry_key(name))
+        idle_hours = (time.time() - written) / 3600 if written is not None else float("inf")
+        return (f"no manifest and nothing written for {idle_hours:.1f} hours (grace period {grace_hours:g} "
+                "hours): an abandoned push", False) if idle_hours > grace_hours else None
     if state == "broken":
         return "no valid manifest", False
     if state.startswith("cache format"):
@@ -71,13 +80,14 @@ def _unfit(row: dict) -> tuple[str, bool] | None:
 
 
 def collect_garbage(store: Store, older_than_days: float | None = None, max_bytes: int | None = None,
-                    include_current: bool = False, dry_run: bool = False) -> list[dict]:
-    """Remove temporaries of dead processes, broken and corrupt entries (a chunk that fails its checksum); then,
-    if asked, published entries older than `older_than_days`, then the oldest until the cache holds at most
-    `max_bytes`. An entry a ref points to is never removed by age or size unless `include_current`; a corrupt
-    one is removed with its refs (it cannot be loaded anyway). An object-store entry without a manifest may be
-    a push in progress: it is listed, never removed. The port models kept for entries that are gone go too.
-    `dry_run` lists without removing."""
+                    include_current: bool = False, dry_run: bool = False,
+                    grace_hours: float = GRACE_HOURS) -> list[dict]:
+    """Remove temporaries of dead processes, broken and corrupt entries (a chunk that fails its checksum), and
+    object-store entries without a manifest that nothing has written to for `grace_hours` (abandoned pushes: one
+    written to more recently may be in flight, and stays); then, if asked, published entries older than
+    `older_than_days`, then the oldest until the cache holds at most `max_bytes`. An entry a ref points to is never
+    removed by age or size unless `include_current`; a corrupt one is removed with its refs (it cannot be loaded
+    anyway). The port models kept for entries that are gone go too. `dry_run` lists without removing."""
     removed: list[dict] = []
     kept: list[dict] = []
     in_use = refs(store)
@@ -98,7 +108,7 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     rows = entry_rows(store, verify=True, totals=totals)
     own = {r["entry"]: r["unique_bytes"] for r in rows}
     for row in rows:
-        unfit = _unfit(row)
+        unfit = _unfit(store, row, grace_hours)
         if unfit is not None:
             remove(row["entry"], unfit[0], row["bytes"], drop_refs=unfit[1])
         elif row["state"] == "verified":

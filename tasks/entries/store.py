@@ -61,6 +61,11 @@ class Store(ABC):
     def list(self, prefix: str) -> list[str]:
         return list(self.sizes(prefix))
 
+    @abstractmethod
+    def last_written(self, prefix: str) -> float | None:
+        """When the newest object under `prefix` was written (unix seconds); None when there is none. How `cache gc`
+        tells an abandoned push from one in flight."""
+
     def usage(self, prefix: str) -> tuple[int, int, dict]:
         """Bytes under `prefix`; how many of them are its own (removing `prefix` frees exactly those: a local
         cache shares bytes between entries by hard links, an object store shares none); and each stored file's
@@ -177,6 +182,13 @@ class LocalStore(Store):
         base = self.path(prefix)
         files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
         return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in files}
+
+    def last_written(self, prefix: str) -> float | None:
+        base = self.path(prefix)
+        times = [p.stat().st_mtime for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
+        if base.is_file():
+            times.append(base.stat().st_mtime)
+        return max(times, default=None)
 
     def usage(self, prefix: str) -> tuple[int, int, dict]:
         size, links, stats = 0, {}, {}
@@ -334,6 +346,15 @@ class FsspecStore(Store):
         except FileNotFoundError:
             return {}
         return {p[len(self.base) + 1:]: int(info.get("size") or 0) for p, info in sorted(found.items())}
+
+    @_speaks
+    def last_written(self, prefix: str) -> float | None:
+        try:
+            found = self.fs.find(self._path(prefix), detail=True)
+        except FileNotFoundError:
+            return None
+        times = [info["LastModified"].timestamp() for info in found.values() if info.get("LastModified")]
+        return max(times, default=None)
 
     @_speaks
     def children(self, prefix: str) -> list[str]:
