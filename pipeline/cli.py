@@ -27,6 +27,7 @@ from pipeline.printing import mb, print_cache_rows, print_convert, print_inspect
 from pipeline.render import write_graph
 from pipeline.cache import synthetic_hf_cache
 from pipeline.snapshot import default_hf_cache
+from tasks.file_blocks import source_path
 from pipeline.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
 from pipeline.versions import SCALES, VERSIONS
 from tasks.errors import CacheError, ConfigError, PipelineError
@@ -238,9 +239,10 @@ def _output_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _source_args(sp: argparse.ArgumentParser, verb: str) -> None:
-    sp.add_argument("--snapshot", type=Path, help="a checkpoint folder (sharded with its index, or *.safetensors "
+    sp.add_argument("--snapshot", type=source_path, help="a checkpoint folder (sharded with its index, or *.safetensors "
                                                   "without one: a fine-tune, a trainer's checkpoint-N, a LeRobot "
-                                                  "export) or one .safetensors file")
+                                                  "export) or one .safetensors file; or the same in an object store "
+                                                  "(s3://bucket/prefix)")
     sp.add_argument("--model", help="a Hugging Face repo id (a fine-tune's own repo), resolved through the HF "
                                     "cache or huggingface_hub; with --revision")
     sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "

@@ -35,6 +35,7 @@ from tasks.errors import CacheError, ConfigError
 from tasks.plan import Plan, work_units
 from tasks.source import VerifiedShard
 from tasks.entries.store import LocalStore
+from tasks.file_blocks import is_remote, open_binary
 
 
 @dataclass(frozen=True)
@@ -201,16 +202,18 @@ def _recorded_sha256(existing: Entry, ck: Checkpoint, wanted: bool) -> tuple[dic
         return recorded, []
     taken = {}
     for shard in sorted(ck.headers):
-        with open(ck.shard_path(shard), "rb") as f:
+        with open_binary(ck.shard_path(shard)) as f:
             taken[shard] = hashlib.file_digest(f, "sha256").hexdigest()
     return taken, [f"sha256 taken now: {existing.describe()} was converted without --sha256 and does not record "
                    "them; convert with --force --sha256 to record them in the entry"]
 
 
 def _shared(ck: Checkpoint, entry: Path | None = None) -> dict[str, str]:
-    """The folders a cluster's workers must see, and what to do when they cannot."""
-    shared = {str(ck.dir): "put the checkpoint where every worker can read it at the same path (a shared "
-                           "filesystem), or convert with --scheduler threads"}
+    """The folders a cluster's workers must see, and what to do when they cannot (a checkpoint in an object store
+    is read from there by every worker)."""
+    shared = {} if is_remote(ck.dir) else {
+        str(ck.dir): "put the checkpoint where every worker can read it at the same path (a shared filesystem) or "
+                     "in the object store (--snapshot s3://bucket/prefix), or convert with --scheduler threads"}
     if entry is not None:
         shared[str(entry)] = ("a cache folder is this machine's own: pass an object-store cache (--cache "
                               "s3://bucket/prefix), which the workers write to themselves, or a cache folder on a "

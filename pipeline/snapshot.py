@@ -19,6 +19,7 @@ from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 from pipeline.versions import VERSIONS, VersionConfig
 from pipeline.folder import HUB_FILES
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME
+from tasks.file_blocks import source_path
 from tasks.errors import CheckpointError, ConfigError
 
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
@@ -46,7 +47,8 @@ def hub_offline() -> bool:
 
 def snapshot_revision(snapshot: Path) -> str | None:
     """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder."""
-    return Path(snapshot).name if Path(snapshot).parent.name == "snapshots" else None
+    snapshot = source_path(snapshot)
+    return snapshot.name if snapshot.parent.name == "snapshots" else None
 
 
 def _present(repo_id: str, cache_dir: Path) -> str:
@@ -138,7 +140,7 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
         raise ConfigError(f"--revision {revision} does not apply to --snapshot {snapshot}: a folder is read as it is; "
                           "leave out --revision, or name the repo with --model OWNER/NAME --revision REV")
     if snapshot is not None:  # found; what it holds is read once, by pipeline/folder.py `read_folder`
-        return Path(snapshot)
+        return source_path(snapshot)  # a folder here, or a prefix of an object store (s3://bucket/prefix)
     if model is not None:
         if model.count("/") != 1 or not all(model.split("/")):
             raise ConfigError(f"--model {model!r} is not a Hugging Face repo id: pass OWNER/NAME")

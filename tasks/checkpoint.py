@@ -25,6 +25,7 @@ from typing import Mapping
 import numpy as np
 
 from tasks.errors import CheckpointError
+from tasks.file_blocks import source_path
 from tasks import source
 from tasks.safetensors_file import ShardHeader, TensorEntry, read_header
 
@@ -144,7 +145,7 @@ class Checkpoint:
     """Header-indexed view of a checkpoint folder or file. Thread-safe for reads."""
 
     def __init__(self, snapshot: Path | str):
-        given = Path(snapshot)
+        given = source_path(snapshot)  # a folder here, or a prefix of an object store (s3://…)
         self.dir = given.parent if given.is_file() else given
         chosen = weight_files(given)
         index, files = chosen.index, list(chosen.files)

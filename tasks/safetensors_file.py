@@ -6,8 +6,9 @@ optional `"__metadata__"` object of strings — padded with spaces to a multiple
 relative to the first data byte; the spans tile the data exactly (no holes, no overlaps, nothing after the last).
 
 The parser treats every file as hostile: the header length is capped before anything is allocated, every field is
-type-checked, and each error names the file and the key. Data is read with `os.preadv` into caller-owned numpy
-buffers, so a read costs exactly the bytes it returns and threads can share one file descriptor.
+type-checked, and each error names the file and the key. Data is read by byte range into caller-owned numpy
+buffers (tasks/file_blocks.py `open_at`: `os.preadv`, or a ranged GET for a shard in an object store), so a read
+costs exactly the bytes it returns.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from tasks.bulk_write import aligned_empty, nbytes
 from tasks.errors import CheckpointError
+from tasks.file_blocks import open_binary
 
 # safetensors dtype tag -> numpy dtype used to hold it (bf16 as ml_dtypes.bfloat16: same bytes, real numbers).
 NUMPY_DTYPES: Mapping[str, np.dtype] = {
@@ -35,7 +37,6 @@ NUMPY_DTYPES: Mapping[str, np.dtype] = {
 }
 MAX_HEADER_BYTES = 100 * 2**20  # real GR00T headers are ~130 KB; a hostile length must not allocate gigabytes
 MAX_TENSORS_PER_FILE = 200_000
-_PREADV_MAX = 0x7FFFF000  # Linux caps one read at this many bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,8 +135,9 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
 
 def read_header(path: Path) -> ShardHeader:
     """Read and validate the header of one safetensors file; no tensor data is read."""
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
+    with open_binary(path) as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(0)
         prefix = fh.read(8)
         if len(prefix) < 8:
             raise CheckpointError(path, f"file is {size} bytes, too short for the 8-byte header length: truncated")
@@ -180,20 +182,10 @@ def write_file(fh: BinaryIO, entries: list[tuple[str, str, tuple[int, ...]]],
     return len(head) + (plan[-1][2] if plan else 0)
 
 
-def read_into(fd: int, offset: int, out: np.ndarray, path: Path | str = "?") -> None:
-    """Fill `out` (C-contiguous) with the bytes at `offset` of the open file `fd` (named `path` in errors)."""
-    view = memoryview(out.reshape(-1).view(np.uint8))
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:done + _PREADV_MAX]], offset + done)
-        if n == 0:
-            raise CheckpointError(path, f"file ended after {done} of {len(view)} bytes at offset {offset}: truncated")
-        done += n
-
-
-def read_rows_from(fd: int, header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
-    """Rows `lo:hi` of the leading dimension of `key` (a 0-d tensor has one row) from the open shard `fd`, reading
-    only those bytes (tasks/source.py `read_rows` opens the shard for it)."""
+def read_rows_from(shard, header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
+    """Rows `lo:hi` of the leading dimension of `key` (a 0-d tensor has one row) from the open shard (tasks/
+    file_blocks.py `open_at`: a local file or an object in a store), reading only those bytes (tasks/source.py
+    `read_rows` opens the shard for it)."""
     entry = header.entries[key]
     rows = entry.shape[0] if entry.shape else 1
     if not 0 <= lo <= hi <= rows:
@@ -201,5 +193,5 @@ def read_rows_from(fd: int, header: ShardHeader, key: str, lo: int, hi: int) -> 
     # page-aligned: a tensor staged as it was read (banks, norms) goes to the cache without a bounce copy
     out = aligned_empty((hi - lo, *entry.shape[1:]) if entry.shape else (), NUMPY_DTYPES[entry.dtype])
     row_bytes = entry.nbytes // rows if rows else 0
-    read_into(fd, header.data_start + entry.start + lo * row_bytes, out, header.path)
+    shard.read_into(header.data_start + entry.start + lo * row_bytes, out)
     return out

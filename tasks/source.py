@@ -1,15 +1,15 @@
 """Stage functions on the source checkpoint: index a shard, verify its bytes, read a tensor or one slot.
 
 Pure in the sense that matters for the graph: plain values in, plain values out, no Dask, no shared state. Reads
-open the shard themselves (one `os.open` is far cheaper than the read), so tasks run on any worker; the
-checkpoint reader (tasks/checkpoint.py) reads through the same functions.
+open the shard themselves (an `os.open` is far cheaper than the read; a shard in an object store is read by
+ranged GETs), so tasks run on any worker; the checkpoint reader (tasks/checkpoint.py) reads through the same
+functions.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ import xxhash
 from tasks.errors import CheckpointError
 from tasks import precision, safetensors_file
 from tasks.bulk_write import aligned_empty
-from tasks.file_blocks import each_block
+from tasks.file_blocks import each_block, open_at
 from tasks.safetensors_file import ShardHeader, read_header
 
 @dataclass(frozen=True)
@@ -120,11 +120,8 @@ def verify_shard(header: ShardHeader, expected: str | None, record_sha256: bool 
 def read_rows(header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
     """Rows `lo:hi` of the leading dimension of `key`, reading only those bytes. The one read every reader takes:
     the graph's read and slot tasks below, and `Checkpoint.rows/get/slot`."""
-    fd = os.open(header.path, os.O_RDONLY)
-    try:
-        return safetensors_file.read_rows_from(fd, header, key, lo, hi)
-    finally:
-        os.close(fd)
+    with open_at(header.path) as shard:
+        return safetensors_file.read_rows_from(shard, header, key, lo, hi)
 
 
 def read_tensor(header: ShardHeader, key: str) -> np.ndarray:
@@ -200,19 +197,16 @@ def _read_as_stored(header: ShardHeader, key: str, host: bool, first: int, out: 
     entry = header.entries[key]
     source = safetensors_file.NUMPY_DTYPES[entry.dtype]
     offset = header.data_start + entry.start + first * source.itemsize
-    fd = os.open(header.path, os.O_RDONLY)
-    try:
+    with open_at(header.path) as shard:
         if precision.kept_as_stored(entry.dtype, host):
-            safetensors_file.read_into(fd, offset, out.view(source), header.path)
+            shard.read_into(offset, out.view(source))
             return
         per = max(1, _CONVERT_BLOCK_BYTES // source.itemsize)
         buffer = aligned_empty((min(per, out.size),), source)
         for lo in range(0, out.size, per):
             block = buffer[:min(per, out.size - lo)]
-            safetensors_file.read_into(fd, offset + lo * source.itemsize, block, header.path)
+            shard.read_into(offset + lo * source.itemsize, block)
             precision.convert_block(block, out[lo:lo + block.size], host, key, header.path, first + lo)
-    finally:
-        os.close(fd)
 
 
 def read_weight_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:

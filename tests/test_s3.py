@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -323,3 +324,43 @@ def test_device_files_loaded_from_the_bucket_are_kept_under_a_name_ttnn_takes(s3
         a = t if isinstance(t, torch.Tensor) else ttnn.to_torch(t)
         b = second.tensors[name] if isinstance(second.tensors[name], torch.Tensor) else ttnn.to_torch(second.tensors[name])
         assert torch.equal(a.float(), b.float()), name
+
+
+def _upload(folder: Path, url: str) -> None:
+    """A trainer's folder copied into the bucket, file by file, as `aws s3 sync` would."""
+    import fsspec
+
+    fs, base = fsspec.core.url_to_fs(url)
+    fs.pipe({f"{base}/{p.relative_to(folder).as_posix()}": p.read_bytes() for p in folder.rglob("*") if p.is_file()})
+
+
+def test_a_checkpoint_in_the_bucket_converts_as_the_same_folder_on_disk_does(s3_url, tmp_path):
+    """`--snapshot s3://…`: LeRobot's own `pretrained_model/` (tests/fixtures) read from the bucket by the same
+    folder rules (its weight file, the trained tag and map in policy_preprocessor.json, the normalizer files left
+    alone), converted into the same entry, byte for byte, as the folder on disk. A prefix that holds nothing is one
+    sentence, exit 2."""
+    from tests.conftest import ROOT
+
+    folder = ROOT / "tests" / "fixtures" / "lerobot-n17" / "pretrained_model"
+    url = f"{s3_url}-sources/runs/pretrained_model"
+    _upload(folder, url)
+    common = ("--embodiments", "trained", "--layout", "generic", "--json")
+    remote = run_cli("convert", "--snapshot", url, "--cache", str(tmp_path / "a"), *common)
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    here = run_cli("convert", "--snapshot", str(folder), "--cache", str(tmp_path / "b"), *common)
+    assert here.returncode == 0, here.stderr[-3000:]
+    got, want = json.loads(remote.stdout), json.loads(here.stdout)
+    assert got["fingerprint"] == want["fingerprint"] and got["slots"] == want["slots"] == [10]
+    assert got["source"]["snapshot"] == url and got["source"]["trained_embodiments"] == ["new_embodiment"]
+    assert got["source"]["trained_from"] == f"{url}/policy_preprocessor.json"
+    assert got["shards_checked_against"] == want["shards_checked_against"] == {"model.safetensors": "content identity"}
+    assert [n.replace(url, "F") for n in got["notes"]] == [n.replace(str(folder), "F") for n in want["notes"]]
+    assert any("policy_preprocessor_step_2" in n and "not read" in n for n in got["notes"])
+    a, b = LocalStore(tmp_path / "a"), LocalStore(tmp_path / "b")
+    prefix = f"entries/{got['cache_path'].rsplit('/', 1)[1]}"
+    objects = {k: n for k, n in b.sizes(prefix).items() if not k.endswith(("MANIFEST.json", "/zarr.json"))
+               or k.count("/") > 2}
+    assert len(objects) > 100 and all(a.get(k) == b.get(k) for k in objects)
+    gone = run_cli("convert", "--snapshot", f"{s3_url}-sources/runs/nothing-here", "--cache", str(tmp_path / "c"))
+    assert gone.returncode == 2 and "Traceback" not in gone.stderr, gone.stderr[-2000:]
+    assert gone.stderr.strip().splitlines() == [gone.stderr.strip()] and "nothing-here: does not exist" in gone.stderr

@@ -1,6 +1,6 @@
 """The source-identity memo: a shard without an HF blob name is identified once (its tensors' xxh3) and remembered
-by its path, size, mtime and inode under `sources/`, so the next convert of the same folder names its entry
-without reading it."""
+by its path, size, mtime and inode (an object in a store: its URL, size, ETag and time) under `sources/`, so the
+next convert of the same folder names its entry without reading it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,14 @@ from tasks import source
 from tasks.entries.names import SOURCES
 from tasks.bulk_write import write_json_atomic
 from tasks.checkpoint import Checkpoint
+from tasks.file_blocks import is_remote
 
 
 def _stat_key(path: Path) -> dict:
+    if is_remote(path):  # an object: its ETag changes with its bytes (S3 keeps whole seconds, and no inode)
+        info = path.fs.info(path.path)
+        return {"path": str(path), "size": info["size"], "etag": info.get("ETag"),
+                "modified": str(info.get("LastModified"))}
     st = path.stat()
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 

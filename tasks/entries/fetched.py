@@ -17,7 +17,7 @@ import numpy as np
 from tasks.bulk_write import write_bytes_atomic
 from tasks.entries.manifest import FileRecord
 from tasks.errors import CheckpointError
-from tasks.safetensors_file import read_into
+from tasks.file_blocks import read_into
 
 
 def _used(path: Path) -> None:

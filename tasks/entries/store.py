@@ -32,7 +32,7 @@ import numpy as np
 
 from tasks.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError
-from tasks.safetensors_file import read_into
+from tasks.file_blocks import read_into
 
 _DOWNLOADS_MADE = threading.Lock()
 IN_FLIGHT = 16  # requests to an object store at once: server-side copies, and a load's fetches (`--transfers`)
