@@ -163,15 +163,19 @@ def test_the_readmes_cluster_lines_run_as_written(cluster, s3_url, hf_cache, tmp
     block = re.search(r"### On a cluster whose workers share only the bucket\n.*?```sh\n(.*?)```",
                       (ROOT / "README.md").read_text(), re.S).group(1)
     lines = [line for line in block.splitlines() if line.startswith("python -m pipeline")]
-    assert [line.split()[3] for line in lines] == ["convert", "load"]
+    assert [line.split()[3] for line in lines] == ["convert", "convert", "load"]
     assert any(line.startswith("dask worker tcp://scheduler-host:8786") for line in block.splitlines())
     snapshot = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
     shared = tmp_path / "shared" / "GR00T-N1.6-3B"  # a folder every worker reads at the same path
     shutil.copytree(snapshot, shared)
+    from tests.test_s3 import _upload
+
+    _upload(shared, f"{s3_url}-readme-sources/my-finetune")  # the same files, as a trainer synced them to the bucket
     env = {**os.environ, "GR00T_CACHE": str(hidden / "readme-cache"), "HF_HUB_OFFLINE": "1"}
     for line in lines:
         cmd = (line.replace("python -m pipeline", f"{sys.executable} -m pipeline", 1)
                .replace("tcp://scheduler-host:8786", scheduler).replace("s3://team-weights/gr00t", f"{s3_url}-readme")
+               .replace("s3://team-weights/checkpoints", f"{s3_url}-readme-sources")
                .replace("/shared/GR00T-N1.6-3B", str(shared)))
         proc = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, (line, proc.stderr[-2000:])
