@@ -4,7 +4,8 @@ moto's S3 server on 127.0.0.1 stands in for the bucket. A synthetic N1.6 (tiny, 
 `s3://gr00t/cache`, then a fine-tune of it whose `action_head.*` tensors changed; then both into a local folder, for
 the changed targets' bytes. Bytes sent are counted at the store interface (every `put` and `put_many` of this
 process: the threads scheduler runs the stage tasks here); objects and bytes added are read off the bucket's
-listing before and after. Writes bench/bucket-finetune-results.json and prints it.
+listing before and after. The floor of the release's convert into the bucket is boto3 putting the same objects
+with as many in flight. Writes bench/bucket-finetune-results.json and prints it.
 """
 
 from __future__ import annotations
@@ -86,6 +87,24 @@ def _loads(store, bucket: str, names: list[str], work: Path) -> dict:
     return out
 
 
+def _put_floor(entry: Path, bucket_name: str, prefix: str) -> dict:
+    """The floor of a convert into the bucket: every file of the release's entry (the same objects, built in a
+    local folder) put by boto3 with as many requests in flight as the store keeps (16). Files are read first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    from tasks.entries.store import IN_FLIGHT
+
+    client = boto3.client("s3")
+    objects = {f"{prefix}/{p.relative_to(entry).as_posix()}": p.read_bytes() for p in entry.rglob("*") if p.is_file()}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        list(pool.map(lambda kv: client.put_object(Bucket=bucket_name, Key=kv[0], Body=kv[1]), objects.items()))
+    return {"floor_boto3_s": round(time.perf_counter() - t0, 2), "objects": len(objects),
+            "bytes": sum(map(len, objects.values()))}
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-bucket-"))
     os.environ["GR00T_CACHE"] = str(work / "client")  # the client's own folder: the source memo only
@@ -127,10 +146,15 @@ def main() -> int:
                 "release into a local folder": run(release_hf, work / "local"),
                 "fine-tune into a local folder": run(tuned_hf, work / "local")}
         changed = rows["fine-tune into a local folder"]["bytes_written"]
+        puts = _put_floor(work / "local" / "entries" / rows["release into a local folder"]["entry"], "gr00t",
+                          "floor/entry")
+        beyond = rows["release into the bucket"]["wall_s"] - rows["release into a local folder"]["wall_s"]
+        puts["convert into the bucket beyond into a folder, s"] = round(beyond, 2)
+        puts["... over the boto3 floor"] = round(beyond / puts["floor_boto3_s"], 2)
         loads = _loads(store, bucket, [rows["release into the bucket"]["entry"], rows["fine-tune into the bucket"]["entry"]],
                        work)
         result = {"measured": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "python -m bench.bucket_finetune",
-                  "rows": rows, "loads": loads, "changed_targets_bytes": changed,
+                  "rows": rows, "loads": loads, "release put by boto3": puts, "changed_targets_bytes": changed,
                   "bytes_sent_over_changed": round(rows["fine-tune into the bucket"]["bytes_sent"] / changed, 3)}
         OUT.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))

@@ -216,40 +216,37 @@ def _targets_only(a: dict):
 
 
 def _child_plain_loop(a: dict) -> dict:
-    """The same stage functions as the graph, called in a plain loop on one thread (Dask-overhead baseline)."""
-    from pipeline import cache
-    from pipeline.convert import ConvertOptions, prepare
-    from tasks import source, stage, transforms
-    from tasks.entries import publish
-    from tasks.entries.chunks import create_arrays
-    from tasks.entries.manifest import array_documents
-    from tasks.convert import convert_target
-    from tasks.plan import work_units
+    """The Dask-overhead baseline: a convert whose graph (the one `build_graph` makes, the same wiring) is run by a
+    plain loop on one thread, each task once its inputs are computed, as Dask's `get_sync` orders them, instead of
+    by a Dask scheduler."""
+    import pipeline.convert
+    from pipeline.convert import ConvertOptions, convert
+    from pipeline.graph import dependencies
 
-    import shutil
+    def in_order(graph, key, *_, **__):
+        deps, values, order, seen = dependencies(graph), {}, [], set()
+        todo = [(key, False)]
+        while todo:  # depth first, each task after its dependencies
+            k, ready = todo.pop()
+            if ready:
+                order.append(k)
+            elif k not in seen:
+                seen.add(k)
+                todo.append((k, True))
+                todo.extend((d, False) for d in sorted(deps[k], key=str, reverse=True) if d not in seen)
+        for k in order:
+            values[k] = graph[k]({d: values[d] for d in deps[k]})
+        return values[key], {"stage_seconds": {}, "stage_tasks": {}}
 
-    t0 = time.perf_counter()  # like convert's own clock: from opening the snapshot to the published entry
-    snapshot = Path(a["snapshot"]) if a.get("snapshot") else None  # else the synthetic stand-in in `hf`
-    prep = prepare(ConvertOptions(a["version"], hf_cache=Path(a["hf"]) if a.get("hf") else None, snapshot=snapshot,
-                                  cache_root=Path(a["cache"]), layout="generic", synthetic=a.get("synthetic")))
-    ck, plan, slots, ident, root = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root
-    tmp = cache.claim_tmp(root, "plain-loop")
-    arrays = array_documents(plan, slots)
-    create_arrays(tmp, arrays)
-    headers = {s: source.index_shard(h.path, ck.stored_keys(s), ck.stored_names(s)) for s, h in ck.headers.items()}
-    verified = [source.verify_shard(h, ck.blob_sha256(s)) for s, h in headers.items()]
-    staged = []
-    for t, slot in work_units(plan.targets, slots):
-        inputs = [source.read_weight(headers[ck.shard_of(k)], k, t.host) if slot is None  # the graph's read tasks
-                  else source.read_weight_slot(headers[ck.shard_of(k)], k, slot) for k in t.sources]
-        converted = convert_target(transforms.apply(t.transform, inputs, t.params), t, slot)
-        staged.append(stage.stage_target(tmp, converted))
-    publish.publish_entry(str(tmp), str(cache.entries_dir(root) / "plain-loop-done"), ident, arrays,
-                          [publish.unit_done("all", staged, verified)], verified)
-    seconds = time.perf_counter() - t0
-    if not a.get("keep"):  # tests/test_commands.py keeps it, to hold it to the graph's entry
-        shutil.rmtree(cache.entries_dir(root) / "plain-loop-done", ignore_errors=True)
-    return {"seconds": seconds}
+    scheduled, pipeline.convert.run = pipeline.convert.run, in_order
+    try:
+        s = convert(ConvertOptions(a["version"], hf_cache=Path(a["hf"]) if a.get("hf") else None,
+                                   snapshot=Path(a["snapshot"]) if a.get("snapshot") else None,
+                                   cache_root=Path(a["cache"]), layout="generic", profile=a.get("profile"),
+                                   synthetic=a.get("synthetic"), progress=False))
+    finally:
+        pipeline.convert.run = scheduled
+    return {"seconds": s["seconds"], "cache_path": s["cache_path"]}
 
 
 def _port_tensors(a: dict):

@@ -133,7 +133,8 @@ def _overhead_rows(rows: list, raw: dict, *, sources: tuple, runs: int, scale: s
             args = {"version": VERSION, "hf": str(hf), "synthetic": sc, "cache": str(scratch)}
             raw.setdefault(f"dask_sync{suffix}", []).append(
                 run_child("convert", {**args, "profile": "bf16", "scheduler": "sync"}, fresh=scratch))
-            raw.setdefault(f"plain_loop{suffix}", []).append(run_child("plain_loop", args, fresh=scratch))
+            raw.setdefault(f"plain_loop{suffix}", []).append(run_child("plain_loop", {**args, "profile": "bf16"},
+                                                                      fresh=scratch))
     for suffix, name, note in (("", "Dask overhead: graph (sync, 1 thread) / plain loop", f"{scale} n16"),
                                ("_tiny", "Dask overhead on tiny n16 (5,800 tasks, no real work)", "context: per-task cost")):
         ours, base = median(raw[f"dask_sync{suffix}"]), median(raw[f"plain_loop{suffix}"])

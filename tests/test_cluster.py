@@ -25,6 +25,10 @@ from pipeline.load import load
 from tasks.entries.store import LocalStore, open_store
 from tests.conftest import ROOT, _free_port, run_cli
 
+# `make test` runs N1.6's; GR00T_CLUSTER_VERSIONS=all runs every version (issue 49's "for every version")
+VERSIONS_HERE = ["n15", "n16", "n17"] if os.environ.get("GR00T_CLUSTER_VERSIONS") == "all" else ["n16"]
+EMBODIMENT = {"n15": "gr1", "n16": "gr1", "n17": "new_embodiment"}
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="workers in mount namespaces of their own need root and unshare (CI has both)")
 
@@ -82,15 +86,19 @@ def _md5s(store, prefix: str, keys) -> dict[str, str]:
     return {k: hashlib.md5(store.local_path(k).read_bytes()).hexdigest() for k in keys}
 
 
-def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_url, hf_cache, tmp_path, monkeypatch):
+@pytest.mark.parametrize("version", VERSIONS_HERE)
+def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_url, hf_cache, tmp_path, monkeypatch,
+                                                                   version):
     scheduler, hidden = cluster
     monkeypatch.setattr(roots, "DEFAULT_ROOT", hidden / "cache")  # the client's own folder: no worker sees it
     bucket_url = f"{s3_url}-cluster"
-    opts = dict(layout="generic", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny", progress=False)
-    done = convert(ConvertOptions("n16", scheduler=scheduler, cache_root=bucket_url, **opts))
+    embodiment = EMBODIMENT[version]
+    opts = dict(layout="generic", embodiments=f"{embodiment},new_embodiment" if version == "n16" else embodiment,
+                hf_cache=hf_cache, synthetic="tiny", progress=False)
+    done = convert(ConvertOptions(version, scheduler=scheduler, cache_root=bucket_url, **opts))
     assert not done["cache_hit"] and done["cache_path"].startswith(f"{bucket_url}/entries/")
     assert not (hidden / "cache" / "entries").exists()  # nothing built on the client's disk
-    local = convert(ConvertOptions("n16", scheduler="threads", cache_root=tmp_path / "local", **opts))
+    local = convert(ConvertOptions(version, scheduler="threads", cache_root=tmp_path / "local", **opts))
     assert local["fingerprint"] == done["fingerprint"]
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
     prefix = f"entries/{Path(local['cache_path']).name}"
@@ -100,7 +108,7 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
     assert done["pushed_bytes"] >= sum(objects.values())
     # a fresh process elsewhere loads the same tensors from the bucket
     script = ("import hashlib, json, sys\nfrom pipeline.load import load\n"
-              f"got = load('n16', {bucket_url!r}, layout='generic', embodiment='gr1')\n"
+              f"got = load({version!r}, {bucket_url!r}, layout='generic', embodiment={embodiment!r})\n"
               "print(json.dumps({k: hashlib.sha256(t.contiguous().view(-1).view(__import__('torch').uint8).numpy()"
               ".tobytes()).hexdigest() for k, t in got.tensors.items()}))")
     elsewhere = {**os.environ, "GR00T_CACHE": str(tmp_path / "elsewhere")}  # that machine's own local cache
@@ -112,13 +120,14 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
 
     import torch
 
-    want = load("n16", tmp_path / "local", layout="generic", embodiment="gr1")
+    want = load(version, tmp_path / "local", layout="generic", embodiment=embodiment)
     assert remote == {k: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
                       for k, t in want.tensors.items()}
 
 
+@pytest.mark.parametrize("version", VERSIONS_HERE)
 def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(cluster, s3_url, snapshots, tmp_path,
-                                                                           monkeypatch):
+                                                                           monkeypatch, version):
     """The source in the bucket too (`--snapshot s3://…`): the client plans from ranged reads of the headers, each
     worker reads its own tasks' byte ranges, and the entry is byte for byte the local convert's of the same files
     from a folder."""
@@ -127,10 +136,10 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     scheduler, hidden = cluster
     monkeypatch.setattr(roots, "DEFAULT_ROOT", hidden / "cache")
     plain = tmp_path / "plain"
-    shutil.copytree(snapshots["n16"], plain)  # the files themselves (an HF snapshot's are links into blobs/)
-    source, bucket_url = f"{s3_url}-cluster-sources/n16-tiny", f"{s3_url}-cluster-from-bucket"
+    shutil.copytree(snapshots[version], plain)  # the files themselves (an HF snapshot's are links into blobs/)
+    source, bucket_url = f"{s3_url}-cluster-sources/{version}-tiny", f"{s3_url}-cluster-from-bucket"
     _upload(plain, source)
-    opts = dict(layout="generic", embodiments="gr1", progress=False)
+    opts = dict(layout="generic", embodiments=EMBODIMENT[version], progress=False)
     done = convert(ConvertOptions(None, snapshot=source, scheduler=scheduler, cache_root=bucket_url, **opts))
     assert not done["cache_hit"] and done["source"]["snapshot"] == source
     assert not (hidden / "cache" / "entries").exists()

@@ -223,18 +223,17 @@ def test_the_processes_scheduler_prints_its_dashboard_on_stderr(hf_cache, tmp_pa
 
 
 def test_the_bench_plain_loop_makes_the_graphs_entry(snapshots, tmp_path):
-    """The Dask-overhead baseline runs the product's own stage functions: from an F32/BF16 fine-tune (reads that
-    round, as the graph's do), its entry holds the graph's chunks, byte for byte."""
+    """The Dask-overhead baseline runs the product's own graph without a Dask scheduler: from an F32/BF16 fine-tune
+    (reads that round, as the graph's do), its entry holds the graph's chunks, byte for byte."""
     from bench.children import CHILDREN
     from pipeline.cache import entry_at
     from pipeline.synth import fine_tune_form
-    from tasks.entries.manifest import Manifest
 
     snapshot = fine_tune_form(snapshots["n16"], "n16", "mixed", tmp_path / "mixed")
-    CHILDREN["plain_loop"]({"version": "n16", "snapshot": str(snapshot), "cache": str(tmp_path / "loop"), "keep": True})
+    looped = CHILDREN["plain_loop"]({"version": "n16", "snapshot": str(snapshot), "cache": str(tmp_path / "loop")})
     done = convert(ConvertOptions("n16", snapshot=snapshot, layout="generic", cache_root=tmp_path / "graph",
                                   progress=False))
-    loop = Manifest.from_json(json.loads((tmp_path / "loop/entries/plain-loop-done/MANIFEST.json").read_text()))
+    loop = entry_at(Path(looped["cache_path"])).manifest
     graph = entry_at(Path(done["cache_path"])).manifest
     assert loop.fingerprint == graph.fingerprint and len(graph.arrays) > 100
     assert loop.arrays == graph.arrays  # every chunk's size and xxh3, every array's content id
