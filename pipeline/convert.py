@@ -10,7 +10,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Mapping
 
 from pipeline import cache
@@ -27,7 +27,7 @@ from tasks.checkpoint import Checkpoint
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Identity, array_documents
-from tasks.entries.names import entry_key, scratch_name
+from tasks.entries.names import chunk_file, entry_key, packed_path, scratch_name
 from tasks.entries.progress import already_staged, record_progress, staged_records
 from tasks.entries.publish import push
 from tasks.entries.refs import write_ref
@@ -247,8 +247,15 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
     finally:
         ck.close()
     result["pushed_bytes"] = (result["file_bytes"] - reused.linked_bytes + result["document_bytes"]
-                              - sum(n for k, n in present.items() if k not in reused.objects))
+                              - sum(n for k, n in present.items() if k in _data_keys(prep) and k not in reused.objects))
     return Built(result=result, timings=timings, graph=graph, done=dict(reused.records), reused=reused)
+
+
+def _data_keys(prep: Prepared) -> set[str]:
+    """The keys of the entry's chunks and device files (a killed run's are not sent again; its documents are)."""
+    entry = PurePosixPath(entry_key(prep.name))
+    return {str(key) for t, slot in work_units(prep.plan.targets, prep.slots)
+            for key in (chunk_file(entry, t.name, len(t.shape), slot), packed_path(entry, t.name, slot))}
 
 
 def _reuse(opts: ConvertOptions, prep: Prepared, store, into: str, arrays: Mapping[str, dict],
