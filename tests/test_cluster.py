@@ -151,6 +151,42 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     assert len(objects) > 900 and _md5s(bucket, prefix, objects) == _md5s(folder, prefix, objects)
 
 
+def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_url, snapshots, tmp_path, monkeypatch):
+    """A worker process killed (SIGKILL) once the workers have begun putting objects: its nanny starts another,
+    Dask reruns what the dead one held, and the entry is byte for byte the local convert's."""
+    import signal
+    import threading
+
+    from distributed import Client
+
+    scheduler, hidden = cluster
+    monkeypatch.setattr(roots, "DEFAULT_ROOT", hidden / "cache")
+    bucket_url = f"{s3_url}-cluster-killed"
+    opts = dict(layout="generic", embodiments="gr1", progress=False, snapshot=snapshots["n16"])
+    with Client(scheduler, timeout=10) as client:
+        pids = client.run(os.getpid)
+        done: dict = {}
+        converting = threading.Thread(target=lambda: done.update(
+            convert(ConvertOptions("n16", scheduler=scheduler, cache_root=bucket_url, **opts))))
+        converting.start()
+        bucket, deadline = open_store(bucket_url), time.time() + 120
+        while len(bucket.list("entries")) < 50 and converting.is_alive() and time.time() < deadline:
+            time.sleep(0.2)
+        victim = sorted(pids.items())[0]
+        assert converting.is_alive(), "the convert ended before a worker could be killed"
+        os.kill(victim[1], signal.SIGKILL)
+        converting.join(300)
+        client.wait_for_workers(2, timeout=60)
+        assert victim[1] not in client.run(os.getpid).values()  # it did die, and another took its place
+    assert done and not done["cache_hit"]
+    local = convert(ConvertOptions("n16", scheduler="threads", cache_root=tmp_path / "local", **opts))
+    assert local["fingerprint"] == done["fingerprint"]
+    prefix = f"entries/{Path(local['cache_path']).name}"
+    folder = LocalStore(tmp_path / "local")
+    objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
+    assert len(objects) > 900 and _md5s(bucket, prefix, objects) == _md5s(folder, prefix, objects)
+
+
 def test_a_local_cache_the_workers_cannot_see_is_one_sentence(cluster, hf_cache):
     scheduler, hidden = cluster
     cache = hidden / "local-cache"
