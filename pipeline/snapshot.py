@@ -46,8 +46,8 @@ def hub_offline() -> bool:
 
 
 def snapshot_revision(snapshot: Path) -> str | None:
-    """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder."""
-    snapshot = source_path(snapshot)
+    """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder. `snapshot`: a
+    checkpoint's folder as `Checkpoint.dir` holds it (a Path, or a UPath in an object store)."""
     return snapshot.name if snapshot.parent.name == "snapshots" else None
 
 
