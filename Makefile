@@ -38,7 +38,7 @@ simulator: $(STAMP)
 
 # One worker per core (pytest-xdist), each test file on one worker so its module fixtures are built once.
 test: $(STAMP) simulator
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
 
 convert: $(STAMP)
 	$(PY) -m pipeline convert --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) $(if $(PROFILE),--profile $(PROFILE)) --embodiments $(EMBODIMENTS) --scheduler $(SCHEDULER) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT)) $(if $(SYNTHETIC),--synthetic $(SYNTHETIC)) $(if $(REVISION),--revision $(REVISION))

@@ -49,7 +49,7 @@ def _loads(store, bucket: str, names: list[str], work: Path) -> dict:
 
     import boto3
 
-    from pipeline.load import TRANSFERS, load
+    from pipeline.jobs.load import TRANSFERS, load
     from tasks.entries import reload
     from tasks.entries.entry import open_entry
 
@@ -112,9 +112,9 @@ def main() -> int:
     try:
         import boto3
 
-        from pipeline.convert import ConvertOptions, convert
-        from pipeline.state_dict import tensor_specs
-        from pipeline.synth import synthesize
+        from pipeline.jobs.convert import ConvertOptions, convert
+        from pipeline.model.state_dict import tensor_specs
+        from pipeline.inputs.synth import synthesize
         from tasks.entries.store import FsspecStore, open_store
 
         boto3.client("s3").create_bucket(Bucket="gr00t")

@@ -20,7 +20,7 @@ def _child_allocate(a: dict) -> dict:
 
 def _child_convert(a: dict) -> dict:
     """A cold convert: the parent emptied the cache root (bench/harness.py `remove`), so nothing is reused or hit."""
-    from pipeline.convert import ConvertOptions, convert
+    from pipeline.jobs.convert import ConvertOptions, convert
 
     s = convert(ConvertOptions(a["version"], profile=a["profile"], hf_cache=Path(a["hf"]) if a.get("hf") else None,
                                cache_root=Path(a["cache"]), progress=False, scheduler=a.get("scheduler", "threads"),
@@ -86,7 +86,7 @@ def _child_sha256(a: dict) -> dict:
 def _child_load(a: dict) -> dict:
     import torch  # noqa: F401  (imports are not timed)
 
-    from pipeline.load import load
+    from pipeline.jobs.load import load
 
     if a.get("ttnn_host"):
         from tasks.device import ttnn_module
@@ -128,7 +128,7 @@ def _naive_targets(version: str, snapshot: Path, profile: str = "bf16"):
     import torch
     from safetensors.torch import load_file
 
-    from pipeline.recipe import build_plan
+    from pipeline.model.recipe import build_plan
 
     index = json.loads((snapshot / "model.safetensors.index.json").read_text())
     state: dict = {}
@@ -206,8 +206,8 @@ def _targets_only(a: dict):
     (what tt-metal model code does with `cache_file_name` and dummy weights)."""
     import torch
 
-    from pipeline.state_dict import tensor_specs
-    from pipeline.recipe import build_plan
+    from pipeline.model.state_dict import tensor_specs
+    from pipeline.model.recipe import build_plan
 
     plan = build_plan(a["version"], {s.key: s.shape for s in tensor_specs(a["version"], a["scale"])}, a["profile"], "generic")
     empty = torch.empty(0, dtype=torch.bfloat16)
@@ -219,9 +219,9 @@ def _child_plain_loop(a: dict) -> dict:
     """The Dask-overhead baseline: a convert whose graph (the one `build_graph` makes, the same wiring) is run by a
     plain loop on one thread, each task once its inputs are computed, as Dask's `get_sync` orders them, instead of
     by a Dask scheduler."""
-    import pipeline.convert
-    from pipeline.convert import ConvertOptions, convert
-    from pipeline.graph import dependencies
+    import pipeline.jobs.convert
+    from pipeline.jobs.convert import ConvertOptions, convert
+    from pipeline.jobs.graph import dependencies
 
     def in_order(graph, key, *_, **__):
         deps, values, order, seen = dependencies(graph), {}, [], set()
@@ -238,23 +238,23 @@ def _child_plain_loop(a: dict) -> dict:
             values[k] = graph[k]({d: values[d] for d in deps[k]})
         return values[key], {"stage_seconds": {}, "stage_tasks": {}}
 
-    scheduled, pipeline.convert.run = pipeline.convert.run, in_order
+    scheduled, pipeline.jobs.convert.run = pipeline.jobs.convert.run, in_order
     try:
         s = convert(ConvertOptions(a["version"], hf_cache=Path(a["hf"]) if a.get("hf") else None,
                                    snapshot=Path(a["snapshot"]) if a.get("snapshot") else None,
                                    cache_root=Path(a["cache"]), layout="generic", profile=a.get("profile"),
                                    synthetic=a.get("synthetic"), progress=False))
     finally:
-        pipeline.convert.run = scheduled
+        pipeline.jobs.convert.run = scheduled
     return {"seconds": s["seconds"], "cache_path": s["cache_path"]}
 
 
 def _port_tensors(a: dict):
     """The port's own load path (devkit/port_oracle.py, written from its files): `load_file` every shard, then its
     preprocessing of every weight, all 32 slots; yields (file name, tensor, dtype)."""
-    from pipeline.recipe import build_plan
-    from pipeline.state_dict import dims_of
-    from pipeline.versions import load_config
+    from pipeline.model.recipe import build_plan
+    from pipeline.model.state_dict import dims_of
+    from pipeline.model.versions import load_config
     from devkit.port_oracle import hf_state, port_oracle
 
     state = hf_state(Path(a["snapshot"]))

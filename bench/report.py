@@ -11,8 +11,8 @@ from pathlib import Path
 from bench.harness import BENCH, DATA, median, remove, run_child, settle, warm_up
 from bench.tables import context, contender_table, metric, metric_table, write
 from pipeline.cache import entry_at, resolve_ref
-from pipeline.snapshot import resolve_snapshot
-from pipeline.versions import load_config
+from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.model.versions import load_config
 from tasks.errors import CheckpointError
 from tasks.entries.store import LocalStore
 
@@ -44,7 +44,7 @@ def _synthetic_snapshot(scale: str, version: str = VERSION) -> tuple[Path, Path]
     try:
         return hf, resolve_snapshot(cfg, hf_cache=hf, synthetic=scale)
     except CheckpointError:  # what resolve_snapshot says of a stand-in not made yet
-        from pipeline.synth import synthesize
+        from pipeline.inputs.synth import synthesize
 
         print(f"synthesizing {version} ({scale}) into {hf} (once)", flush=True)
         synthesize(version, hf, scale)
@@ -311,7 +311,7 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
     on the simulated device (figures only). `port_tree`: the tt-metal tree holding the port (default: the pinned
     copy, bench/children.py PORT_TREE). Writes bench/handoff-results.{json,md}."""
     from bench.children import PORT_TREE
-    from pipeline.convert import ConvertOptions, convert
+    from pipeline.jobs.convert import ConvertOptions, convert
     from pipeline.port_n16 import PortCode
     from tasks.entries.names import PORT_MODELS
 
@@ -352,7 +352,7 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
     then one embodiment reloaded as ttnn host tensors, in fresh processes, each contender's inputs read right before
     it. Figures beside each other, no contender. Each cache is removed once measured (~12 GB at full scale).
     Writes bench/versions-results.{json,md}."""
-    from pipeline.recipe import resolve
+    from pipeline.model.recipe import resolve
 
     raw: dict[str, list] = {}
     started = time.time()
@@ -421,12 +421,12 @@ def _finetune_report(raw: dict[str, list], ctx: dict, out: Path) -> list[str]:
 
 
 def run_finetune(scale: str, runs: int, cold: bool) -> int:
-    """A mixed-precision N1.6 fine-tune (pipeline/synth.py `fine_tune_form` "mixed": the action head and
+    """A mixed-precision N1.6 fine-tune (pipeline/inputs/synth.py `fine_tune_form` "mixed": the action head and
     q_norm/k_norm F32 with new values, everything else the release's bytes), default layout and profile, every
     slot, in fresh processes: the release's cold convert; the fine-tune's convert into the cache holding the
     release (what changed only); the fine-tune's cold convert (peak RSS). Writes bench/finetune-results.{json,md}."""
-    from pipeline.recipe import resolve
-    from pipeline.synth import fine_tune_form
+    from pipeline.model.recipe import resolve
+    from pipeline.inputs.synth import fine_tune_form
 
     version = VERSION
     _built()
@@ -493,11 +493,11 @@ def _f32_report(raw: dict[str, list], ctx: dict, out: Path) -> list[str]:
 
 
 def run_f32(scale: str, runs: int, cold: bool, version: str = "n17") -> int:
-    """An all-F32 fine-tune of N1.7 as the trainers save it (pipeline/synth.py: LeRobot's one file, Isaac-GR00T's
+    """An all-F32 fine-tune of N1.7 as the trainers save it (pipeline/inputs/synth.py: LeRobot's one file, Isaac-GR00T's
     5 GB shards; every value F32 with detail below bf16's), each converted into an empty cache in a fresh process,
     alternating with the bf16 release's cold convert. Writes bench/f32-results.{json,md}."""
-    from pipeline.recipe import resolve
-    from pipeline.synth import fine_tune_form
+    from pipeline.model.recipe import resolve
+    from pipeline.inputs.synth import fine_tune_form
 
     _built()
     hf, release = _synthetic_snapshot(scale, version)

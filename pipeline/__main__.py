@@ -13,7 +13,7 @@ def run() -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        from pipeline.cli import main
+        from pipeline.commands.cli import main
     except KeyboardInterrupt:
         interrupted.append(signal.SIGINT)
     finally:

@@ -32,7 +32,7 @@ from tasks.safetensors_file import ShardHeader, TensorEntry, read_header
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 GR00T_ROOTS = ("backbone.", "action_head.")  # every GR00T key starts with one of these
-SYNTHETIC_MARK = "gr00t_tt_synthetic"  # pipeline/synth.py writes it; read here so a copy is still recognised
+SYNTHETIC_MARK = "gr00t_tt_synthetic"  # pipeline/inputs/synth.py writes it; read here so a copy is still recognised
 _SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
 
 

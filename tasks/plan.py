@@ -1,5 +1,5 @@
 """The work: a `Target` is one array in the cache and one tensor on the device; a `Plan` is every target of a
-conversion. Plain values that the stage functions take; `pipeline/recipe.py` makes them from configs/recipes.toml.
+conversion. Plain values that the stage functions take; `pipeline/model/recipe.py` makes them from configs/recipes.toml.
 """
 
 from __future__ import annotations

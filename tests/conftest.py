@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.snapshot import resolve_snapshot
-from pipeline.synth import synthesize
-from pipeline.versions import VERSIONS, load_config
+from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.inputs.synth import synthesize
+from pipeline.model.versions import VERSIONS, load_config
 from tasks.device import configure_ttnn_env, device_present
 from devkit import simulator
 
@@ -152,7 +152,7 @@ def cache_root(tmp_path) -> Path:
 def two_entries(hf_cache, tmp_path):
     """Two tiny n17 entries in one cache: slot 10, then slot 0 (the ref moves to it), which shares every non-bank
     chunk with the first by hard link (reuse) -> (root, old, current). Only the commands under test touch them."""
-    from pipeline.convert import ConvertOptions, convert
+    from pipeline.jobs.convert import ConvertOptions, convert
 
     old = convert(ConvertOptions("n17", embodiments="10", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
                                  progress=False))

@@ -16,10 +16,10 @@ import torch
 from safetensors import safe_open
 
 from pipeline import cache as cache_mod
-from pipeline import recipe as recipe_mod
+from pipeline.model import recipe as recipe_mod
 from pipeline.cache import entries_dir
-from pipeline.convert import ConvertOptions, convert
-from pipeline.load import load
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
 from tasks.errors import CacheError
 
 from tests.conftest import ROOT
@@ -108,7 +108,7 @@ def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_ca
     moved = tmp_path / "moved-away"
     shutil.move(str(hf_cache), moved)  # the source checkpoint is gone
     try:
-        code = ("import sys, json; from pipeline.load import load; w = load('n17', sys.argv[1], embodiment=10); "
+        code = ("import sys, json; from pipeline.jobs.load import load; w = load('n17', sys.argv[1], embodiment=10); "
                 "print(json.dumps({'n': len(w.tensors), 'st': 'safetensors' in sys.modules}))")
         out = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -129,8 +129,8 @@ def test_check_against_cache_catches_a_doctored_entry(n17_cache, hf_cache):
 
 
 def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tmp_path):
-    from pipeline.state_dict import tensor_specs
-    from pipeline.synth import synthesize
+    from pipeline.model.state_dict import tensor_specs
+    from pipeline.inputs.synth import synthesize
 
     head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
     tuned_hf = tmp_path / "tuned-hf"
@@ -224,7 +224,7 @@ def test_a_port_plan_convert_never_imports_ttnn_once_its_headers_are_checked(hf_
     from tasks import tensorbin
 
     tensorbin.check_formats()
-    code = ("import sys; from pathlib import Path; from pipeline.convert import ConvertOptions, convert; "
+    code = ("import sys; from pathlib import Path; from pipeline.jobs.convert import ConvertOptions, convert; "
             f"s = convert(ConvertOptions('n16', cache_root=Path({str(tmp_path)!r}), hf_cache=Path({str(hf_cache)!r}), "
             "synthetic='tiny', layout='tt-n16', profile='port', progress=False)); "
             "print(s['cache_hit'], 'ttnn' in sys.modules, 'torch' in sys.modules)")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.cache import roots
-from pipeline.convert import ConvertOptions, convert
-from pipeline.load import load
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
 from tests.conftest import ROOT, _free_port, run_cli
 
@@ -107,7 +107,7 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
     assert _md5s(bucket, prefix, objects) == _md5s(folder, prefix, objects), "an object differs from the local convert's"
     assert done["pushed_bytes"] >= sum(objects.values())
     # a fresh process elsewhere loads the same tensors from the bucket
-    script = ("import hashlib, json, sys\nfrom pipeline.load import load\n"
+    script = ("import hashlib, json, sys\nfrom pipeline.jobs.load import load\n"
               f"got = load({version!r}, {bucket_url!r}, layout='generic', embodiment={embodiment!r})\n"
               "print(json.dumps({k: hashlib.sha256(t.contiguous().view(-1).view(__import__('torch').uint8).numpy()"
               ".tobytes()).hexdigest() for k, t in got.tensors.items()}))")

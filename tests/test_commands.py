@@ -17,8 +17,8 @@ import pytest
 
 from pipeline import cache as cache_mod
 from pipeline.cache import entries_dir
-from pipeline.convert import ConvertOptions, convert
-from pipeline.load import load
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
 from tests.conftest import run_cli
 
 from tests.conftest import ROOT
@@ -125,7 +125,7 @@ def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
-    probe = subprocess.run([sys.executable, "-c", "from pipeline.versions import VERSIONS; from tasks.config_files import CONFIG_DIR; "
+    probe = subprocess.run([sys.executable, "-c", "from pipeline.model.versions import VERSIONS; from tasks.config_files import CONFIG_DIR; "
                             "from tasks.device import MOCK_DESCRIPTOR; print(VERSIONS, CONFIG_DIR, MOCK_DESCRIPTOR.is_file())"],
                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)})
     assert probe.stdout.startswith("('n15', 'n16', 'n17')") and str(site) in probe.stdout, probe.stderr[-1500:]
@@ -186,7 +186,7 @@ def test_load_by_source_snapshot_and_an_unknown_profile_is_one_line(two_entries,
 def test_progress_off_a_terminal_is_periodic_lines_on_stderr(capsys):
     import dask
 
-    from pipeline.run import LogProgress
+    from pipeline.jobs.run import LogProgress
 
     graph = {("a", i): (time.sleep, 0.01) for i in range(5)}
     with LogProgress(every=0.0):
@@ -227,7 +227,7 @@ def test_the_bench_plain_loop_makes_the_graphs_entry(snapshots, tmp_path):
     (reads that round, as the graph's do), its entry holds the graph's chunks, byte for byte."""
     from bench.children import CHILDREN
     from pipeline.cache import entry_at
-    from pipeline.synth import fine_tune_form
+    from pipeline.inputs.synth import fine_tune_form
 
     snapshot = fine_tune_form(snapshots["n16"], "n16", "mixed", tmp_path / "mixed")
     looped = CHILDREN["plain_loop"]({"version": "n16", "snapshot": str(snapshot), "cache": str(tmp_path / "loop")})

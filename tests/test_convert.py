@@ -12,10 +12,10 @@ import zarr
 from safetensors import safe_open
 
 from pipeline.cache import entries_dir
-from pipeline.convert import ConvertOptions, convert
-from pipeline.state_dict import tensor_specs
-from pipeline.recipe import build_plan
-from pipeline.versions import load_config
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.model.state_dict import tensor_specs
+from pipeline.model.recipe import build_plan
+from pipeline.model.versions import load_config
 from tasks.errors import RecipeError
 from tests.conftest import run_cli
 

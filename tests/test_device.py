@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.versions import VERSIONS
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.model.versions import VERSIONS
 from tasks import device
 
 from tests.conftest import ROOT
@@ -80,7 +80,7 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
     import torch
     from safetensors import safe_open
 
-    from pipeline.load import load
+    from pipeline.jobs.load import load
 
     summary = convert(ConvertOptions("n17", profile="bfp8", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=tmp_path, progress=False, layout="generic"))  # (norms ROW_MAJOR)

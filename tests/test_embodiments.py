@@ -1,4 +1,4 @@
-"""pipeline/embodiments.py's rules on their own: how a selection is parsed, and how its tags become slot ids, with
+"""pipeline/inputs/embodiments.py's rules on their own: how a selection is parsed, and how its tags become slot ids, with
 the built-in tables held to the ids Isaac-GR00T's own code gives (../shared/reference/gr00t-checkpoints.md 2.x,
 3.5, 4.5), a trainer's map, LeRobot's slot for a tag outside its map, and the one sentence for each refusal."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.embodiments import Embodiments, TagMap
-from pipeline.versions import load_config
+from pipeline.inputs.embodiments import Embodiments, TagMap
+from pipeline.model.versions import load_config
 from tasks.errors import CacheError, ConfigError
 
 # The reference's tables, copied by hand (not read from configs/): N1.5's embodiment_tags, N1.6's

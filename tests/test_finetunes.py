@@ -1,4 +1,4 @@
-"""Fine-tunes as users have them (pipeline/synth.py `fine_tune_form`), for every version: each form's one-slot
+"""Fine-tunes as users have them (pipeline/inputs/synth.py `fine_tune_form`), for every version: each form's one-slot
 reload equals, byte for byte, the conversion of what it stands for, which the test writes itself with
 safetensors.torch and rounds with torch (an independent reference): the release-shaped copy for reshard, trainer,
 single and LeRobot (whose `embed_tokens` is its `lm_head`); for mixed and half, torch's `.to(torch.bfloat16)` of
@@ -20,10 +20,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.load import load
-from pipeline.synth import FORMS, ISAAC_FORMS, LEROBOT_PREFIX, MAPPED_TAG, N15_ONLY_WITHOUT, TRAINED_TAG, fine_tune_form
-from pipeline.versions import load_config
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
+from pipeline.inputs.synth import FORMS, ISAAC_FORMS, LEROBOT_PREFIX, MAPPED_TAG, N15_ONLY_WITHOUT, TRAINED_TAG, fine_tune_form
+from pipeline.model.versions import load_config
 from tasks.checkpoint import INDEX_NAME
 from tasks.entries.entry import open_entry
 from tasks.entries.store import LocalStore
@@ -269,7 +269,7 @@ def test_the_hub_fetch_takes_the_weights_and_the_small_files_only():
     """What `--model` downloads of a trainer's repo, filtered by huggingface_hub's own pattern matching."""
     from huggingface_hub.utils import filter_repo_objects
 
-    from pipeline.folder import HUB_FILES
+    from pipeline.inputs.folder import HUB_FILES
 
     repo = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
             "config.json", "embodiment_id.json", "processor/embodiment_id.json", "experiment_cfg/conf.yaml",
@@ -432,8 +432,8 @@ def test_a_lerobot_tag_gets_the_slot_lerobot_packed_it_with(tmp_path, cache_dir,
 def test_a_lerobot_export_without_processors_is_read_with_lerobots_own_table(tmp_path):
     """`save_pretrained` alone: the tag from `config.json`, the map LeRobot packs with when the base has none (its
     release's table), said in a note; with `embodiment_id.json` beside it, Isaac-GR00T's rule instead."""
-    from pipeline.embodiments import Embodiments
-    from pipeline.folder import read_folder
+    from pipeline.inputs.embodiments import Embodiments
+    from pipeline.inputs.folder import read_folder
 
     folder = _rebuilt("pretrained_model-unitree_g1_sonic", tmp_path)
     for path in folder.glob("policy_*"):
@@ -460,8 +460,8 @@ def test_a_broken_lerobot_pack_step_is_one_sentence(tmp_path):
 
 def test_isaac_forms_are_cut_as_the_hf_trainer_cuts_them():
     """Full size, all F32 (13.8 GB for N1.7): three shards of at most 5 GB, in key order; below 5 GB one file."""
-    from pipeline.state_dict import tensor_specs
-    from pipeline.synth import hf_shards
+    from pipeline.model.state_dict import tensor_specs
+    from pipeline.inputs.synth import hf_shards
 
     sizes = {s.key: 2 * s.nbytes for s in tensor_specs("n17", "full")}  # F32: twice the bf16 bytes
     cut = hf_shards(sizes)
@@ -476,8 +476,8 @@ def test_every_tag_of_issue_47s_table_reads_as_lerobot_trains_it(tmp_path):
     """The table of issue 47, through one LeRobot 0.6.1 folder's saved map (tags LeRobot knows are never refused):
     libero_sim 2, new_embodiment 10, unitree_g1_sonic 0 (not 11), real_g1_relative_eef_relative_joints 25, a custom
     tag 0; the slots are the saved map's own values, read here from the file, not from the converter."""
-    from pipeline.embodiments import Embodiments
-    from pipeline.folder import read_folder
+    from pipeline.inputs.embodiments import Embodiments
+    from pipeline.inputs.folder import read_folder
 
     folder = _rebuilt("pretrained_model-my_robot", tmp_path)
     pack = next(s for s in json.loads((folder / "policy_preprocessor.json").read_text())["steps"]

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.convert import ConvertOptions, convert
+from pipeline.jobs.convert import ConvertOptions, convert
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "n16-tt-n16-port-gr1"
 # One array of each kind: a whole bf16 TILE matrix, a bank slot (bf16, transposed never), a bfloat8_b matrix with

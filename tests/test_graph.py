@@ -8,13 +8,13 @@ import threading
 
 import pytest
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.recipe import build_plan
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.model.recipe import build_plan
 from tasks.checkpoint import Checkpoint
-from pipeline.graph import PUBLISH, ancestors
-from pipeline.state_dict import straddling_unit
-from pipeline.render import graph_for, graph_json, unit_summary
-from pipeline.versions import VERSIONS
+from pipeline.jobs.graph import PUBLISH, ancestors
+from pipeline.model.state_dict import straddling_unit
+from pipeline.commands.render import graph_for, graph_json, unit_summary
+from pipeline.model.versions import VERSIONS
 
 
 def _graph(hf_cache, cache_root, version, embodiments="all"):
@@ -80,8 +80,8 @@ def test_json_export_lists_every_task_with_its_dependencies(hf_cache, cache_root
 def test_with_an_open_device_each_target_uploads_right_after_staging(hf_cache, cache_root):
     from dataclasses import replace
 
-    from pipeline.graph import build_graph
-    from pipeline.render import graph_inputs
+    from pipeline.jobs.graph import build_graph
+    from pipeline.commands.render import graph_inputs
 
     inputs = graph_inputs(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=cache_root))
     graph = build_graph(replace(inputs, device=object()))  # wiring only: nothing runs, no hardware needed
@@ -129,7 +129,7 @@ def test_an_error_returns_only_once_the_tasks_already_running_have_finished(tmp_
     the removal (a flaky leftover directory before this). The run waits for running tasks before raising."""
     import time
 
-    from pipeline.run import run
+    from pipeline.jobs.run import run
 
     started = threading.Event()
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.state_dict import tensor_specs
-from pipeline.load import load
-from pipeline.recipe import build_plan, recipes, resolve
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.model.state_dict import tensor_specs
+from pipeline.jobs.load import load
+from pipeline.model.recipe import build_plan, recipes, resolve
 from tasks.errors import ConfigError
 
 from tests.conftest import ROOT

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import port_n16
-from pipeline.convert import ConvertOptions, convert
-from pipeline.synth import synthesize
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.inputs.synth import synthesize
 from tasks.entries.manifest import checksum
 from tasks.entries.names import chunk_file, manifest_key
 from tasks.errors import CacheError, ConfigError, PipelineError
@@ -265,7 +265,7 @@ def test_only_the_slots_asked_for_and_a_clear_error_for_the_others(attn):
 
 
 def test_the_config_at_the_published_dims_is_the_ports_default():
-    from pipeline.state_dict import tensor_specs
+    from pipeline.model.state_dict import tensor_specs
 
     code = port_n16.PortCode.find(PORT)
     shapes = {s.key: list(s.shape) for s in tensor_specs("n16", "full")}
@@ -298,7 +298,7 @@ def test_port_check_keeps_its_verdict(attn):
     # A start that finds the verdict imports none of what making one takes (dask and its kin: 0.3 s of a 0.65 s start).
     probe = ("import sys; from pathlib import Path; from pipeline import port_n16; "
              "port_n16.check_port(port_n16.PortCode.find(sys.argv[1]), build_root=Path(sys.argv[2])); "
-             "print(sorted(m for m in ('dask', 'pipeline.convert', 'pipeline.synth') if m in sys.modules))")
+             "print(sorted(m for m in ('dask', 'pipeline.jobs.convert', 'pipeline.inputs.synth') if m in sys.modules))")
     run = subprocess.run([sys.executable, "-c", probe, str(PORT), str(cache_dir)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True)
     assert run.stdout.strip() == "[]"
@@ -375,7 +375,7 @@ print(json.dumps({{"class": type(model).__name__, "differences": differences(mod
 def mixed(attn, tmp_path_factory):
     """An Isaac-GR00T-style mixed-precision fine-tune of the attn snapshot (action head and q_norm/k_norm F32,
     with detail below bf16's precision), and a cache holding its tt-n16 entry."""
-    from pipeline.synth import fine_tune_form
+    from pipeline.inputs.synth import fine_tune_form
 
     root = tmp_path_factory.mktemp("mixed")
     snapshot = fine_tune_form(attn[0], "n16", "mixed", root / "snapshot")

@@ -22,13 +22,13 @@ import ttnn
 import zarr
 from diffusers.models.attention import BasicTransformerBlock
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.embodiments import Embodiments
-from pipeline.load import load
-from pipeline.recipe import build_plan
-from pipeline.snapshot import resolve_snapshot
-from pipeline.synth import synthesize
-from pipeline.versions import load_config
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.inputs.embodiments import Embodiments
+from pipeline.jobs.load import load
+from pipeline.model.recipe import build_plan
+from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.inputs.synth import synthesize
+from pipeline.model.versions import load_config
 from tasks.errors import ConfigError
 from devkit.port_oracle import HOST, PREFIXES, hf_state, port_oracle
 
@@ -282,7 +282,7 @@ def test_the_hidden_traps_hold_in_the_default_layout(version):
 
 
 def _full_shapes(version: str) -> dict[str, tuple[int, ...]]:
-    from pipeline.state_dict import tensor_specs
+    from pipeline.model.state_dict import tensor_specs
     return {s.key: s.shape for s in tensor_specs(version)}
 
 

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pipeline.convert import ConvertOptions, convert
+from pipeline.jobs.convert import ConvertOptions, convert
 from tasks import kernels, tensorbin
 from tasks.errors import CheckpointError
 from tasks.precision import to_bf16
@@ -284,7 +284,7 @@ def test_the_cli_says_it_in_one_sentence_and_exits_2(snapshots, tmp_path):
 
 
 def test_a_f32_value_past_bf16s_range_refuses_the_convert_by_key_and_value(snapshots, tmp_path):
-    from pipeline.synth import _write_shards
+    from pipeline.inputs.synth import _write_shards
     from tasks.checkpoint import Checkpoint
 
     with Checkpoint(snapshots["n16"]) as ck:

@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipeline.state_dict import tensor_specs
-from pipeline.versions import VERSIONS, load_config
+from pipeline.model.state_dict import tensor_specs
+from pipeline.model.versions import VERSIONS, load_config
 from tasks.checkpoint import INDEX_NAME, Checkpoint
 from tasks.errors import CheckpointError
 from tasks.safetensors_file import write_file
@@ -197,7 +197,7 @@ def test_symlink_escaping_the_hf_cache_is_refused(tmp_path):
 
 
 def test_resolving_an_absent_version_names_the_download_command(tmp_path):
-    from pipeline.snapshot import resolve_snapshot
+    from pipeline.inputs.snapshot import resolve_snapshot
 
     with pytest.raises(CheckpointError) as err:
         resolve_snapshot(load_config("n16"), hf_cache=tmp_path)

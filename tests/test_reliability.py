@@ -23,8 +23,8 @@ import pytest
 
 from pipeline import cache as cache_mod
 from pipeline.cache import sources
-from pipeline.cli import main
-from pipeline.convert import ConvertOptions, convert
+from pipeline.commands.cli import main
+from pipeline.jobs.convert import ConvertOptions, convert
 from tasks.checkpoint import INDEX_NAME
 from tasks.entries.entry import list_entries
 from tasks.errors import CheckpointError, PipelineError

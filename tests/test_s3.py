@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.load import load
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore, open_store
 from tests.conftest import run_cli
@@ -87,7 +87,7 @@ def test_gr00t_cache_may_name_the_bucket(s3_url, hf_cache, tmp_path, monkeypatch
 
 
 def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
-    from pipeline.cli import main
+    from pipeline.commands.cli import main
 
     s3_url = f"{s3_url}-gc"  # a prefix of its own: gc verifies every entry under it, not every test's
     convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url,
@@ -112,8 +112,8 @@ def test_gc_during_a_publish_loses_nothing_and_removes_a_push_abandoned_past_the
     push abandoned that way (no manifest, nothing written since) goes once it is older than `--grace-hours`."""
     import threading
 
-    import pipeline.graph
-    from pipeline.cli import main
+    import pipeline.jobs.graph
+    from pipeline.commands.cli import main
     from tasks.entries.publish import publish_into_store
 
     s3_url = f"{s3_url}-grace"
@@ -125,7 +125,7 @@ def test_gc_during_a_publish_loses_nothing_and_removes_a_push_abandoned_past_the
         assert go_on.wait(60)
         return publish_into_store(*args)
 
-    monkeypatch.setattr(pipeline.graph, "publish_into_store", publish_later)
+    monkeypatch.setattr(pipeline.jobs.graph, "publish_into_store", publish_later)
     options = ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache,
                              synthetic="tiny", cache_root=s3_url, progress=False)
     done: dict = {}
@@ -168,8 +168,8 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     """Issue 49: after its release, a fine-tune converts and sends only its changed targets; every object it
     shares with the release is copied inside the bucket (S3 CopyObject), and the entry is byte for byte what a
     cold local convert of the fine-tune makes."""
-    from pipeline.state_dict import tensor_specs
-    from pipeline.synth import synthesize
+    from pipeline.model.state_dict import tensor_specs
+    from pipeline.inputs.synth import synthesize
     from tasks.entries.store import FsspecStore
 
     head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
@@ -252,8 +252,8 @@ def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differ
     """Issue 49 item 4: a load from the bucket keeps each chunk it fetched on this machine, by content; a second
     fine-tune of the same release, loaded next, fetches only the chunks in which the two differ. Every object
     fetched is counted at the store interface; the tensors equal a load of the same entry from a local folder."""
-    from pipeline.state_dict import tensor_specs
-    from pipeline.synth import synthesize
+    from pipeline.model.state_dict import tensor_specs
+    from pipeline.inputs.synth import synthesize
     from tasks.entries.store import FsspecStore
 
     changed = frozenset(s.key for s in tensor_specs("n16", "tiny")

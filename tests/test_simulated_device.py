@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.load import load
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
 from tasks import device as tt
 from tasks.entries.entry import open_entry
 from tasks.errors import CacheError

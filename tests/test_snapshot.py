@@ -1,4 +1,4 @@
-"""pipeline/snapshot.py's rules on their own: which source a command names (one, and the right flags with it), where
+"""pipeline/inputs/snapshot.py's rules on their own: which source a command names (one, and the right flags with it), where
 a release or a synthetic stand-in is in the Hugging Face cache (held to the cache's own `refs/main` and folder
 names), what an offline miss says, and where the cache is."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.snapshot import (default_hf_cache, repo_folder, resolve_snapshot, snapshot_revision,
+from pipeline.inputs.snapshot import (default_hf_cache, repo_folder, resolve_snapshot, snapshot_revision,
                                synthetic_repo_id)
-from pipeline.versions import VERSIONS, load_config
+from pipeline.model.versions import VERSIONS, load_config
 from tasks.errors import CheckpointError, ConfigError
 
 

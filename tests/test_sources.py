@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.snapshot import resolve_snapshot
-from pipeline.versions import load_config
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.model.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.errors import CheckpointError
 from tasks.safetensors_file import read_header
@@ -67,7 +67,7 @@ def test_a_first_run_without_a_route_to_the_hub_is_answered_at_once(tmp_path, en
 
 def test_behind_a_proxy_the_proxy_is_what_is_asked(monkeypatch):
     """huggingface_hub goes through HTTPS_PROXY when it is set, so the quick check asks the proxy, not the hub."""
-    from pipeline.snapshot import hub_unreachable
+    from pipeline.inputs.snapshot import hub_unreachable
 
     for name in ("https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)

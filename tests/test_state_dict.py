@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.state_dict import tensor_specs, straddling_unit
-from pipeline.versions import load_config
+from pipeline.model.state_dict import tensor_specs, straddling_unit
+from pipeline.model.versions import load_config
 from tasks.safetensors_file import frame_header
 
 FACTS = {  # tensors, shards, total_size, straddling unit — literal reference numbers, not computed here

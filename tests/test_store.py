@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from pipeline.cache import entry_at
-from pipeline.convert import ConvertOptions, convert
+from pipeline.jobs.convert import ConvertOptions, convert
 from tasks.entries.entry import open_entry
 from tasks.entries.names import WHOLE
 from tasks.entries.publish import push

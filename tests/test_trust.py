@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import cache
-from pipeline.convert import ConvertOptions, convert
-from pipeline.load import load
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
 from tasks.errors import CacheError
 from tests.handmade import holding
 from tests.progress import wait_until_staged
@@ -112,7 +112,7 @@ def test_a_live_reader_keeps_its_entry_from_gc_and_rm(two_entries):
 
 
 def test_all_means_every_slot_the_checkpoint_has(tmp_path):
-    from pipeline.synth import synthesize
+    from pipeline.inputs.synth import synthesize
 
     synthesize("n16", tmp_path / "hf", "attn")
     summary = convert(ConvertOptions("n16", hf_cache=tmp_path / "hf", synthetic="attn", cache_root=tmp_path / "c",
@@ -121,8 +121,8 @@ def test_all_means_every_slot_the_checkpoint_has(tmp_path):
 
 
 def test_graph_units_in_numeric_order(hf_cache, tmp_path):
-    from pipeline.render import unit_summary
-    from pipeline.render import graph_for
+    from pipeline.commands.render import unit_summary
+    from pipeline.commands.render import graph_for
 
     graph, _ = graph_for(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path, progress=False))
     blocks = [u for u in unit_summary(graph) if ".transformer_blocks." in u and "model." in u]
@@ -262,7 +262,7 @@ def test_an_error_raised_while_ctrl_c_is_handled_is_the_interrupt(monkeypatch, c
     KeyboardInterrupt (a clean-clone run printed its traceback once): the user sees the interrupt's one line."""
     from concurrent.futures import Future, InvalidStateError
 
-    from pipeline import cli
+    from pipeline.commands import cli
 
     def interrupted_in_set_result(_args):
         future = Future()
@@ -339,9 +339,9 @@ def test_a_check_killed_before_its_cleanup_leaves_nothing_that_passes_for_an_ent
     the fresh one. Killed in between (here: it exits where the delete would run), what stays behind is never
     listed, chosen or counted as an entry, and gc removes it once its process is dead."""
     root, _, current = two_entries
-    exit_at_cleanup = ("import os, sys, types, pipeline.convert as c; "
+    exit_at_cleanup = ("import os, sys, types, pipeline.jobs.convert as c; "
                        "c.shutil = types.SimpleNamespace(rmtree=lambda *a, **k: os._exit(9)); "
-                       "from pipeline.cli import main; sys.exit(main(sys.argv[1:]))")
+                       "from pipeline.commands.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", exit_at_cleanup, "convert", "--version", "n17", "--embodiments",
                            "0", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache",
                            str(root), "--check-against-cache"], cwd=ROOT, capture_output=True, text=True,

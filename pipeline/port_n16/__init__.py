@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.embodiments import Embodiments
+from pipeline.inputs.embodiments import Embodiments
 from pipeline.port_n16.build import PortModel, list_model, load_model
 from pipeline.port_n16.code import TT_METAL_ENV, PortCode, PortError
 from pipeline.port_n16.compare import build_with_port, differences

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline import cache
-from pipeline.embodiments import Embodiments
+from pipeline.inputs.embodiments import Embodiments
 from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
 from pipeline.port_n16.kept import NotKept, keep, kept_path, restore
 from pipeline.port_n16.match import first_unserved, layouts_serving, match_targets

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.versions import load_config
+from pipeline.model.versions import load_config
 from tasks.errors import PipelineError
 
 VERSION = "n16"

@@ -7,7 +7,7 @@ from typing import Mapping
 
 from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
 from pipeline.port_n16.trace import Listing, Request, construct, port_config
-from pipeline.recipe import build_plan
+from pipeline.model.recipe import build_plan
 from tasks.entries.entry import Entry
 
 
@@ -67,7 +67,7 @@ def _serves(target, request: Request) -> bool:
 def serving_layout(code: PortCode) -> str:
     """The layout revision whose targets this port's constructors ask for, found by listing what they build for
     the published N1.6 shapes (no bytes: a fraction of a second)."""
-    from pipeline.state_dict import tensor_specs as key_specs
+    from pipeline.model.state_dict import tensor_specs as key_specs
 
     shapes = {s.key: list(s.shape) for s in key_specs(VERSION, "full")}
     listing = Listing()

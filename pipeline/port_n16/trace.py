@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 from pipeline.port_n16.code import N16, PortCode, PortError
-from pipeline.state_dict import dims_of
+from pipeline.model.state_dict import dims_of
 from tasks.errors import ConfigError
 
 

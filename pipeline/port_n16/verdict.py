@@ -15,7 +15,7 @@ from pipeline.port_n16.build import list_model, load_model
 from pipeline.port_n16.compare import build_with_port, differences
 from pipeline.port_n16.match import serving_layout
 from pipeline.port_n16.trace import port_config
-from pipeline.recipe import recipes_sha256
+from pipeline.model.recipe import recipes_sha256
 from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION, PORT_CHECKS
 
 
@@ -40,8 +40,8 @@ def check_port(code: PortCode, layout: str | None = None, build_root: Path | Non
     if log:
         log(f"port-check: port revision {code.revision} at {code.root} against a synthetic "
             f"N1.6 at {CHECK_SCALE} scale in {layout} (once per port revision)")
-    from pipeline.convert import ConvertOptions, convert  # dask and more: imported only when a verdict is made
-    from pipeline.synth import synthesize
+    from pipeline.jobs.convert import ConvertOptions, convert  # dask and more: imported only when a verdict is made
+    from pipeline.inputs.synth import synthesize
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="port-check-") as tmp:

@@ -1,7 +1,7 @@
 """An entry's chunks as tensors, in each form a consumer takes: torch on the host, ttnn on the host, ttnn on a device.
 
 Every byte is checked against its manifest record before it is used. This module knows nothing of which entry,
-or why: the caller (pipeline/load.py, pipeline/port_n16/) chooses the entry, holds its lease and owns the pool.
+or why: the caller (pipeline/jobs/load.py, pipeline/port_n16/) chooses the entry, holds its lease and owns the pool.
 Uncompressed Zarr v3 chunks are raw bytes, so a local chunk is memory-mapped copy-on-write (the page cache's pages;
 writes stay private) and an object-store chunk is fetched on its own.
 """

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Iterator, Mapping
 
-from pipeline.versions import SCALES, VersionConfig, load_config
+from pipeline.model.versions import SCALES, VersionConfig, load_config
 from tasks.bulk_write import nbytes
 from tasks.errors import ConfigError
 

@@ -14,15 +14,15 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping
 
 from pipeline import cache
-from pipeline.embodiments import Embodiments
-from pipeline.folder import Folder, read_folder
-from pipeline.graph import PUBLISH, GraphInputs, build_graph
-from pipeline.load import load
-from pipeline.recipe import build_plan, recipes_sha256
-from pipeline.reuse import Reuse, plan_reuse
-from pipeline.run import check_scheduler, run
-from pipeline.snapshot import resolve_snapshot, snapshot_revision
-from pipeline.versions import load_config
+from pipeline.inputs.embodiments import Embodiments
+from pipeline.inputs.folder import Folder, read_folder
+from pipeline.jobs.graph import PUBLISH, GraphInputs, build_graph
+from pipeline.jobs.load import load
+from pipeline.model.recipe import build_plan, recipes_sha256
+from pipeline.jobs.reuse import Reuse, plan_reuse
+from pipeline.jobs.run import check_scheduler, run
+from pipeline.inputs.snapshot import resolve_snapshot, snapshot_revision
+from pipeline.model.versions import load_config
 from tasks.checkpoint import Checkpoint
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
@@ -112,7 +112,7 @@ class Built:
 
 
 def open_folder(opts: ConvertOptions) -> Folder:
-    """The checkpoint `opts` names, with everything its folder says about itself (pipeline/folder.py)."""
+    """The checkpoint `opts` names, with everything its folder says about itself (pipeline/inputs/folder.py)."""
     hf = opts.hf_cache or (cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     cfg = load_config(opts.version) if opts.version else None
     return read_folder(resolve_snapshot(cfg, opts.snapshot, hf, opts.revision, opts.synthetic, opts.model), opts.version)

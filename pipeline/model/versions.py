@@ -2,7 +2,7 @@
 
 A config is data (repo, pinned revision, expected counts, container prefixes, architecture families, dims,
 embodiment tag table). Everything else — the key list, the shard assignment, the units — is derived in
-`pipeline.state_dict`, so the tables cannot drift from the numbers they come from.
+`pipeline.model.state_dict`, so the tables cannot drift from the numbers they come from.
 """
 
 from __future__ import annotations

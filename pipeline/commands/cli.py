@@ -1,7 +1,7 @@
 """`python -m pipeline <command>`: synth, inspect, convert, graph, load, cache, port-check, demo.
 
 The command line only: each command's options (one function per command builds its parser), the call into the
-module that does the work, and its output, as text (pipeline/printing.py) or as one JSON object. Every command
+module that does the work, and its output, as text (pipeline/commands/printing.py) or as one JSON object. Every command
 exits 0 on success and 2 with one sentence on stderr for a known error (a `PipelineError`).
 """
 
@@ -17,19 +17,19 @@ import time
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.convert import ConvertOptions, convert, writable_folder
-from pipeline.demo import run_demo
-from pipeline.devices import opened_device
-from pipeline.folder import TRAINED_RECORDS
-from pipeline.inspection import inspect_report
-from pipeline.load import TRANSFERS, load
-from pipeline.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
-from pipeline.render import write_graph
+from pipeline.jobs.convert import ConvertOptions, convert, writable_folder
+from pipeline.commands.demo import run_demo
+from pipeline.commands.devices import opened_device
+from pipeline.inputs.folder import TRAINED_RECORDS
+from pipeline.commands.inspection import inspect_report
+from pipeline.jobs.load import TRANSFERS, load
+from pipeline.commands.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
+from pipeline.commands.render import write_graph
 from pipeline.cache import synthetic_hf_cache
-from pipeline.snapshot import default_hf_cache
+from pipeline.inputs.snapshot import default_hf_cache
 from tasks.file_blocks import source_path
-from pipeline.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
-from pipeline.versions import SCALES, VERSIONS
+from pipeline.inputs.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
+from pipeline.model.versions import SCALES, VERSIONS
 from tasks.errors import CacheError, ConfigError, PipelineError
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "

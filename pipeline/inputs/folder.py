@@ -25,9 +25,9 @@ from typing import Mapping
 
 import yaml
 
-from pipeline.embodiments import Embodiments, TagMap
-from pipeline.state_dict import scale_of, tensor_specs
-from pipeline.versions import VERSIONS, VersionConfig, load_config
+from pipeline.inputs.embodiments import Embodiments, TagMap
+from pipeline.model.state_dict import scale_of, tensor_specs
+from pipeline.model.versions import VERSIONS, VersionConfig, load_config
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
 from tasks.errors import CheckpointError, ConfigError
 from tasks.precision import check_dtype

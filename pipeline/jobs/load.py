@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.embodiments import Embodiments
-from pipeline.recipe import layout_and_profile
-from pipeline.versions import load_config
+from pipeline.inputs.embodiments import Embodiments
+from pipeline.model.recipe import layout_and_profile
+from pipeline.model.versions import load_config
 from tasks.entries import reload
 from tasks.entries.fetched import Fetched
 from tasks.entries.names import FETCHED

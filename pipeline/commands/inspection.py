@@ -1,15 +1,15 @@
 """`inspect`: what a checkpoint folder holds (its shards' framing, the unit a shard boundary cuts, the embodiment
-tensors and the tags that name their slots) as one plain dict; the CLI prints it (pipeline/printing.py) or hands
+tensors and the tags that name their slots) as one plain dict; the CLI prints it (pipeline/commands/printing.py) or hands
 it on as JSON."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.folder import read_folder
-from pipeline.snapshot import resolve_snapshot
-from pipeline.state_dict import straddling_unit
-from pipeline.versions import load_config
+from pipeline.inputs.folder import read_folder
+from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.model.state_dict import straddling_unit
+from pipeline.model.versions import load_config
 
 
 def inspect_report(version: str, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,

@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.convert import ConvertOptions, convert
-from pipeline.inspection import inspect_report
-from pipeline.load import load
-from pipeline.printing import mb, print_convert, print_inspect, print_targets
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.commands.inspection import inspect_report
+from pipeline.jobs.load import load
+from pipeline.commands.printing import mb, print_convert, print_inspect, print_targets
 from pipeline.cache import synthetic_hf_cache
-from pipeline.synth import synthesize
+from pipeline.inputs.synth import synthesize
 
 
 def examples(tensors: dict) -> tuple[str, ...]:

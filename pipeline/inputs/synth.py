@@ -24,9 +24,9 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from pipeline.state_dict import TensorSpec, tensor_specs
-from pipeline.snapshot import repo_folder, synthetic_repo_id
-from pipeline.versions import load_config
+from pipeline.model.state_dict import TensorSpec, tensor_specs
+from pipeline.inputs.snapshot import repo_folder, synthetic_repo_id
+from pipeline.model.versions import load_config
 from tasks.checkpoint import INDEX_NAME, SYNTHETIC_MARK
 from tasks.errors import PipelineError
 from tasks.safetensors_file import NUMPY_DTYPES, write_file

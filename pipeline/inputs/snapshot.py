@@ -16,8 +16,8 @@ from pathlib import Path
 
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
-from pipeline.versions import VERSIONS, VersionConfig
-from pipeline.folder import HUB_FILES
+from pipeline.model.versions import VERSIONS, VersionConfig
+from pipeline.inputs.folder import HUB_FILES
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME
 from tasks.file_blocks import source_path
 from tasks.errors import CheckpointError, ConfigError
@@ -139,7 +139,7 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
     if snapshot is not None and revision is not None:  # a folder is read as it is: a revision would be ignored
         raise ConfigError(f"--revision {revision} does not apply to --snapshot {snapshot}: a folder is read as it is; "
                           "leave out --revision, or name the repo with --model OWNER/NAME --revision REV")
-    if snapshot is not None:  # found; what it holds is read once, by pipeline/folder.py `read_folder`
+    if snapshot is not None:  # found; what it holds is read once, by pipeline/inputs/folder.py `read_folder`
         return source_path(snapshot)  # a folder here, or a prefix of an object store (s3://bucket/prefix)
     if model is not None:
         if model.count("/") != 1 or not all(model.split("/")):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from pipeline.versions import VersionConfig
+from pipeline.model.versions import VersionConfig
 from tasks.errors import CacheError, ConfigError
 
 EVERY = "all"

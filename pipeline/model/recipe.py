@@ -16,8 +16,8 @@ import tomllib
 from functools import cache
 from typing import Mapping
 
-from pipeline.state_dict import dims_of, short_key, unit_of
-from pipeline.versions import VersionConfig, load_config
+from pipeline.model.state_dict import dims_of, short_key, unit_of
+from pipeline.model.versions import VersionConfig, load_config
 from tasks.config_files import CONFIG_DIR
 from tasks.errors import ConfigError, RecipeError
 from tasks.plan import HOST, Plan, Target
