@@ -23,6 +23,7 @@ from pipeline.cache import roots
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
+from tests.buckets import md5s, upload
 from tests.conftest import ROOT, _free_port, run_cli
 
 # `make test` runs N1.6's; GR00T_CLUSTER_VERSIONS=all runs every version (issue 49's "for every version")
@@ -74,18 +75,6 @@ def cluster(s3_url, tmp_path_factory):
                 proc.kill()
 
 
-def _md5s(store, prefix: str, keys) -> dict[str, str]:
-    """The MD5 of each of `keys`: in the bucket, the ETag S3 computed when the object was put whole (one listing,
-    not a GET per object); in a folder, hashlib's of the file."""
-    import hashlib
-
-    if store.local_path(prefix) is None:
-        listed = store.fs.find(store.describe(prefix), detail=True)
-        found = {k[len(store.base) + 1:]: info["ETag"].strip('"') for k, info in listed.items()}
-        return {k: found.get(k) for k in keys}
-    return {k: hashlib.md5(store.local_path(k).read_bytes()).hexdigest() for k in keys}
-
-
 @pytest.mark.parametrize("version", VERSIONS_HERE)
 def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_url, hf_cache, tmp_path, monkeypatch,
                                                                    version):
@@ -104,7 +93,7 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
     prefix = f"entries/{Path(local['cache_path']).name}"
     objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
     assert len(objects) > 900 and {k: n for k, n in bucket.sizes(prefix).items() if not k.endswith("MANIFEST.json")} == objects
-    assert _md5s(bucket, prefix, objects) == _md5s(folder, prefix, objects), "an object differs from the local convert's"
+    assert md5s(bucket, prefix, objects) == md5s(folder, prefix, objects), "an object differs from the local convert's"
     assert done["pushed_bytes"] >= sum(objects.values())
     # a fresh process elsewhere loads the same tensors from the bucket
     script = ("import hashlib, json, sys\nfrom pipeline.jobs.load import load\n"
@@ -131,14 +120,12 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     """The source in the bucket too (`--snapshot s3://…`): the client plans from ranged reads of the headers, each
     worker reads its own tasks' byte ranges, and the entry is byte for byte the local convert's of the same files
     from a folder."""
-    from tests.test_s3 import _upload
-
     scheduler, hidden = cluster
     monkeypatch.setattr(roots, "DEFAULT_ROOT", hidden / "cache")
     plain = tmp_path / "plain"
     shutil.copytree(snapshots[version], plain)  # the files themselves (an HF snapshot's are links into blobs/)
     source, bucket_url = f"{s3_url}-cluster-sources/{version}-tiny", f"{s3_url}-cluster-from-bucket"
-    _upload(plain, source)
+    upload(plain, source)
     opts = dict(layout="generic", embodiments=EMBODIMENT[version], progress=False)
     done = convert(ConvertOptions(None, snapshot=source, scheduler=scheduler, cache_root=bucket_url, **opts))
     assert not done["cache_hit"] and done["source"]["snapshot"] == source
@@ -148,7 +135,7 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
     prefix = f"entries/{Path(local['cache_path']).name}"
     objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json") and k != f"{prefix}/zarr.json"}
-    assert len(objects) > 900 and _md5s(bucket, prefix, objects) == _md5s(folder, prefix, objects)
+    assert len(objects) > 900 and md5s(bucket, prefix, objects) == md5s(folder, prefix, objects)
 
 
 def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_url, snapshots, tmp_path, monkeypatch):
@@ -184,7 +171,7 @@ def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_ur
     prefix = f"entries/{Path(local['cache_path']).name}"
     folder = LocalStore(tmp_path / "local")
     objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
-    assert len(objects) > 900 and _md5s(bucket, prefix, objects) == _md5s(folder, prefix, objects)
+    assert len(objects) > 900 and md5s(bucket, prefix, objects) == md5s(folder, prefix, objects)
 
 
 def test_a_local_cache_the_workers_cannot_see_is_one_sentence(cluster, hf_cache):
@@ -213,9 +200,7 @@ def test_the_readmes_cluster_lines_run_as_written(cluster, s3_url, hf_cache, tmp
     snapshot = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
     shared = tmp_path / "shared" / "GR00T-N1.6-3B"  # a folder every worker reads at the same path
     shutil.copytree(snapshot, shared)
-    from tests.test_s3 import _upload
-
-    _upload(shared, f"{s3_url}-readme-sources/my-finetune")  # the same files, as a trainer synced them to the bucket
+    upload(shared, f"{s3_url}-readme-sources/my-finetune")  # the same files, as a trainer synced them to the bucket
     env = {**os.environ, "GR00T_CACHE": str(hidden / "readme-cache"), "HF_HUB_OFFLINE": "1"}
     for line in lines:
         cmd = (line.replace("python -m pipeline", f"{sys.executable} -m pipeline", 1)

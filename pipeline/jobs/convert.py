@@ -246,8 +246,9 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
     finally:
         ck.close()
+    data = _data_keys(prep)
     result["pushed_bytes"] = (result["file_bytes"] - reused.linked_bytes + result["document_bytes"]
-                              - sum(n for k, n in present.items() if k in _data_keys(prep) and k not in reused.objects))
+                              - sum(n for k, n in present.items() if k in data and k not in reused.objects))
     return Built(result=result, timings=timings, graph=graph, done=dict(reused.records), reused=reused)
 
 
