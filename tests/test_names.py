@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from tasks.entries.names import (chunk_file, chunk_key, entry_key, entry_name, is_temporary, manifest_key,
+from tasks.entries.names import (chunk_file, chunk_key, entry_key, entry_name, holds_data, is_temporary, manifest_key,
                                  packed_path, ref_key, scratch_name, set_aside_name, slot_of, tmp_name, tmp_owner)
 
 
@@ -35,3 +35,15 @@ def test_chunks_and_device_files_of_whole_arrays_and_of_bank_slots():
     assert str(packed_path(entry, "dit.x", None)) == "entries/e/tensorbin/dit.x.tensorbin"
     assert [chunk_key(s) for s in (None, 0, 31)] == ["all", "0", "31"]
     assert [slot_of(k) for k in ("all", "0", "31")] == [None, 0, 31]
+
+
+def test_an_entrys_data_objects_are_its_chunks_and_device_files_and_nothing_else():
+    """What a resumed push into a bucket finds already there and does not send again; documents are put again."""
+    entry = PurePosixPath("entries/e")
+    data = [chunk_file(entry, "dit.proj_out_1.weight", 2, None), chunk_file(entry, "action_encoder.W1.W", 2, 7),
+            chunk_file(entry, "scalar", 0, None), packed_path(entry, "action_encoder.W1.W", 7),
+            packed_path(entry, "dit.x", None)]
+    assert str(data[2]) == "entries/e/scalar/c" and all(holds_data(str(k)) for k in data)
+    others = ["entries/e/zarr.json", "entries/e/dit.x/zarr.json", manifest_key("e"), manifest_key("e") + ".bak",
+              "entries/e/tensorbin/dit.x.tensorbin.1f2e.partial", "entries/e/dit.x/cache.bin", "entries/e/x.tensorbin"]
+    assert not any(holds_data(k) for k in others)

@@ -10,7 +10,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Mapping
 
 from pipeline import cache
@@ -27,7 +27,7 @@ from tasks.checkpoint import Checkpoint
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Identity, array_documents
-from tasks.entries.names import chunk_file, entry_key, packed_path, scratch_name
+from tasks.entries.names import entry_key, holds_data, scratch_name
 from tasks.entries.progress import already_staged, record_progress, staged_records
 from tasks.entries.publish import push
 from tasks.entries.refs import write_ref
@@ -235,7 +235,7 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
     run already put (the same entry: the same bytes) are not sent again."""
     ck, plan, slots, ident = prep.checkpoint, prep.plan, prep.slots, prep.identity
     try:
-        present = store.sizes(entry_key(prep.name))
+        present = {k: n for k, n in store.sizes(entry_key(prep.name)).items() if holds_data(k)}  # documents: put again
         arrays = array_documents(plan, slots)
         reused = _reuse(opts, prep, store, entry_key(prep.name), arrays, present)
         inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards),
@@ -246,17 +246,9 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
     finally:
         ck.close()
-    data = _data_keys(prep)
     result["pushed_bytes"] = (result["file_bytes"] - reused.linked_bytes + result["document_bytes"]
-                              - sum(n for k, n in present.items() if k in data and k not in reused.objects))
+                              - sum(n for k, n in present.items() if k not in reused.objects))
     return Built(result=result, timings=timings, graph=graph, done=dict(reused.records), reused=reused)
-
-
-def _data_keys(prep: Prepared) -> set[str]:
-    """The keys of the entry's chunks and device files (a killed run's are not sent again; its documents are)."""
-    entry = PurePosixPath(entry_key(prep.name))
-    return {str(key) for t, slot in work_units(prep.plan.targets, prep.slots)
-            for key in (chunk_file(entry, t.name, len(t.shape), slot), packed_path(entry, t.name, slot))}
 
 
 def _reuse(opts: ConvertOptions, prep: Prepared, store, into: str, arrays: Mapping[str, dict],

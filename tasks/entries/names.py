@@ -30,6 +30,13 @@ TMP_MARK = ".tmp-"          # `<name>.tmp-<pid>-<random>`: an entry being built 
 
 
 # -- names --------------------------------------------------------------------------------------------------------
+def holds_data(key: str) -> bool:
+    """Whether an entry's key is one of its chunks (`<array>/c[.…]`) or device files (`tensorbin/….tensorbin`),
+    not a document (`zarr.json`, the manifest) or anything else."""
+    *folders, name = key.split("/")
+    return name == "c" or name.startswith("c.") or (PACKED_DIR in folders and name.endswith(PACKED_SUFFIX))
+
+
 def is_temporary(name: str) -> bool:
     """Whether a name under entries/ is an entry being built (or a killed run's, or a replaced one set aside)."""
     return TMP_MARK in name
