@@ -197,3 +197,15 @@ def test_a_plain_folder_takes_no_sha256_unless_asked_and_records_what_hashlib_gi
     rows = json.loads(run_cli("cache", "ls", "--cache", str(tmp_path / "c2"), "--json").stdout)["entries"]
     assert rows[0]["shards_checked_against"] == {f.name: "content identity" for f in files}
     assert rows[0]["shards_sha256"] == want
+
+
+def test_what_can_be_refused_is_refused_before_anything_is_read_or_claimed(tmp_path):
+    """An open device with a scheduler that cannot hold it is refused first: before the checkpoint is opened (here
+    it does not even exist) and before the cache folder is made."""
+    from tasks.errors import ConfigError
+
+    opts = ConvertOptions("n16", snapshot=tmp_path / "no-such-checkpoint", cache_root=tmp_path / "cache",
+                          scheduler="processes", device=object(), progress=False)
+    with pytest.raises(ConfigError, match=r"^--device needs the threads or sync scheduler"):
+        convert(opts)
+    assert not (tmp_path / "cache").exists()

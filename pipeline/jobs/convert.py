@@ -140,11 +140,22 @@ def convert(opts: ConvertOptions) -> dict:
     """Convert (or reuse) one entry; returns the summary that `convert --json` prints. The entry is built in a
     local folder and published there by rename; a cache that cannot rename (an object store) then gets it pushed,
     manifest last — the one place the two kinds of cache differ."""
-    check_scheduler(opts.scheduler)
+    check_scheduler(opts.scheduler)  # what can be refused is refused before anything is read or claimed
+    if opts.device is not None and opts.scheduler not in ("threads", "sync"):
+        raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
+                          f"{opts.scheduler} workers)")
     t0 = time.perf_counter()
     store = cache.cache_store(opts.cache_root)
-    writable_folder(cache.build_root(store), "cache")
-    prep = prepare(opts, cache.build_root(store))
+    root = cache.build_root(store)
+    writable_folder(root, "cache")
+    prep = prepare(opts, root)
+    with prep.checkpoint:
+        return _convert(opts, prep, store, t0)
+
+
+def _convert(opts: ConvertOptions, prep: Prepared, store, t0: float) -> dict:
+    """`convert` once the checkpoint is open and the entry named: a cache hit, a check against the cache, or a
+    build (into the local folder, or by the workers into an object store)."""
     ck, plan, slots, ident, root, name = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root, prep.name
     summary = {"version": plan.version, "version_found": opts.version is None, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident.fingerprint,
                "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
@@ -153,13 +164,11 @@ def convert(opts: ConvertOptions) -> dict:
     existing = cache.find_entry(store, name) if not opts.force else None
     if opts.check_against_cache:
         if existing is None:
-            ck.close()
             raise CacheError(f"{summary['cache_path']}: nothing is cached for this conversion, so there is nothing to "
                              "check against; run the convert without --check-against-cache first")
         checked = check_against(existing, opts, prep)
         return {**summary, **checked, "seconds": time.perf_counter() - t0}
     if existing is not None:
-        ck.close()
         write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
         sha256, said = _recorded_sha256(existing, ck, opts.sha256)
         hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
@@ -234,18 +243,15 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
     published entry of the store already holds is copied inside the store, not converted or sent; objects a killed
     run already put (the same entry: the same bytes) are not sent again."""
     ck, plan, slots, ident = prep.checkpoint, prep.plan, prep.slots, prep.identity
-    try:
-        present = {k: n for k, n in store.sizes(entry_key(prep.name)).items() if holds_data(k)}  # documents: put again
-        arrays = array_documents(plan, slots)
-        reused = _reuse(opts, prep, store, entry_key(prep.name), arrays, present)
-        inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards),
-                             done=reused.records, identity=ident, arrays=arrays, check_bf16=opts.check_bf16,
-                             prehashed=_prehashed(prep, reused, reused.records, opts.sha256), record_sha256=opts.sha256,
-                             store_url=store.describe(""), present=present)
-        graph = build_graph(inputs)
-        result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
-    finally:
-        ck.close()
+    present = {k: n for k, n in store.sizes(entry_key(prep.name)).items() if holds_data(k)}  # documents: put again
+    arrays = array_documents(plan, slots)
+    reused = _reuse(opts, prep, store, entry_key(prep.name), arrays, present)
+    inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards),
+                         done=reused.records, identity=ident, arrays=arrays, check_bf16=opts.check_bf16,
+                         prehashed=_prehashed(prep, reused, reused.records, opts.sha256), record_sha256=opts.sha256,
+                         store_url=store.describe(""), present=present)
+    graph = build_graph(inputs)
+    result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
     result["pushed_bytes"] = (result["file_bytes"] - reused.linked_bytes + result["document_bytes"]
                               - sum(n for k, n in present.items() if k not in reused.objects))
     return Built(result=result, timings=timings, graph=graph, done=dict(reused.records), reused=reused)
@@ -288,9 +294,6 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
             record_progress(tmp, staged)
         done = _still_staged(tmp, plan, slots, reused.records)
         prehashed = _prehashed(prep, reused, done, opts.sha256)
-        if opts.device is not None and opts.scheduler not in ("threads", "sync"):
-            raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
-                              f"{opts.scheduler} workers)")
         inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, entry_tmp=tmp, entry_final=final,
                              expected_identity=expected, done=done, identity=ident, arrays=arrays,
                              check_bf16=opts.check_bf16, prehashed=prehashed, device=opts.device, replace=opts.force,
@@ -307,8 +310,6 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
                              f"published and the temporary files were removed — free space or pass --cache DIR on "
                              f"a larger disk") from e
         raise
-    finally:
-        ck.close()
     return Built(result=result, timings=timings, graph=graph, done=done, reused=reused)
 
 
