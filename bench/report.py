@@ -391,8 +391,7 @@ def _changed_bytes(fine_tune: Path, release: Path) -> int:
     """Bytes of the fine-tune entry's chunks and device files whose content the release's entry does not hold."""
     mine, theirs = entry_at(fine_tune).manifest.arrays, entry_at(release).manifest.arrays
     held = {a.content_id for a in theirs.values()}
-    return sum(r.nbytes + (r.tensorbin.nbytes if r.tensorbin else 0)
-               for a in mine.values() if a.content_id not in held for r in a.chunks.values())
+    return sum(r.file_bytes for a in mine.values() if a.content_id not in held for r in a.chunks.values())
 
 
 FLOOR = "floor: copying the files it wrote, synced"

@@ -193,8 +193,7 @@ def _convert(opts: ConvertOptions, prep: Prepared, store, t0: float) -> dict:
             "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
             "identified_shards": sorted(reused.identified), "tasks": len(graph),
             "bytes_read": _source_bytes_read(plan, ck, slots, done),
-            "bytes_written": result["file_bytes"] - sum(r.record.nbytes + (r.record.tensorbin.nbytes if r.record.tensorbin else 0)
-                                                   for r in done.values()),
+            "bytes_written": result["file_bytes"] - sum(r.record.file_bytes for r in done.values()),
             "stage_seconds": timings["stage_seconds"],
             "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
             "published_here": result["published_here"], "device_tensors": result["device_tensors"],

@@ -58,6 +58,11 @@ class ChunkRecord(FileRecord):
     pcc: float = 1.0
     tensorbin: FileRecord | None = None  # ttnn's device file of this chunk, when the plan keeps one
 
+    @property
+    def file_bytes(self) -> int:
+        """The bytes the entry stores for this chunk: the chunk, and its device file when there is one."""
+        return self.nbytes + (self.tensorbin.nbytes if self.tensorbin else 0)
+
     def to_json(self) -> dict:
         doc = {"nbytes": self.nbytes, "xxh3": self.xxh3, "max_abs_err": self.max_abs_err, "pcc": self.pcc}
         if self.tensorbin is not None:

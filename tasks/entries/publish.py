@@ -101,7 +101,7 @@ def _manifest(identity: Identity, array_meta: Mapping[str, dict], units: Sequenc
 
 
 def _result(where: str, won: bool, manifest: Manifest, staged: Sequence[Staged], units: Sequence[UnitDone]) -> dict:
-    written = sum(s.record.nbytes + (s.record.tensorbin.nbytes if s.record.tensorbin else 0) for s in staged)
+    written = sum(s.record.file_bytes for s in staged)
     return {"cache_path": where, "published_here": won, "bytes": manifest.bytes, "file_bytes": written,
             "chunks": manifest.chunks, "shards_sha256": dict(manifest.shards_sha256),
             "numerics": [s.numerics() for s in staged], "device_tensors": {k: v for u in units for k, v in u.device.items()}}
