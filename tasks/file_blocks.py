@@ -44,10 +44,15 @@ def is_remote(path: object) -> bool:
     return getattr(path, "protocol", "") not in ("", "file", "local")
 
 
+def is_url(where: object) -> bool:
+    """A place given as a URL (`s3://bucket/prefix`), not a path: a cache root or a checkpoint in an object store."""
+    return isinstance(where, str) and "://" in where
+
+
 def source_path(where: str | os.PathLike) -> Path:
     """A checkpoint's place as a path: a local one, or for a URL (`s3://bucket/prefix`) a UPath, which answers
     `/`, `glob`, `is_file`, `read_text`, `stat` and `open` through fsspec as a local path does."""
-    if isinstance(where, str) and "://" in where:
+    if is_url(where):
         from upath import UPath  # lazy: only sources in an object store need it
 
         return UPath(where)

@@ -32,7 +32,7 @@ import numpy as np
 
 from tasks.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError
-from tasks.file_blocks import read_into
+from tasks.file_blocks import is_url, read_into  # is_url: callers ask the store
 
 _DOWNLOADS_MADE = threading.Lock()
 IN_FLIGHT = 16  # requests to an object store at once: server-side copies, and a load's fetches (`--transfers`)
@@ -385,10 +385,6 @@ def link_or_copy(src: Path, dst: Path) -> None:
         raise
     except OSError:
         shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
-
-
-def is_url(root: object) -> bool:
-    return isinstance(root, str) and "://" in root
 
 
 def open_store(root: Store | Path | str) -> Store:
