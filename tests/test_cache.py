@@ -148,8 +148,14 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
     assert tuned["stage_tasks"]["stage"] == sum(32 if t.embodiment else 1 for t in changed)
     per_key = {s.key: s.nbytes for s in tensor_specs("n16", "tiny")}
     assert tuned["bytes_read"] == sum(per_key[k] for t in changed for k in t.sources)  # only the changed targets
-    linked = sum(p.stat().st_size for p in Path(tuned["cache_path"]).rglob("*") if p.is_file() and p.stat().st_nlink > 1)
-    assert linked == tuned["reused_bytes"] > 0  # the bytes of files shared with the release by hard link
+    tuned_dir, base_dir = Path(tuned["cache_path"]), Path(base["cache_path"])
+    linked = sum(p.stat().st_size for p in tuned_dir.rglob("*") if p.is_file() and p.name != "zarr.json" and p.stat().st_nlink > 1)
+    assert linked == tuned["reused_bytes"] > 0  # the bytes of chunks and device files shared with the release by hard link
+    # each array document with the release's bytes is the release's file; a changed one is a file of its own
+    docs = {t.name: (tuned_dir / t.name / "zarr.json", base_dir / t.name / "zarr.json") for t in plan.targets}
+    same = {n for n, (mine, theirs) in docs.items() if mine.read_bytes() == theirs.read_bytes()}
+    shared = {n for n, (mine, theirs) in docs.items() if mine.stat().st_ino == theirs.stat().st_ino}
+    assert shared == same and len(same) >= len(unchanged) > 0
     assert cache_mod.entry_at(Path(base["cache_path"])).verify() == []
 
 

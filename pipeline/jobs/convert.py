@@ -286,9 +286,10 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
     tmp = cache.claim_tmp(root, name)
     try:
         arrays = array_documents(plan, slots)
-        create_arrays(tmp, arrays)
+        store = LocalStore(root)
+        reused = _reuse(opts, prep, store, tmp.relative_to(root).as_posix(), arrays)
+        create_arrays(tmp, arrays, like=[store.path(entry_key(e)) for e in reused.holders])
         expected = dict(ident.shards)  # each shard's HF blob sha256, or its content identity
-        reused = _reuse(opts, prep, LocalStore(root), tmp.relative_to(root).as_posix(), arrays)
         for staged in reused.records.values():
             record_progress(tmp, staged)
         done = _still_staged(tmp, plan, slots, reused.records)

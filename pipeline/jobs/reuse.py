@@ -36,6 +36,7 @@ class Reuse:
     identified: set = field(default_factory=set)   # shards known by identity alone: verified only if read from
     linked_bytes: int = 0
     objects: set = field(default_factory=set)      # the keys the reused chunks and device files were given
+    holders: list = field(default_factory=list)    # the entries given from, the one giving most first
 
 
 def _published(store: Store, version: str) -> list[Entry]:
@@ -121,6 +122,8 @@ def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint,
             reuse.records[unit] = staged
             reuse.linked_bytes += sum(size for _, size in objects.values())
             reuse.objects.update(objects)
+    given = [e for _, e, objects in held.values() if all(new in made for new in objects)]
+    reuse.holders = sorted(set(given), key=given.count, reverse=True)
     return reuse
 
 
