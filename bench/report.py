@@ -455,6 +455,7 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
                                                    cold, fresh=scratch))
         warm_up(fine_tune)
         raw.setdefault(SHA256, []).append(run_child("sha256", {"snapshot": str(fine_tune)}, cold))
+        remove(warm_cache)  # both caches at once (28 GB at full size) do not fit beside the inputs here
         remove(cold_cache)
         settle()
         warm_up(fine_tune)
@@ -463,8 +464,7 @@ def run_finetune(scale: str, runs: int, cold: bool) -> int:
               f"{after['seconds']:.1f} s, wrote {after['bytes'] / 1e6:,.0f} MB (changed {after['changed_bytes'] / 1e6:,.0f} MB); "
               f"fine-tune cold {raw['fine-tune, cold'][-1]['seconds']:.1f} s, "
               f"{raw['fine-tune, cold'][-1]['peak_rss_bytes'] / 1e9:.2f} GB peak", flush=True)
-    remove(warm_cache)
-    remove(cold_cache)
+        remove(cold_cache)  # before the next run's caches: two runs' at once do not fit beside the inputs
     ctx = context(only="finetune", scale=scale, runs=runs, cold=cold, started=started, version=version, layout=layout,
                   profile=profile, slots="all 32",
                   fine_tune="action head and q_norm/k_norm F32 (new values), the rest the release's")
