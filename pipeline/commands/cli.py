@@ -84,12 +84,9 @@ def _convert_options(a: argparse.Namespace, device=None):
 def cmd_convert(a: argparse.Namespace) -> dict:
     with opened_device(a.device) as dev:
         summary = convert(_convert_options(a, dev))
-    summary.pop("device_tensors", None)
     if not a.json:
         print_convert(summary)
-    else:
-        summary = {k: v for k, v in summary.items() if k != "numerics"} | {"numerics_worst": summary.get("numerics", [])[:10]}
-    return summary
+    return summary.as_json()
 
 
 def cmd_graph(a: argparse.Namespace) -> dict:

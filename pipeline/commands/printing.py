@@ -1,7 +1,9 @@
-"""What the commands print for a person (without --json): one function per report, each taking the plain dict
-(or rows) the command returns."""
+"""What the commands print for a person (without --json): one function per report, each taking what the command
+returns (a convert's record: pipeline/jobs/summary.py; plain dicts or rows for the rest)."""
 
 from __future__ import annotations
+
+from pipeline.jobs.summary import ConvertSummary
 
 
 def mb(n: int) -> str:
@@ -24,7 +26,7 @@ def print_inspect(r: dict) -> None:
     print("  tags: " + ", ".join(f"{t}={i}" for t, i in r["embodiment_tags"].items()))
 
 
-def print_convert(s: dict) -> None:
+def print_convert(s: ConvertSummary) -> None:
     done = ("checked: the cached entry equals a fresh conversion, " + f"{s['arrays_compared']} arrays compared,"
             if s.get("checked_against_fresh_conversion") else
             "cache hit, nothing converted" if s["cache_hit"] else "converted")

@@ -21,6 +21,7 @@ from pipeline.jobs.load import load
 from pipeline.model.recipe import build_plan, recipes_sha256
 from pipeline.jobs.reuse import Reuse, plan_reuse
 from pipeline.jobs.run import check_scheduler, run
+from pipeline.jobs.summary import ConvertSummary
 from pipeline.inputs.snapshot import resolve_snapshot, snapshot_revision
 from pipeline.model.versions import load_config
 from tasks.checkpoint import Checkpoint
@@ -136,8 +137,8 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
                     notes=tuple(folder.notes(opts.embodiments)))
 
 
-def convert(opts: ConvertOptions) -> dict:
-    """Convert (or reuse) one entry; returns the summary that `convert --json` prints. The entry is built in a
+def convert(opts: ConvertOptions) -> ConvertSummary:
+    """Convert (or reuse) one entry; returns what it did (pipeline/jobs/summary.py). The entry is built in a
     local folder and published there by rename; a cache that cannot rename (an object store) then gets it pushed,
     manifest last — the one place the two kinds of cache differ."""
     check_scheduler(opts.scheduler)  # what can be refused is refused before anything is read or claimed
@@ -153,53 +154,53 @@ def convert(opts: ConvertOptions) -> dict:
         return _convert(opts, prep, store, t0)
 
 
-def _convert(opts: ConvertOptions, prep: Prepared, store, t0: float) -> dict:
+def _convert(opts: ConvertOptions, prep: Prepared, store, t0: float) -> ConvertSummary:
     """`convert` once the checkpoint is open and the entry named: a cache hit, a check against the cache, or a
     build (into the local folder, or by the workers into an object store)."""
     ck, plan, slots, ident, root, name = prep.checkpoint, prep.plan, prep.slots, prep.identity, prep.root, prep.name
-    summary = {"version": plan.version, "version_found": opts.version is None, "layout": plan.layout, "profile": plan.profile, "fingerprint": ident.fingerprint,
-               "cache_path": store.describe(entry_key(name)), "slots": list(slots), "targets": len(plan.targets),
-               "skipped": dict(plan.skipped), "source": ident.source, "notes": list(prep.notes),
-               "shards_checked_against": ident.shards_checked_against}
+    asked = ConvertSummary(version=plan.version, version_found=opts.version is None, layout=plan.layout,
+                           profile=plan.profile, fingerprint=ident.fingerprint,
+                           cache_path=store.describe(entry_key(name)), slots=list(slots), targets=len(plan.targets),
+                           skipped=dict(plan.skipped), source=ident.source, notes=list(prep.notes),
+                           shards_checked_against=ident.shards_checked_against)
     existing = cache.find_entry(store, name) if not opts.force else None
     if opts.check_against_cache:
         if existing is None:
-            raise CacheError(f"{summary['cache_path']}: nothing is cached for this conversion, so there is nothing to "
+            raise CacheError(f"{asked.cache_path}: nothing is cached for this conversion, so there is nothing to "
                              "check against; run the convert without --check-against-cache first")
-        checked = check_against(existing, opts, prep)
-        return {**summary, **checked, "seconds": time.perf_counter() - t0}
+        return replace(asked, **check_against(existing, opts, prep), seconds=time.perf_counter() - t0)
     if existing is not None:
         write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
         sha256, said = _recorded_sha256(existing, ck, opts.sha256)
-        hit = {**summary, "cache_hit": True, "tasks": 0, "bytes_read": 0, "bytes_written": 0,
-               "shards_sha256": sha256, "notes": summary["notes"] + said}
+        uploaded = None
         if opts.device is not None:  # nothing to convert: upload straight from the cache
             slot = slots[0] if len(slots) == 1 else None
-            hit["device_tensors"] = load(plan.version, store, slot, into=opts.device, profile=plan.profile,
-                                        layout=plan.layout, entry=name, synthetic=True).tensors
-        return {**hit, "seconds": time.perf_counter() - t0, "peak_rss_bytes": peak_rss_bytes()}
+            uploaded = load(plan.version, store, slot, into=opts.device, profile=plan.profile, layout=plan.layout,
+                            entry=name, synthetic=True).tensors
+        return replace(asked, cache_hit=True, tasks=0, bytes_read=0, bytes_written=0, shards_sha256=sha256,
+                       notes=asked.notes + said, device_tensors=uploaded, seconds=time.perf_counter() - t0,
+                       peak_rss_bytes=peak_rss_bytes())
     final = cache.entries_dir(root) / name
-    pushed = {}
+    pushed, local_build = None, None
     if not store.can_rename and opts.device is None:  # the workers put the entry into the store themselves
         built = _build_in_store(opts, prep, store)
-        pushed = {"pushed_bytes": built.result["pushed_bytes"]}
+        pushed = built.result["pushed_bytes"]
     else:
         built = _build(opts, prep, name, final)
         if not store.can_rename:  # a device is open here: built beside it, then pushed
-            pushed = {"local_build": str(final), "pushed_bytes": push(LocalStore(root), name, store, opts.progress)}
-    result, timings, graph, done, reused = built.result, built.timings, built.graph, built.done, built.reused
+            local_build, pushed = str(final), push(LocalStore(root), name, store, opts.progress)
+    result, done, reused = built.result, built.done, built.reused
     write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
-    return {**summary, "cache_hit": False, "resumed_chunks": len(done) - len(reused.records),
-            "reused_chunks": len(reused.records), "reused_bytes": reused.linked_bytes,
-            "identified_shards": sorted(reused.identified), "tasks": len(graph),
-            "bytes_read": _source_bytes_read(plan, ck, slots, done),
-            "bytes_written": result["file_bytes"] - sum(r.record.file_bytes for r in done.values()),
-            "stage_seconds": timings["stage_seconds"],
-            "stage_tasks": timings["stage_tasks"], "peak_rss_bytes": peak_rss_bytes(),
-            "published_here": result["published_here"], "device_tensors": result["device_tensors"],
-            "shards_sha256": result["shards_sha256"],
-            "numerics": sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"])), **pushed,
-            "seconds": time.perf_counter() - t0}
+    return replace(asked, cache_hit=False, resumed_chunks=len(done) - len(reused.records),
+                   reused_chunks=len(reused.records), reused_bytes=reused.linked_bytes,
+                   identified_shards=sorted(reused.identified), tasks=len(built.graph),
+                   bytes_read=_source_bytes_read(plan, ck, slots, done),
+                   bytes_written=result["file_bytes"] - sum(r.record.file_bytes for r in done.values()),
+                   stage_seconds=built.timings["stage_seconds"], stage_tasks=built.timings["stage_tasks"],
+                   peak_rss_bytes=peak_rss_bytes(), published_here=result["published_here"],
+                   device_tensors=result["device_tensors"], shards_sha256=result["shards_sha256"],
+                   numerics=sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"])),
+                   pushed_bytes=pushed, local_build=local_build, seconds=time.perf_counter() - t0)
 
 
 def _recorded_sha256(existing: Entry, ck: Checkpoint, wanted: bool) -> tuple[dict[str, str], list[str]]:
@@ -344,7 +345,7 @@ def check_against(existing: Entry, opts: ConvertOptions, prep: Prepared) -> dict
                          f"array(s){' (first ' + differ[0] + ')' if differ else ''} and has {len(problems)} bad "
                          "chunk(s); delete it or convert with --force")
     return {"cache_hit": True, "checked_against_fresh_conversion": True, "arrays_compared": len(fresh), "tasks": 0,
-            "bytes_read": 0, "bytes_written": 0, "peak_rss_bytes": peak_rss_bytes()}
+            "bytes_read": 0, "bytes_written": 0, "peak_rss_bytes": peak_rss_bytes()}  # ConvertSummary's fields
 
 
 def _source_bytes_read(plan: Plan, ck: Checkpoint, slots: tuple[int, ...], done: dict) -> int:
