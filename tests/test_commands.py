@@ -103,6 +103,24 @@ def test_check_against_cache_needs_an_entry_and_says_what_it_did(hf_cache, tmp_p
     assert proc.returncode == 0 and "checked: the cached entry equals a fresh conversion" in proc.stdout
 
 
+def test_convert_json_and_the_text_report_print_one_record(hf_cache, tmp_path):
+    from dataclasses import fields
+
+    from pipeline.commands.printing import mb
+    from pipeline.jobs.summary import ConvertSummary
+
+    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache))
+    text = run_cli(*args, "--cache", str(tmp_path / "a")).stdout
+    built = json.loads(run_cli(*args, "--cache", str(tmp_path / "b"), "--json").stdout)
+    record = {f.name for f in fields(ConvertSummary)}
+    assert set(built) - record == {"numerics_worst"} and not {"numerics", "device_tensors"} & set(built)
+    assert built["cache_hit"] is False and built["tasks"] > 0 and built["reused_chunks"] == 0
+    assert f"read {mb(built['bytes_read'])}, written {mb(built['bytes_written'])}" in text  # the same build, twice
+    hit = json.loads(run_cli(*args, "--cache", str(tmp_path / "b"), "--json").stdout)
+    assert hit["cache_hit"] and hit["cache_path"] == built["cache_path"] and hit["fingerprint"] == built["fingerprint"]
+    assert not {"stage_seconds", "reused_chunks", "published_here", "pushed_bytes"} & set(hit)  # a build's only
+
+
 def test_version_flag_and_a_wheel_that_works_from_any_directory(tmp_path):
     proc = run_cli("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("gr00t-tt-weights ")

@@ -30,7 +30,7 @@ def examples(tensors: dict) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*chosen, *([host] if host else [])]))  # in order, each once
 
 
-def run_demo(cache_root: Path | str | None) -> dict:
+def run_demo(cache_root: Path | str | None) -> dict:  # what `demo --json` prints: the first convert's record
     demo_hf = synthetic_hf_cache(cache_root)
     print(f"1. synthesizing a tiny GR00T N1.7 into {demo_hf} (real key names, order, counts and shards; small "
           "dims; marked synthetic, under a repo id of its own)")
@@ -56,5 +56,5 @@ def run_demo(cache_root: Path | str | None) -> dict:
     print_convert(port)
     host = load("n16", cache_root, "gr1", into="ttnn", synthetic=True)
     print_targets(host.tensors, examples(host.tensors))
-    return summary
+    return summary.as_json()
 
