@@ -123,16 +123,21 @@ class open_at:
         self.file.close()
 
 
-def each_block(path: Path | str, consume: Callable[[memoryview, int], None], block: int = BLOCK) -> int:
+def each_block(path: Path | str, consume: Callable[[memoryview, int], None], block: int = BLOCK,
+               span: tuple[int, int] | None = None) -> int:
     """`consume(bytes, offset)` for each block of the file in order; returns the file's size. A view is valid only
     during its call. Raises OSError if the file cannot be read (or shrinks while it is read). An object in a store
-    is streamed in blocks of `block` bytes."""
+    is streamed in blocks of `block` bytes. `span` (start, end): only the blocks that cover those bytes (the first
+    may start a little before `start`, at a page boundary)."""
     global _mapping_works
     if is_remote(path):
         with path.open("rb", block_size=block) as fh:
-            return _read(fh, consume, block, path.stat().st_size)
+            start, end = span or (0, None)
+            fh.seek(start)
+            return _read(fh, consume, block, path.stat().st_size, start, end)
     with open(path, "rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
+        start, end = span or (0, None)
         if _mapping_works and size:
             try:
                 # private (copy-on-write) rather than read-only: nothing writes, and a consumer such as
@@ -142,26 +147,28 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                 mapping = None
             if mapping is not None:
                 try:
-                    if _mapped(mapping, size, consume, block):
+                    if _mapped(mapping, start - start % mmap.PAGESIZE, size if end is None else min(end, size), consume, block):
                         return size
                     _mapping_works = False  # an older kernel: read every file instead from now on
                 finally:
                     mapping.close()
-        return _read(fh, consume, block)
+        fh.seek(start)
+        return _read(fh, consume, block, size, start, end)
 
 
-def _mapped(mapping: mmap.mmap, size: int, consume: Callable[[memoryview, int], None], block: int) -> bool:
+def _mapped(mapping: mmap.mmap, start: int, end: int, consume: Callable[[memoryview, int], None],
+            block: int) -> bool:
     """False if the kernel has no MADV_POPULATE_READ (found at the first block, before anything is consumed)."""
     with memoryview(mapping) as whole:
-        for pos in range(0, size, block):
-            n = min(block, size - pos)
+        for pos in range(start, end, block):
+            n = min(block, end - pos)
             try:
                 mapping.madvise(MADV_POPULATE_READ, pos, n)
             except OSError as e:
-                if e.errno == errno.EINVAL and pos == 0:
+                if e.errno == errno.EINVAL and pos == start:
                     return False
-                raise OSError(e.errno, f"{e.strerror} at offset {pos} of {size} bytes (did the file change "
-                                       "while it was read?)") from e
+                raise OSError(e.errno, f"{e.strerror} at offset {pos} of {len(mapping)} bytes (did the file "
+                                       "change while it was read?)") from e
             with whole[pos:pos + n] as view:
                 consume(view, pos)
             mapping.madvise(mmap.MADV_DONTNEED, pos, n)
@@ -180,18 +187,21 @@ def each_read(path: Path | str, consume: Callable[[memoryview, int], None]) -> i
         return _read(fh, consume, READ_BLOCK)
 
 
-def _read(fh, consume: Callable[[memoryview, int], None], block: int, size: int | None = None) -> int:
+def _read(fh, consume: Callable[[memoryview, int], None], block: int, size: int | None = None, start: int = 0,
+          end: int | None = None) -> int:
+    """The bytes from `start` (where `fh` stands) to `end`, or to the end of the file (a pipe's too: its size says
+    nothing), block by block; returns the bytes read to the end, or the file's size for a span."""
     buffer = getattr(_local, "buffer", None)
     if buffer is None or len(buffer) != block:
         buffer = _local.buffer = memoryview(bytearray(block))
-    size, pos = os.fstat(fh.fileno()).st_size if size is None else size, 0
-    while n := _fill(fh, buffer):
+    size, pos = os.fstat(fh.fileno()).st_size if size is None else size, start
+    while (want := block if end is None else min(block, end - pos)) > 0 and (n := _fill(fh, buffer[:want])):
         with buffer[:n] as view:
             consume(view, pos)
         pos += n
-    if pos < size:
+    if pos < (size if end is None else end):
         raise OSError(f"read {pos} of {size} bytes (did the file change while it was read?)")
-    return pos
+    return pos if end is None else size
 
 
 def _fill(fh, buffer: memoryview) -> int:

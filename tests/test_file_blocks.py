@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from tasks import file_blocks
+from tasks import file_blocks, source
 from tasks.safetensors_file import read_header
 from tasks.source import content_identity, hash_shard, identify_shards, verify_shard
 
@@ -46,6 +46,21 @@ def test_each_block_gives_every_byte_in_order(tmp_path, monkeypatch, how, size):
     got, offsets, returned = _blocks(path, how)
     assert got == data and returned == size
     assert offsets == list(range(0, size, BLOCK))
+
+
+@pytest.mark.parametrize("how", ["mapped", "read"])
+@pytest.mark.parametrize("span", [(0, 1), (5000, 5001), (4096, 3 * BLOCK), (BLOCK + 3, 3 * BLOCK + 17), (17, 17)])
+def test_each_block_over_a_span_gives_the_blocks_that_cover_it(tmp_path, monkeypatch, how, span):
+    monkeypatch.setattr(file_blocks, "_mapping_works", how == "mapped")
+    path = tmp_path / "f"
+    data = bytes((i * 131 + 7) % 256 for i in range(3 * BLOCK + 17))
+    path.write_bytes(data)
+    parts = []
+    assert file_blocks.each_block(path, lambda view, pos: parts.append((pos, bytes(view))), BLOCK, span) == len(data)
+    first = parts[0][0] if parts else span[0]
+    got = b"".join(b for _, b in parts)
+    assert first <= span[0] and first + len(got) >= span[1] and first + len(got) <= len(data)
+    assert got == data[first:first + len(got)] and span[0] - first < BLOCK  # from the page before, at most
 
 
 def test_each_read_gives_whole_blocks_when_the_reads_come_short(tmp_path, monkeypatch):
@@ -85,7 +100,7 @@ def test_a_file_cut_short_while_read_is_an_oserror_not_a_crash(tmp_path, call):
     path.write_bytes(b"\1" * (4 * BLOCK))
     code = textwrap.dedent(f"""
         import os
-        from tasks import file_blocks
+        from tasks import file_blocks, source
         def consume(view, pos):
             bytes(view)  # every byte touched, as a hash does
             if pos == 0:
@@ -113,7 +128,9 @@ def _spans(path: Path) -> dict[str, bytes]:
     return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in header.items()}
 
 
-def test_shard_hashes_equal_plain_hashes(snapshots):
+@pytest.mark.parametrize("piece", [1, 4096, 256 << 20])  # each tensor a run of its own; a few; each shard whole
+def test_shard_hashes_equal_plain_hashes(snapshots, monkeypatch, piece):
+    monkeypatch.setattr(source, "PIECE", piece)
     shards = sorted(snapshots["n16"].glob("*.safetensors"))
     headers = [read_header(p) for p in shards]
     for tensors, header, path in zip(identify_shards(headers, 2), headers, shards):

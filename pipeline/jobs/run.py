@@ -8,6 +8,7 @@ cluster, and a `tcp://host:port` address uses an existing one.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import time
@@ -112,9 +113,11 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
                 result = dask.get(dict(graph), key)
             else:
                 pool = ThreadPoolExecutor(workers)
+                gc.freeze()  # what lives through the run (graph, plan, headers): not walked again by every collection
                 try:
                     result = dask.threaded.get(dict(graph), key, num_workers=workers, pool=pool)
                 finally:
+                    gc.unfreeze()
                     # On an error Dask raises at once while other tasks still run: wait for those (and drop the queued
                     # ones), so that the caller's cleanup of the entry being built never races a task writing into it.
                     pool.shutdown(wait=True, cancel_futures=True)
