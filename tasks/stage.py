@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import Mapping
 
@@ -26,6 +28,16 @@ from tasks.source import HostTable
 from tasks.entries.progress import in_folder, record_progress
 
 
+@functools.cache
+def _writer() -> ThreadPoolExecutor:
+    """Where a chunk is written while its device file is written and both are checksummed: two O_DIRECT writes in
+    flight per stage task instead of one after the other (the disk streams only with several in flight)."""
+    return ThreadPoolExecutor(WRITES_BESIDE, thread_name_prefix="chunk-write")
+
+
+WRITES_BESIDE = 4  # at least the graph's threads, so no stage task waits for another's write to start
+
+
 def stage_target(entry: Path | str, converted: Converted) -> Staged:
     """Write one target (or one slot of a bank) as a chunk of its array, then its progress record."""
     entry, data = Path(entry), converted.array
@@ -34,14 +46,21 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
         nbytes, xxh3 = data.size * 4, write_host_chunk(entry, converted.name, converted.slot, data,
                                                        lambda first, block: found.add(first, block.view(np.uint32)))
         found.check(converted.name, converted.sources, converted.origin)
+        chunk_written = None
     else:
-        write_chunk(entry, converted.name, converted.slot, data)
+        chunk_written = _writer().submit(write_chunk, entry, converted.name, converted.slot, data)
         nbytes, xxh3 = data.nbytes, checksum(data)
     packed = converted.packed
-    if packed is not None:
-        path = packed_path(entry, converted.name, converted.slot)
-        in_folder(path, lambda: write_bytes_in_place(path, packed))
-    device_file = None if packed is None else FileRecord(len(packed), checksum(packed))
+    try:
+        if packed is not None:
+            path = packed_path(entry, converted.name, converted.slot)
+            in_folder(path, lambda: write_bytes_in_place(path, packed))
+        device_file = None if packed is None else FileRecord(len(packed), checksum(packed))
+    finally:
+        if chunk_written is not None:
+            wait([chunk_written])  # never left writing behind an error: the caller may remove the entry next
+    if chunk_written is not None:
+        chunk_written.result()  # its error, if it had one; written before the record says so
     staged = Staged(converted.name, converted.slot, ChunkRecord(nbytes, xxh3, converted.max_abs_err,
                                                                 converted.pcc, device_file))
     record_progress(entry, staged)
