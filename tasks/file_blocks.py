@@ -147,7 +147,8 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                 mapping = None
             if mapping is not None:
                 try:
-                    if _mapped(mapping, start - start % mmap.PAGESIZE, size if end is None else min(end, size), consume, block):
+                    first, last = start - start % mmap.PAGESIZE, size if end is None else min(end, size)
+                    if _mapped(mapping, first, last, consume, block):
                         return size
                     _mapping_works = False  # an older kernel: read every file instead from now on
                 finally:
