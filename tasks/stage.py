@@ -28,14 +28,14 @@ from tasks.source import HostTable
 from tasks.entries.progress import in_folder, record_progress
 
 
+WRITES_BESIDE = 4  # at least the graph's threads, so no stage task waits for another's write to start
+
+
 @functools.cache
 def _writer() -> ThreadPoolExecutor:
     """Where a chunk is written while its device file is written and both are checksummed: two O_DIRECT writes in
     flight per stage task instead of one after the other (the disk streams only with several in flight)."""
     return ThreadPoolExecutor(WRITES_BESIDE, thread_name_prefix="chunk-write")
-
-
-WRITES_BESIDE = 4  # at least the graph's threads, so no stage task waits for another's write to start
 
 
 def stage_target(entry: Path | str, converted: Converted) -> Staged:

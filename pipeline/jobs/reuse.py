@@ -13,6 +13,7 @@ untouched, so only the action-head shard is hashed and only the changed targets 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -122,8 +123,8 @@ def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint,
             reuse.records[unit] = staged
             reuse.linked_bytes += sum(size for _, size in objects.values())
             reuse.objects.update(objects)
-    given = [e for _, e, objects in held.values() if all(new in made for new in objects)]
-    reuse.holders = sorted(set(given), key=given.count, reverse=True)
+    given = Counter(e for _, e, objects in held.values() if all(new in made for new in objects))
+    reuse.holders = [e for e, _ in given.most_common()]
     return reuse
 
 

@@ -18,13 +18,13 @@ dependency only: the independent reader the tests open every entry with.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from tasks.bulk_write import write_bytes_in_place
+from tasks.entries.store import link_or_copy
 
 
 STORAGE_DTYPE = np.dtype("<u2")
@@ -65,10 +65,9 @@ def create_array(array_dir: Path, meta: Mapping[str, object], like: Sequence[Pat
     for other in like:
         try:
             if (other / "zarr.json").read_bytes() == doc:
-                target.unlink(missing_ok=True)  # a killed run's: replaced, never written through
-                os.link(other / "zarr.json", target)
+                link_or_copy(other / "zarr.json", target)  # a killed run's is replaced, never written through
                 return
-        except OSError:  # gone meanwhile, or no links on this filesystem: written below
+        except OSError:  # gone meanwhile: written below
             continue
     write_bytes_in_place(target, doc)
 
