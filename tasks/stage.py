@@ -5,15 +5,16 @@
   thread's log in `.staged/` (tasks/entries/manifest.py `Staged`, tasks/entries/progress.py `record_progress`); a
   resumed conversion keeps every chunk whose bytes still match its record and redoes the rest;
 - an object store (`stage_into_store`): the worker that converted the target puts its objects into the store
-  itself, under the entry's final keys (a reader accepts an entry only through its manifest, which the publish
-  puts last); an object a killed run already put is not sent again.
+  itself, each named by its sha256 under `objects/` (a reader accepts an entry only through its manifest, which
+  the publish puts last); bytes the store already holds (another entry's, or a killed run's) are not sent again.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from concurrent.futures import ThreadPoolExecutor, wait
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Mapping
 
 from tasks.bulk_write import write_bytes_in_place
@@ -22,7 +23,7 @@ import numpy as np
 from tasks.convert import Converted, NonFinite
 from tasks.entries.chunks import write_chunk, write_host_chunk
 from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum
-from tasks.entries.names import chunk_file, entry_key, packed_path
+from tasks.entries.names import PACKED_SUFFIX, object_key, packed_path
 from tasks.entries.store import store_at
 from tasks.source import HostTable
 from tasks.entries.progress import in_folder, record_progress
@@ -67,12 +68,14 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
     return staged
 
 
-def stage_into_store(store_url: str, name: str, converted: Converted, present: Mapping[str, int]) -> Staged:
-    """Put one target (or one slot of a bank) into entry `name` of the object store at `store_url`, from whichever
-    worker runs this: its chunk, and its `.tensorbin` for packed device dtypes. `present`: key -> size of what the
-    store already holds under the entry (a killed run's objects, the same bytes since the entry is named by its
-    content): those are not sent again."""
-    entry, data = PurePosixPath(entry_key(name)), converted.array
+def stage_into_store(store_url: str, converted: Converted, present: Mapping[str, tuple[int, float]],
+                     fresh_after: float) -> Staged:
+    """Put one target (or one slot of a bank) into the object store at `store_url`, from whichever worker runs
+    this: its chunk, and its `.tensorbin` for packed device dtypes, each under `objects/` by its sha256 (which the
+    record names). `present`: key -> (size, when written) of the objects the store held when the convert began;
+    one of those is not sent again, only freshened if written before `fresh_after` (so that `cache gc` cannot take
+    it before the manifest that names it is published)."""
+    data = converted.array
     if isinstance(data, HostTable):  # whole here: an object is put in one piece
         table, data = data, np.empty(data.shape, np.float32)
         table.read_float32(0, data.reshape(-1))
@@ -80,11 +83,18 @@ def stage_into_store(store_url: str, name: str, converted: Converted, present: M
         found.add(0, data.reshape(-1).view(np.uint32))
         found.check(converted.name, converted.sources, converted.origin)
     raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-    objects = {str(chunk_file(entry, converted.name, data.ndim, converted.slot)): raw}
+    chunk = object_key(hashlib.sha256(raw).hexdigest())
+    objects = {chunk: raw}
     packed = converted.packed
+    device_file = None
     if packed is not None:
-        objects[str(packed_path(entry, converted.name, converted.slot))] = memoryview(packed)
-    store_at(store_url).put_many({k: v for k, v in objects.items() if present.get(k) != len(v)})
-    device_file = None if packed is None else FileRecord(len(packed), checksum(packed))
+        key = object_key(hashlib.sha256(packed).hexdigest(), PACKED_SUFFIX)
+        objects[key] = memoryview(packed)
+        device_file = FileRecord(len(packed), checksum(packed), object=key)
+    store = store_at(store_url)
+    held = {k for k, v in objects.items() if k in present and present[k][0] == len(v)}
+    old = [k for k in held if present[k][1] < fresh_after]
+    held -= set(old) - store.freshen(old)  # one gone meanwhile is put again
+    store.put_many({k: v for k, v in objects.items() if k not in held})
     return Staged(converted.name, converted.slot, ChunkRecord(len(raw), checksum(raw), converted.max_abs_err,
-                                                              converted.pcc, device_file))
+                                                              converted.pcc, device_file, object=chunk))

@@ -23,3 +23,37 @@ def md5s(store, prefix: str, keys) -> dict[str, str | None]:
         found = {k[len(store.base) + 1:]: info["ETag"].strip('"') for k, info in listed.items()}
         return {k: found.get(k) for k in keys}
     return {k: hashlib.md5(store.local_path(k).read_bytes()).hexdigest() for k in keys}
+
+
+def entry_md5s(store, name: str) -> dict[str, str | None]:
+    """The MD5 of every chunk and device file of entry `name`, keyed by what it is (`<array>@<slot>`, and
+    `…:tensorbin`) rather than where it is: a folder's entry holds files of its own, an object store's names shared
+    objects under objects/ in its manifest. Read from the manifest and the objects themselves."""
+    import json
+
+    from tasks.entries.names import chunk_file, entry_key, packed_path
+    from pathlib import PurePosixPath
+
+    entry = PurePosixPath(entry_key(name))
+    manifest = json.loads(store.get(f"{entry}/MANIFEST.json"))
+    where = {}
+    for array, arr in manifest["arrays"].items():
+        for slot, rec in arr["chunks"].items():
+            at = None if slot == "all" else int(slot)
+            ndim = len(arr["shape"]) - (at is not None)
+            where[f"{array}@{slot}"] = rec.get("object") or str(chunk_file(entry, array, ndim, at))
+            if "tensorbin" in rec:
+                packed = rec["tensorbin"].get("object") or str(packed_path(entry, array, at))
+                where[f"{array}@{slot}:tensorbin"] = packed
+    pooled = [k for k in where.values() if k.startswith("objects/")]
+    found = md5s(store, "objects", pooled) if pooled else {}
+    rest = [k for k in where.values() if not k.startswith("objects/")]
+    found.update(md5s(store, str(entry), rest) if rest else {})
+    return {what: found[key] for what, key in where.items()}
+
+
+def named_objects(store, name: str) -> dict[str, set[str]]:
+    """Each array of entry `name` -> the objects its manifest names (chunks and device files), read from the JSON."""
+    manifest = store.get_json(f"entries/{name}/MANIFEST.json")
+    return {array: {o for c in arr["chunks"].values() for o in (c.get("object"), c.get("tensorbin", {}).get("object"))
+                    if o} for array, arr in manifest["arrays"].items()}

@@ -23,7 +23,7 @@ from pipeline.cache import roots
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
-from tests.buckets import md5s, upload
+from tests.buckets import entry_md5s, named_objects, upload
 from tests.conftest import ROOT, _free_port, run_cli
 
 # `make test` runs N1.6's; GR00T_CLUSTER_VERSIONS=all runs every version (issue 49's "for every version")
@@ -84,17 +84,19 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
     embodiment = EMBODIMENT[version]
     opts = dict(layout="generic", embodiments=f"{embodiment},new_embodiment" if version == "n16" else embodiment,
                 hf_cache=hf_cache, synthetic="tiny", progress=False)
+    before = open_store(bucket_url).sizes("objects")
     done = convert(ConvertOptions(version, scheduler=scheduler, cache_root=bucket_url, **opts))
     assert not done["cache_hit"] and done["cache_path"].startswith(f"{bucket_url}/entries/")
     assert not (hidden / "cache" / "entries").exists()  # nothing built on the client's disk
     local = convert(ConvertOptions(version, scheduler="threads", cache_root=tmp_path / "local", **opts))
     assert local["fingerprint"] == done["fingerprint"]
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
-    prefix = f"entries/{Path(local['cache_path']).name}"
-    objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
-    assert len(objects) > 900 and {k: n for k, n in bucket.sizes(prefix).items() if not k.endswith("MANIFEST.json")} == objects
-    assert md5s(bucket, prefix, objects) == md5s(folder, prefix, objects), "an object differs from the local convert's"
-    assert done["pushed_bytes"] >= sum(objects.values())
+    name = Path(local["cache_path"]).name
+    found = entry_md5s(bucket, name)
+    assert len(found) > 900 and found == entry_md5s(folder, name), "an object differs from the local convert's"
+    named = set().union(*named_objects(bucket, name).values())
+    sizes = bucket.sizes("")
+    assert done["pushed_bytes"] == sum(sizes[k] for k in named - set(before)) + sizes[f"entries/{name}/MANIFEST.json"]
     # a fresh process elsewhere loads the same tensors from the bucket
     script = ("import hashlib, json, sys\nfrom pipeline.jobs.load import load\n"
               f"got = load({version!r}, {bucket_url!r}, layout='generic', embodiment={embodiment!r})\n"
@@ -133,9 +135,9 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     local = convert(ConvertOptions(None, snapshot=plain, scheduler="threads", cache_root=tmp_path / "local", **opts))
     assert local["fingerprint"] == done["fingerprint"]
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
-    prefix = f"entries/{Path(local['cache_path']).name}"
-    objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json") and k != f"{prefix}/zarr.json"}
-    assert len(objects) > 900 and md5s(bucket, prefix, objects) == md5s(folder, prefix, objects)
+    name = Path(local["cache_path"]).name
+    found = entry_md5s(bucket, name)
+    assert len(found) > 900 and found == entry_md5s(folder, name)
 
 
 def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_url, snapshots, tmp_path, monkeypatch):
@@ -157,7 +159,7 @@ def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_ur
             convert(ConvertOptions("n16", scheduler=scheduler, cache_root=bucket_url, **opts))))
         converting.start()
         bucket, deadline = open_store(bucket_url), time.time() + 120
-        while len(bucket.list("entries")) < 50 and converting.is_alive() and time.time() < deadline:
+        while len(bucket.list("objects")) < 50 and converting.is_alive() and time.time() < deadline:
             time.sleep(0.2)
         victim = sorted(pids.items())[0]
         assert converting.is_alive(), "the convert ended before a worker could be killed"
@@ -168,10 +170,9 @@ def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_ur
     assert done and not done["cache_hit"]
     local = convert(ConvertOptions("n16", scheduler="threads", cache_root=tmp_path / "local", **opts))
     assert local["fingerprint"] == done["fingerprint"]
-    prefix = f"entries/{Path(local['cache_path']).name}"
-    folder = LocalStore(tmp_path / "local")
-    objects = {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
-    assert len(objects) > 900 and md5s(bucket, prefix, objects) == md5s(folder, prefix, objects)
+    name = Path(local["cache_path"]).name
+    found = entry_md5s(bucket, name)
+    assert len(found) > 900 and found == entry_md5s(LocalStore(tmp_path / "local"), name)
 
 
 def test_a_local_cache_the_workers_cannot_see_is_one_sentence(cluster, hf_cache):

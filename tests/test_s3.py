@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,15 +17,20 @@ from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore, open_store
-from tests.buckets import md5s, upload
+from tests.buckets import entry_md5s, named_objects, upload
 from tests.conftest import run_cli
 
 
 def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkeypatch):
+    s3_url = f"{s3_url}-once"  # a prefix of its own: every object in it is this entry's
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
     first = convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     assert not first["cache_hit"] and first["cache_path"].startswith(f"{s3_url}/entries/n17-generic-bf16-")
-    assert first["pushed_bytes"] > 7e6
+    bucket = open_store(s3_url)
+    prefix = f"entries/{first['cache_path'].rsplit('/', 1)[1]}"
+    assert list(bucket.sizes(prefix)) == [f"{prefix}/MANIFEST.json"]  # the entry is its manifest: the bytes are objects
+    assert first["pushed_bytes"] == sum(bucket.sizes("").values()) - len(bucket.get(
+        "refs/n17-generic-bf16.synthetic.json")) > 6e6  # each object once, and the manifest
     # a colleague with an empty local cache: the entry is found on S3, nothing is converted
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "colleague"))
     again = convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
@@ -35,11 +39,9 @@ def test_convert_once_push_and_reload_from_s3(s3_url, hf_cache, tmp_path, monkey
     assert not (tmp_path / "local" / "entries").exists()  # the entry went straight into the bucket, built nowhere
     convert(ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                            cache_root=tmp_path / "local", progress=False))
-    bucket, folder = open_store(s3_url), LocalStore(tmp_path / "local")
-    prefix = f"entries/{first['cache_path'].rsplit('/', 1)[1]}"
-    objects = {k: n for k, n in bucket.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
-    assert objects == {k: n for k, n in folder.sizes(prefix).items() if not k.endswith("MANIFEST.json")}
-    assert md5s(bucket, prefix, objects) == md5s(folder, prefix, objects)  # every array, device file and document
+    folder = LocalStore(tmp_path / "local")
+    name = prefix.split("/")[1]
+    assert entry_md5s(bucket, name) == entry_md5s(folder, name)  # every chunk and device file
     remote = load("n17", s3_url, layout="generic", embodiment="new_embodiment")
     local = load("n17", tmp_path / "local", layout="generic", embodiment="new_embodiment")
     assert remote.entry == local.entry and remote.stats["bytes_read"] == local.stats["bytes_read"]
@@ -59,8 +61,8 @@ def test_a_half_pushed_entry_is_invisible_and_gets_completed(s3_url, hf_cache, t
     with pytest.raises(CacheError, match="never completely pushed"):
         load("n16", s3_url, embodiment="gr1")
     again = convert(opts)  # the manifest is missing: the workers find every object there, and send none again
-    documents = sum(n for k, n in store.sizes(f"entries/{name}").items() if k.endswith(("/zarr.json", "/MANIFEST.json")))
-    assert not again["cache_hit"] and again["pushed_bytes"] == documents < done["pushed_bytes"] / 2
+    assert not again["cache_hit"] and again["pushed_bytes"] == len(store.get(f"entries/{name}/MANIFEST.json"))
+    assert again["pushed_bytes"] < done["pushed_bytes"] / 5
     assert load("n16", s3_url, embodiment="gr1").stats["tensors"] == done["targets"]
 
 
@@ -69,7 +71,7 @@ def test_a_tampered_object_is_refused(s3_url, hf_cache, tmp_path, monkeypatch):
     done = convert(ConvertOptions("n15", layout="generic", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=s3_url, progress=False))
     store = open_store(s3_url)
     name = done["cache_path"].rsplit("/", 1)[1]
-    key = f"entries/{name}/llm.norm.weight/c.0.0"
+    key = store.get_json(f"entries/{name}/MANIFEST.json")["arrays"]["llm.norm.weight"]["chunks"]["all"]["object"]
     data = bytearray(store.get(key))
     data[0] ^= 1
     store.put(key, bytes(data))
@@ -98,19 +100,26 @@ def test_cache_ls_verify_and_gc_work_on_an_object_store(s3_url, hf_cache):
     assert main(["cache", "verify", name, "--cache", s3_url]) == 0  # (other tests tamper with their own entries)
     assert main(["cache", "gc", "--older-than-days", "0", "--cache", s3_url]) == 0  # in use: kept
     assert store.get_json(f"entries/{name}/MANIFEST.json") is not None
-    key = next(k for k in store.list(f"entries/{name}") if "/c." in k)
+    chunks = store.get_json(f"entries/{name}/MANIFEST.json")["arrays"]["llm.norm.weight"]["chunks"]
+    key = chunks["all"]["object"]
     store.put(key, b"\x00" * len(store.get(key)))
     assert main(["cache", "verify", name, "--cache", s3_url]) == 2
+    objects = store.sizes("objects")
     assert main(["cache", "gc", "--cache", s3_url]) == 0  # corrupt: removed with its ref
     assert store.list(f"entries/{name}") == [] and store.get_json("refs/n17-generic-bf16.synthetic.json") is None
+    assert store.sizes("objects") == objects  # named by no manifest now, but written within the grace period
+    assert main(["cache", "gc", "--grace-hours", "0", "--cache", s3_url]) == 0
+    assert store.sizes("objects") == {}  # then past it: gone
     assert main(["cache", "verify", "nothere", "--cache", s3_url]) == 2
 
 
 def test_gc_during_a_publish_loses_nothing_and_removes_a_push_abandoned_past_the_grace_period(s3_url, hf_cache,
                                                                                               tmp_path, monkeypatch):
-    """A convert into the bucket is held just before its manifest (its workers' objects are in, a reader cannot see
-    it yet) while another process runs `cache gc`: the push is left alone, and the entry publishes and loads. A
-    push abandoned that way (no manifest, nothing written since) goes once it is older than `--grace-hours`."""
+    """A convert into the bucket is held just before its manifest (its workers' objects are in, named by no manifest
+    yet) while another process runs `cache gc`: they are left alone, and the entry publishes and loads. A gc with a
+    grace period shorter than a convert takes such objects: that convert then publishes nothing, and says so.
+    Objects abandoned that way (and an older push's entry folder without a manifest) go once older than
+    `--grace-hours`."""
     import threading
 
     import pipeline.jobs.graph
@@ -127,48 +136,65 @@ def test_gc_during_a_publish_loses_nothing_and_removes_a_push_abandoned_past_the
         return publish_into_store(*args)
 
     monkeypatch.setattr(pipeline.jobs.graph, "publish_into_store", publish_later)
-    options = ConvertOptions("n17", layout="generic", embodiments="new_embodiment", hf_cache=hf_cache,
-                             synthetic="tiny", cache_root=s3_url, progress=False)
-    done: dict = {}
-    converting = threading.Thread(target=lambda: done.update(convert(options)))
-    converting.start()
-    try:
-        assert held.wait(120)
-        store = open_store(s3_url)
-        (name,) = store.children("entries")
-        in_flight = store.sizes(f"entries/{name}")
-        assert in_flight and not any(k.endswith("MANIFEST.json") for k in in_flight)
-        assert main(["cache", "gc", "--cache", s3_url]) == 0  # the default grace period: a push in flight stays
-        assert store.sizes(f"entries/{name}") == in_flight
-    finally:
-        go_on.set()
-        converting.join()
-    assert done["cache_path"].endswith(name) and store.get_json(f"entries/{name}/MANIFEST.json") is not None
+    store = open_store(s3_url)
+
+    def converted_while(gc_args: list[str], embodiments: str) -> dict:
+        done: dict = {}
+        options = ConvertOptions("n17", layout="generic", embodiments=embodiments, hf_cache=hf_cache,
+                                 synthetic="tiny", cache_root=s3_url, progress=False)
+
+        def converting():
+            try:
+                done.update(convert(options))
+            except CacheError as e:
+                done["error"] = str(e)
+
+        before = store.children("entries")
+        thread = threading.Thread(target=converting)
+        thread.start()
+        try:
+            assert held.wait(120)
+            in_flight = store.sizes("objects")
+            assert in_flight and store.children("entries") == before  # no manifest names them yet
+            assert main(["cache", "gc", *gc_args, "--cache", s3_url]) == 0
+            done["left"] = store.sizes("objects")
+            done["in_flight"] = in_flight
+        finally:
+            go_on.set()
+            thread.join()
+            held.clear()
+            go_on.clear()
+        return done
+
+    first = converted_while([], "new_embodiment")  # the default grace period: what is in flight stays
+    assert first["left"] == first["in_flight"] and "error" not in first
+    name = first["cache_path"].rsplit("/", 1)[1]
+    assert store.get_json(f"entries/{name}/MANIFEST.json") is not None
+    assert load("n17", s3_url, layout="generic", embodiment="new_embodiment", entry=name).stats["tensors"] > 0
+    named = set(first["in_flight"])
+    second = converted_while(["--grace-hours", "0"], "11")  # slot 11's objects are new: taken, the rest stay
+    assert set(second["in_flight"]) > named and set(second["left"]) == named
+    assert "gone from the store before" in second["error"] and "nothing was published" in second["error"]
+    assert store.children("entries") == [name]
+
     elsewhere = open_store(f"{s3_url}-abandoned")  # a prefix of its own: gc verifies every published entry
-    abandoned = "n17-generic-bf16-0123456789abcdef0123"  # a push whose client died before its manifest
-    for key in list(in_flight)[:3]:
-        elsewhere.put(key.replace(name, abandoned), store.get(key))
+    abandoned = "n17-generic-bf16-0123456789abcdef0123"  # a push of format 5 whose client died before its manifest
+    for key in list(named)[:3]:
+        elsewhere.put(key, store.get(key))
+        elsewhere.put(f"entries/{abandoned}/{key}", store.get(key))
     assert main(["cache", "gc", "--cache", elsewhere.describe("")]) == 0
-    assert elsewhere.list(f"entries/{abandoned}"), "written moments ago: within the grace period"
+    assert len(elsewhere.list("")) == 6, "written moments ago: within the grace period"
     time.sleep(1.1)
     assert main(["cache", "gc", "--grace-hours", "0.0002", "--cache", elsewhere.describe("")]) == 0  # 0.72 s
-    assert elsewhere.list(f"entries/{abandoned}") == []
-
-
-def _target_of(key: str) -> str:
-    """The target an entry's object belongs to: `entries/E/<target>/c.…`, or `entries/E/tensorbin/<target>[@slot].tensorbin`."""
-    from tasks.entries.names import PACKED_DIR
-
-    within = key.split("/", 2)[2]
-    if within.startswith(f"{PACKED_DIR}/"):
-        return within[len(PACKED_DIR) + 1:].removesuffix(".tensorbin").split("@")[0]
-    return within.split("/")[0]
+    assert elsewhere.list("") == []
 
 
 def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, tmp_path, monkeypatch):
-    """Issue 49: after its release, a fine-tune converts and sends only its changed targets; every object it
-    shares with the release is copied inside the bucket (S3 CopyObject), and the entry is byte for byte what a
-    cold local convert of the fine-tune makes."""
+    """Issue 49: after its release, a fine-tune converts and sends only its changed targets, and adds only their
+    objects and its manifest: every object it shares with the release is named by its manifest, not sent or
+    copied; the release's old objects are freshened (so a gc cannot take them before the manifest is out). Its
+    chunks and device files are byte for byte what a cold local convert of the fine-tune makes."""
+    import pipeline.jobs.convert
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
     from tasks.entries.store import FsspecStore
@@ -180,6 +206,10 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     bucket = f"{s3_url}-finetune"
     opts = dict(embodiments="gr1,new_embodiment", synthetic="tiny", progress=False)
     convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=bucket, **opts))
+    store = open_store(bucket)
+    release = store.written("")
+    time.sleep(1.1)  # S3 keeps LastModified to the second
+    monkeypatch.setattr(pipeline.jobs.convert, "FRESH_FOR", 0.5)  # the release's objects count as old
     sent, put, put_many = [], FsspecStore.put, FsspecStore.put_many
     monkeypatch.setattr(FsspecStore, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
     monkeypatch.setattr(FsspecStore, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])
@@ -189,24 +219,59 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     cold = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=tmp_path / "cold", reuse=False, **opts))
     assert tuned["fingerprint"] == cold["fingerprint"] and tuned["reused_chunks"] > 0
     name = cold["cache_path"].rsplit("/", 1)[1]
-    folder, store = LocalStore(tmp_path / "cold"), open_store(bucket)
-    objects = folder.sizes(f"entries/{name}")
-    there = store.sizes(f"entries/{name}")
-    assert there.keys() == objects.keys()  # every array, device file and document: the same bytes (the manifest
-    same = [k for k in objects if not k.endswith("MANIFEST.json")]  # says when)
-    assert md5s(store, f"entries/{name}", same) == md5s(folder, f"entries/{name}", same)
-    arrays = json.loads(folder.get(f"entries/{name}/MANIFEST.json"))["arrays"]
-    changed = {n for n, a in arrays.items() if set(a["attributes"]["sources"]) & head}
-    documents = sum(n for k, n in there.items() if k.endswith(".json"))
-    changed_bytes = sum(n for k, n in objects.items() if _target_of(k) in changed and not k.endswith(".json"))
-    assert changed and changed_bytes > 0
+    assert entry_md5s(store, name) == entry_md5s(LocalStore(tmp_path / "cold"), name)
+    after = store.sizes("")
+    added = {k: n for k, n in after.items() if k not in release}
+    manifest = store.get_json(f"entries/{name}/MANIFEST.json")
+    changed = {n for n, a in manifest["arrays"].items() if set(a["attributes"]["sources"]) & head}
+    objects_of = named_objects(store, name)
+    changed_objects = set().union(*(objects_of[n] for n in changed))
+    assert changed and set(added) == (changed_objects - set(release)) | {f"entries/{name}/MANIFEST.json"}
     ref = len(store.get("refs/n16-tt-n16-port.synthetic.json"))
-    assert sum(sent) == changed_bytes + documents + ref  # the changed targets, the documents and the ref: no more
+    assert sum(sent) == sum(added.values()) + ref  # the changed targets' new objects, the manifest and the ref
     assert tuned["pushed_bytes"] == sum(sent) - ref
+    shared = set().union(*(objects_of[n] for n in manifest["arrays"] if n not in changed)) & set(release)
+    written = store.written("objects")
+    assert shared and all(written[k] > release[k] for k in shared)  # freshened, not sent
     remote = load("n16", bucket, embodiment="new_embodiment", entry=name)
     local = load("n16", tmp_path / "cold", embodiment="new_embodiment", entry=name)
     for tensor, t in local.tensors.items():
         assert torch.equal(remote.tensors[tensor].view(torch.int16), t.view(torch.int16)), tensor
+
+
+def test_entries_sharing_objects_are_counted_once_and_removed_with_the_last_naming_them(s3_url, hf_cache, tmp_path,
+                                                                                       monkeypatch):
+    """Two entries of one checkpoint, one slot and two: `cache ls` counts what they share once; `cache rm` of one
+    removes only the objects no other manifest names (past the grace period), and the other still verifies and
+    loads; the last one's objects stay, being young, until a `cache gc` past the grace period."""
+    from pipeline.cache import entry_rows, remove_entry
+    from pipeline.commands.cli import main
+
+    url = f"{s3_url}-shared"
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    opts = dict(layout="generic", hf_cache=hf_cache, synthetic="tiny", cache_root=url, progress=False)
+    one = convert(ConvertOptions("n16", embodiments="gr1", **opts))["cache_path"].rsplit("/", 1)[1]
+    two = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", **opts))["cache_path"].rsplit("/", 1)[1]
+    store = open_store(url)
+    named = {n: set().union(*named_objects(store, n).values()) for n in (one, two)}
+    sizes, shared = store.sizes(""), named[one] & named[two]
+    assert shared and named[one] < named[two]  # the second holds every object of the first, and new_embodiment's
+    totals: dict = {}
+    rows = {r["entry"]: r for r in entry_rows(store, totals=totals)}
+    manifest = {n: sizes[f"entries/{n}/MANIFEST.json"] for n in (one, two)}
+    for n in (one, two):
+        assert rows[n]["bytes"] == sum(sizes[k] for k in named[n]) + manifest[n]
+        assert rows[n]["shared_bytes"] == sum(sizes[k] for k in shared)
+    assert totals["disk_bytes"] == sum(n for k, n in sizes.items() if not k.startswith("refs/"))
+    removed = remove_entry(store, two, include_current=True, grace_hours=0)
+    assert store.sizes("objects").keys() == named[one]  # new_embodiment's objects went; the shared stayed
+    assert removed["freed_bytes"] == manifest[two] + sum(sizes[k] for k in named[two] - named[one])
+    assert main(["cache", "verify", one, "--cache", url]) == 0
+    assert load("n16", url, layout="generic", embodiment="gr1", entry=one).stats["tensors"] > 0
+    removed = remove_entry(store, one, include_current=True)  # the default grace period: they are minutes old
+    assert store.children("entries") == [] and store.sizes("objects").keys() == named[one]
+    assert "written within the grace period (24 hours)" in removed["reason"] and removed["freed_bytes"] == manifest[one]
+    assert main(["cache", "gc", "--grace-hours", "0", "--cache", url]) == 0 and store.sizes("objects") == {}
 
 
 @pytest.mark.parametrize("case", ["unreachable", "no such bucket", "no credentials"])
@@ -272,7 +337,7 @@ def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differ
     monkeypatch.setattr(FsspecStore, "get", lambda self, k: (lambda d: (fetched.append((k, len(d or b""))), d)[1])(cat_file(self, k)))
     names = [s["cache_path"].rsplit("/", 1)[1] for s in (first, second)]
     one = load("n16", bucket, "new_embodiment", layout="generic", entry=names[0])
-    chunks = [(k, n) for k, n in fetched if "/c." in k]
+    chunks = [(k, n) for k, n in fetched if k.startswith("objects/")]
     assert sum(n for _, n in chunks) == one.stats["bytes_read"] > 0
     assert one.stats["bytes_fetched"] == one.stats["bytes_read"]
     fetched.clear()
@@ -282,7 +347,7 @@ def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differ
     differ = sum(rec["nbytes"] for t, arr in b.items() for s, rec in arr["chunks"].items()
                  if s in ("all", str(one.slot)) and a[t]["chunks"].get(s, {}).get("xxh3") != rec["xxh3"])
     assert 0 < differ < two.stats["bytes_read"] / 4
-    assert sum(n for k, n in fetched if "/c." in k) == differ  # only the chunks in which the two entries differ
+    assert sum(n for k, n in fetched if k.startswith("objects/")) == differ  # only the chunks in which the two differ
     assert two.stats["bytes_fetched"] == differ and two.stats["bytes_kept_here"] == two.stats["bytes_read"] - differ
     convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=tmp_path / "local", **opts))
     local = load("n16", tmp_path / "local", "new_embodiment", layout="generic")

@@ -104,11 +104,11 @@ def test_a_content_id_changes_with_everything_the_bytes_depend_on(change):
     assert content_id(sources, attrs, converter) != before
 
 
-def test_a_content_id_changes_with_the_cache_format(monkeypatch):
+def test_a_content_id_changes_with_the_chunks_layout(monkeypatch):
     before = content_id(["a"], BASE, "1")
     from tasks.entries import manifest
 
-    monkeypatch.setattr(manifest, "CACHE_FORMAT", manifest.CACHE_FORMAT + 1)
+    monkeypatch.setattr(manifest, "CONTENT_FORMAT", manifest.CONTENT_FORMAT + 1)
     assert content_id(["a"], BASE, "1") != before
 
 

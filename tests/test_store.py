@@ -3,7 +3,9 @@ and an entry read through either gives the same manifest, chunks, device files a
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -55,8 +57,8 @@ def test_listing_is_recursive_sorted_and_sized_and_children_are_one_level(store)
     assert store.list("e") == ["e/ab/z"] and store.get("f/x") == b"4444"
 
 
-def test_last_written_is_the_newest_objects_time_under_the_prefix(store):
-    assert store.last_written("e") is None
+def test_written_times_each_object_and_last_written_is_the_newest_under_the_prefix(store):
+    assert store.last_written("e") is None and store.written("e") == {}
     before = time.time()
     store.put("e/a/first", b"1")
     time.sleep(1.1)  # S3 keeps whole seconds
@@ -65,17 +67,41 @@ def test_last_written_is_the_newest_objects_time_under_the_prefix(store):
     first, newest = store.last_written("e/a"), store.last_written("e")
     assert before - 1 <= first < newest <= time.time() + 1
     assert store.last_written("e/b/second") == newest and store.last_written("nothing") is None
+    assert store.written("e") == {"e/a/first": first, "e/b/second": newest}
 
 
-def test_copies_inside_the_store_are_whole_independent_and_skip_what_is_gone(store):
+def test_freshening_writes_the_time_again_and_never_the_bytes(store):
+    store.put("o/a", b"alpha" * 1000)
+    store.put("o/b", b"beta")
+    old = store.written("o")
+    time.sleep(1.1)
+    assert store.freshen(["o/a", "o/gone"]) == {"o/a"}  # one removed meanwhile is left out, not an error
+    now = store.written("o")
+    assert now["o/a"] > old["o/a"] and now["o/b"] == old["o/b"]
+    assert store.get("o/a") == b"alpha" * 1000 and store.get("o/gone") is None and store.freshen([]) == set()
+
+
+def test_delete_many_removes_those_objects_only(store):
+    store.put_many({"o/a": b"1", "o/b": b"2", "o/c/d": b"3"})
+    store.delete_many(["o/a", "o/c/d", "o/never"])
+    assert store.list("o") == ["o/b"]
+
+
+def test_a_local_folder_links_and_an_object_store_names_shared_objects(store):
+    """Where entries share bytes: a folder's entries hold files of their own, shared by hard links (copy_many);
+    an object store has no links, so its entries name shared objects (`pooled`)."""
+    if store.pooled:
+        assert not store.can_rename and not hasattr(store, "copy_many")
+        return
     store.put("old/a", b"alpha")
     store.put("old/t/b", b"beta" * 1000)
     store.put("new/a", b"stale, from a killed run")  # replaced whole, never written through
     made = store.copy_many({"new/a": "old/a", "new/x/b": "old/t/b", "new/gone": "old/removed"})
     assert made == {"new/a", "new/x/b"}  # a source removed meanwhile is left out, not an error
     assert store.get("new/a") == b"alpha" and store.get("new/x/b") == b"beta" * 1000 and store.get("new/gone") is None
+    assert store.local_path("new/a").stat().st_ino == store.local_path("old/a").stat().st_ino
     store.delete("old")
-    assert store.get("new/a") == b"alpha" and store.get("new/x/b") == b"beta" * 1000  # the copy outlives its source
+    assert store.get("new/a") == b"alpha" and store.get("new/x/b") == b"beta" * 1000  # the link outlives its source
     assert store.copy_many({}) == set()
 
 
@@ -114,16 +140,25 @@ def test_a_local_path_is_the_object_itself_and_an_object_store_has_none(store):
 
 
 def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store, snapshots):
-    """Convert once locally; push the entry into the store under test (a local folder gets the same objects);
-    every reader answers the same, and the chunks equal the source read with safetensors itself."""
+    """Convert once locally; push the entry into the store under test (a local folder gets a copy of the entry's
+    folder); every reader answers the same, and the chunks equal the source read with safetensors itself."""
     summary = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=tmp_path / "built", progress=False, profile="bfp8"))
     built = entry_at(Path(summary["cache_path"]))
-    sent = push(built.store, built.name, store)
-    assert sent == sum(built.store.sizes(f"entries/{built.name}").values())
-    assert push(built.store, built.name, store) == len(built.store.get(f"entries/{built.name}/MANIFEST.json"))
+    if store.pooled:  # every chunk and device file once, as the object of its sha256, then the manifest
+        sent = push(built, store)
+        manifest = len(store.get(f"entries/{built.name}/MANIFEST.json"))
+        files = {p.read_bytes() for p in built.path.rglob("*")
+                 if p.is_file() and p.name not in ("MANIFEST.json", "zarr.json")}
+        assert sent == sum(map(len, files)) + manifest == sum(store.sizes("").values())
+        assert {store.get(k) for k in store.list("objects")} == files
+        assert {k.rsplit("/", 1)[1].split(".")[0] for k in store.list("objects")} == \
+            {hashlib.sha256(f).hexdigest() for f in files}
+        assert push(built, store) == manifest  # nothing sent again
+    else:
+        shutil.copytree(built.path, store.local_path(f"entries/{built.name}"))
     entry = open_entry(store, built.name)
-    assert entry.manifest == built.manifest and entry.verify() == []
+    assert _records(entry.manifest) == _records(built.manifest) and entry.verify() == []
     doc = json.loads(store.get(f"entries/{built.name}/MANIFEST.json"))
     assert doc["arrays"]["language.norm.weight"]["chunks"][WHOLE]["xxh3"] == entry.manifest.arrays["language.norm.weight"].chunks[None].xxh3
     arr = entry.manifest.arrays["language.norm.weight"]
@@ -142,6 +177,16 @@ def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store,
                                                               "(tampered or corrupt)"]
     with pytest.raises(CacheError, match=f"{bank}: chunk {slot} does not match its manifest checksum"):
         entry.read_chunk(bank, slot)
+
+
+def _records(manifest) -> dict:
+    """A manifest with its chunks' places left out (an object store's name objects, a folder's do not)."""
+    doc = manifest.to_json()
+    for arr in doc["arrays"].values():
+        for rec in arr["chunks"].values():
+            rec.pop("object", None)
+            rec.get("tensorbin", {}).pop("object", None)
+    return doc
 
 
 def test_local_files_asked_for_by_many_threads_at_once_all_stay(store, monkeypatch):

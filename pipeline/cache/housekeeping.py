@@ -7,9 +7,11 @@ from __future__ import annotations
 import time
 
 from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless_read
+from pipeline.cache.pool import Pool, named_objects, sweep
 from pipeline.cache.roots import pid_alive
 from tasks.entries.entry import list_entries
-from tasks.entries.names import ENTRIES, FETCHED, PORT_MODELS, is_temporary, entry_key, ref_object, tmp_owner
+from tasks.entries.names import (ENTRIES, FETCHED, GRACE_HOURS, PORT_MODELS, is_temporary, entry_key, ref_object,
+                                 tmp_owner)
 from tasks.errors import CacheError
 from tasks.entries.refs import readable, refs
 from tasks.entries.store import Store
@@ -17,17 +19,18 @@ from tasks.entries.store import Store
 
 def entry_rows(store: Store, only: str | None = None, verify: bool = False, totals: dict | None = None) -> list[dict]:
     """`cache ls` / `cache verify`: one row per entry (state, identity, bytes on disk, refs), the same for every
-    store. Bytes shared with another entry by hard links (reuse) are counted once in `unique_bytes`."""
+    store. Bytes shared with another entry (hard links in a folder, the same objects in an object store) are not
+    in `unique_bytes`, and counted once in the totals."""
     in_use, seen, now, rows = refs(store), {}, time.time(), []
-    for name, entry, state in list_entries(store):
-        if only and name != only:
-            continue
+    listed = list(list_entries(store))
+    pool = Pool.of(store, [e for _, e, _ in listed if e is not None]) if store.pooled else None
+    for name, entry, state in (row for row in listed if not only or row[0] == only):
         if verify and entry is not None:
             problems = entry.verify()
             state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
         elif state == "incomplete" and not is_temporary(name):
             state = "incomplete (no manifest: a push in progress or abandoned)"
-        size, unique, files = store.usage(entry_key(name))
+        size, unique, files = pool.usage(store, name) if pool else store.usage(entry_key(name))
         seen.update(files)
         m = entry.manifest if entry else None
         rows.append({"entry": name, "state": state, "version": m and m.version, "layout": m and m.layout,
@@ -54,8 +57,6 @@ def _no_such_entry(store: Store, name: str) -> CacheError:
     return CacheError(f"{store.describe(entry_key(name))}: no such entry in cache {store.describe('')} (entries: {known})")
 
 
-GRACE_HOURS = 24.0  # `cache gc --grace-hours`: an object-store entry without a manifest written to this recently
-# may be a push in flight (a cluster's workers write for as long as the convert runs): gc leaves it alone
 
 
 def _unfit(store: Store, row: dict, grace_hours: float) -> tuple[str, bool] | None:
@@ -126,6 +127,9 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
                 break
             if remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True):
                 total -= row["unique_bytes"]  # a kept entry (a live reader's) still takes its room
+    if store.pooled:
+        swept, _ = sweep(store, grace_hours, dry_run, removed={r["entry"] for r in removed})
+        removed += [swept] if swept else []
     if not dry_run:
         _drop_orphan_port_models(store)
     if older_than_days is not None:
@@ -164,9 +168,12 @@ def _busy(store: Store, name: str) -> CacheError:
                       f"{store.describe(LEASES)}); remove it when that process is done")
 
 
-def remove_entry(store: Store, name: str, include_current: bool = False, dry_run: bool = False) -> dict:
+def remove_entry(store: Store, name: str, include_current: bool = False, dry_run: bool = False,
+                 grace_hours: float = GRACE_HOURS) -> dict:
     """`cache rm NAME`: remove one published (or broken) entry; one a ref points to only with `include_current`,
-    and then its refs go too. `dry_run` says what would go and removes nothing."""
+    and then its refs go too. In an object store, the objects it named that no other manifest names go with it,
+    those written within `grace_hours` at the next `cache gc` after that. `dry_run` says what would go and removes
+    nothing."""
     if is_temporary(name) or name not in store.children(ENTRIES):
         raise _no_such_entry(store, name)
     if readers(store, name):
@@ -175,10 +182,21 @@ def remove_entry(store: Store, name: str, include_current: bool = False, dry_run
     if in_use and not include_current:
         raise CacheError(f"{store.describe(entry_key(name))}: refs/{', refs/'.join(in_use)} point to this entry (it "
                          "is what `load` opens); pass --include-current to remove it and those refs")
-    size, freed, _ = store.usage(entry_key(name))
+    entries = [e for _, e, _ in list_entries(store) if e is not None] if store.pooled else []
+    entry = next((e for e in entries if e.name == name), None)
+    size, freed, _ = Pool.of(store, entries).usage(store, name) if entry else store.usage(entry_key(name))
+    manifest_bytes = sum(store.sizes(entry_key(name)).values())
     if not dry_run:
         if not delete_unread(store, name):
             raise _busy(store, name)
         for ref in readable(in_use):
             store.delete(ref_object(ref))
-    return {"entry": name, "reason": "removed on request", "bytes": size, "freed_bytes": freed, "refs": readable(in_use)}
+    reason = "removed on request"
+    if entry is not None:  # its objects: those no other manifest names, past the grace period
+        swept, young = sweep(store, grace_hours, dry_run, among=named_objects(entry), removed={name})
+        freed = manifest_bytes + (swept["freed_bytes"] if swept else 0)
+        if young:
+            reason += (f"; {young} of its objects no other entry names were written within the grace period "
+                       f"({grace_hours:g} hours) and stay until a `cache gc` after it")
+    return {"entry": name, "reason": reason, "bytes": size, "freed_bytes": freed, "refs": readable(in_use)}
+

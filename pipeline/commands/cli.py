@@ -138,7 +138,7 @@ def cmd_cache(a: argparse.Namespace) -> dict:
     root = store.describe("")
     if a.action in ("gc", "rm"):
         if a.action == "rm":
-            removed = [cache.remove_entry(store, a.entry, a.include_current, a.dry_run)]
+            removed = [cache.remove_entry(store, a.entry, a.include_current, a.dry_run, a.grace_hours)]
         else:
             removed = cache.collect_garbage(store, a.older_than_days, parse_size(a.max_bytes) if a.max_bytes
                                             else None, a.include_current, a.dry_run, a.grace_hours)
@@ -338,11 +338,11 @@ def _cache_parser(sub) -> None:
         if name == "gc":
             ap.add_argument("--older-than-days", type=_non_negative, help="also remove published entries older than this")
             ap.add_argument("--max-bytes", help="then remove the oldest entries until the cache fits (e.g. 10G)")
-            ap.add_argument("--grace-hours", type=_non_negative, default=cache.GRACE_HOURS,
-                            help="an object-store entry without a manifest (a push) is removed only once nothing has "
-                                 f"been written to it for this long: a younger one may be in flight (default "
-                                 f"{cache.GRACE_HOURS:g})")
         if name in ("gc", "rm"):
+            ap.add_argument("--grace-hours", type=_non_negative, default=cache.GRACE_HOURS,
+                            help="in an object store, an object no manifest names (or an entry without a manifest: a "
+                                 "push) is removed only once it was written this long ago: a younger one may belong "
+                                 f"to a convert in flight (default {cache.GRACE_HOURS:g})")
             ap.add_argument("--include-current", action="store_true",
                             help="entries a ref points to (what load opens) may go too, and their refs")
             ap.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")

@@ -28,7 +28,7 @@ from tasks.checkpoint import Checkpoint
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Identity, array_documents
-from tasks.entries.names import entry_key, holds_data, scratch_name
+from tasks.entries.names import FRESH_FOR, OBJECTS, entry_key, scratch_name
 from tasks.entries.progress import already_staged, record_progress, staged_records
 from tasks.entries.publish import push
 from tasks.entries.refs import write_ref
@@ -188,7 +188,7 @@ def _convert(opts: ConvertOptions, prep: Prepared, store, t0: float) -> ConvertS
     else:
         built = _build(opts, prep, name, final)
         if not store.can_rename:  # a device is open here: built beside it, then pushed
-            local_build, pushed = str(final), push(LocalStore(root), name, store, opts.progress)
+            local_build, pushed = str(final), push(cache.entry_at(final), store, opts.progress)
     result, done, reused = built.result, built.done, built.reused
     write_ref(store, plan.version, plan.layout, plan.profile, name, bool(ident.synthetic))
     return replace(asked, cache_hit=False, resumed_chunks=len(done) - len(reused.records),
@@ -240,32 +240,33 @@ def _checked_when_identified(prep: Prepared, sha256: bool) -> dict[str, Verified
 def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
     """Run the graph with every stage task putting its objects into the object store from the worker that runs
     it, and the publish task putting the manifest last: the client plans and names, the workers write. What a
-    published entry of the store already holds is copied inside the store, not converted or sent; objects a killed
-    run already put (the same entry: the same bytes) are not sent again."""
+    published entry of the store already holds is named by the new manifest, not converted, sent or copied; bytes
+    the store holds already (a killed run's, or another entry's) are not sent again."""
     ck, plan, slots, ident = prep.checkpoint, prep.plan, prep.slots, prep.identity
-    present = {k: n for k, n in store.sizes(entry_key(prep.name)).items() if holds_data(k)}  # documents: put again
+    written, sizes = store.written(OBJECTS), store.sizes(OBJECTS)
+    present = {k: (n, written.get(k, 0.0)) for k, n in sizes.items()}
+    fresh_after = time.time() - FRESH_FOR
     arrays = array_documents(plan, slots)
-    reused = _reuse(opts, prep, store, entry_key(prep.name), arrays, present)
+    reused = _reuse(opts, prep, store, entry_key(prep.name), arrays, present, fresh_after)
     inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards),
                          done=reused.records, identity=ident, arrays=arrays, check_bf16=opts.check_bf16,
                          prehashed=_prehashed(prep, reused, reused.records, opts.sha256), record_sha256=opts.sha256,
-                         store_url=store.describe(""), present=present)
+                         store_url=store.describe(""), present=present, fresh_after=fresh_after)
     graph = build_graph(inputs)
     result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck))
-    result["pushed_bytes"] = (result["file_bytes"] - reused.linked_bytes + result["document_bytes"]
-                              - sum(n for k, n in present.items() if k not in reused.objects))
+    result["pushed_bytes"] = sum(n for k, n in result["objects"].items() if k not in present) + result["document_bytes"]
     return Built(result=result, timings=timings, graph=graph, done=dict(reused.records), reused=reused)
 
 
 def _reuse(opts: ConvertOptions, prep: Prepared, store, into: str, arrays: Mapping[str, dict],
-           present: Mapping[str, int] | None = None) -> Reuse:
+           present: Mapping[str, tuple[int, float]] | None = None, fresh_after: float = 0.0) -> Reuse:
     """What published entries of `store` already hold, given to the entry being built under `into` (none with
     --force, which means "rebuild from the source", or without reuse)."""
     if not opts.reuse or opts.force:
         return Reuse()
     attrs = {name: doc["attributes"] for name, doc in arrays.items()}
     return plan_reuse(store, prep.plan, prep.slots, prep.checkpoint, dict(prep.identity.shards), into=into,
-                      array_attrs=attrs, identified=prep.identified, present=present)
+                      array_attrs=attrs, identified=prep.identified, present=present, fresh_after=fresh_after)
 
 
 def _prehashed(prep: Prepared, reused: Reuse, done: Mapping, sha256: bool) -> dict[str, VerifiedShard]:

@@ -14,14 +14,14 @@ slot task reads only its slot. Chunks a killed run already staged, or a fine-tun
 shards a fine-tune's pre-pass already hashed.
 
 Into an object store (`GraphInputs.store_url`), each stage task puts its own objects into the store from whichever
-worker runs it, and the publish task puts the documents and the manifest last: no task needs a path only the client
-has (the checkpoint is read where the workers can read it).
+worker runs it (what the store held when the convert began is one node, `("present",)`), and the publish task puts
+the manifest last: no task needs a path only the client has (the checkpoint is read where the workers can read it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable, Hashable, Mapping
 
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
@@ -30,7 +30,6 @@ from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
-from tasks.entries.names import chunk_file, entry_key, packed_path
 from tasks.entries.publish import publish_entry, publish_into_store, unit_done
 from tasks.source import index_shard, read_weight, read_weight_slot, verify_shard
 from tasks.entries.manifest import Identity, Staged
@@ -39,6 +38,7 @@ from tasks.transforms import apply
 
 Key = tuple
 PUBLISH: Key = ("publish",)
+PRESENT: Key = ("present",)  # what an object store held when the convert began
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +58,9 @@ class GraphInputs:
     replace: bool = False                          # --force: the new entry replaces a published one at publish
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
     store_url: str | None = None                   # an object store the workers put the entry into themselves
-    present: Mapping[str, int] = field(default_factory=dict)  # its objects already there (a killed run's): key -> size
+    present: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # its objects when the convert began:
+                                                   # key -> (size, when written)
+    fresh_after: float = 0.0                       # an object there written before this is freshened, not trusted
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -81,10 +83,8 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), DataNode(None, t), slot,  # the Target as one opaque value
                                inputs.check_bf16, _origin(inputs.checkpoint, t))
     if inputs.store_url:
-        entry = PurePosixPath(entry_key(inputs.identity.name))
-        own = (str(chunk_file(entry, t.name, len(t.shape), slot)), str(packed_path(entry, t.name, slot)))
-        graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, inputs.identity.name,
-                                 TaskRef(convert_key), {k: inputs.present[k] for k in own if k in inputs.present})
+        graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, TaskRef(convert_key), TaskRef(PRESENT),
+                                 inputs.fresh_after)
     else:
         graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
     if inputs.device is None or t.host:  # host-only targets are never uploaded
@@ -97,6 +97,8 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
 def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     """The whole conversion as `{key: task}`; run it for `PUBLISH`."""
     ck, graph = inputs.checkpoint, {}
+    if inputs.store_url:  # one node, so a worker is sent the store's listing once, not with every stage task
+        graph[PRESENT] = DataNode(PRESENT, dict(inputs.present))
     for shard, header in ck.headers.items():
         graph[("index", shard)] = _task(("index", shard), index_shard, header.path, ck.stored_keys(shard),
                                         ck.stored_names(shard))

@@ -5,9 +5,9 @@ the verify pass), its transform and device format, and the converter version. Be
 tensors of each shard are identified — from an earlier entry when the shard's identity (its HF blob sha256, or
 its content identity) is unchanged, by one xxh3 pass otherwise (its sha256 is then taken by the graph's verify
 task, beside the conversion) — and every target whose content id some published entry already holds is given to
-the new entry inside the store (a hard link in a local folder, a server-side copy on S3) instead of being read,
-converted, written or sent. A typical fine-tune changes the action head: the backbone shard is
-untouched, so only the action-head shard is hashed and only the changed targets are converted.
+the new entry inside the store (a hard link in a local folder; in an object store, the new manifest names the
+same objects) instead of being read, converted, written or sent. A typical fine-tune changes the action head: the
+backbone shard is untouched, so only the action-head shard is hashed and only the changed targets are converted.
 """
 
 from __future__ import annotations
@@ -84,10 +84,11 @@ def _tensor_hashes(ck: Checkpoint, entries: list[Entry], identities: dict[str, s
 
 def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, identities: dict[str, str], *,
                into: str, array_attrs: dict[str, dict], identified: Mapping[str, Mapping[str, str]] | None = None,
-               present: Mapping[str, int] | None = None) -> Reuse:
+               present: Mapping[str, tuple[int, float]] | None = None, fresh_after: float = 0.0) -> Reuse:
     """Give the entry being built under key `into` every chunk (and device file) whose content id a published entry
-    of `store` already holds, inside the store (store.copy_many: a hard link locally, a server-side copy on S3);
-    returns what was reused. `present`: objects already under `into` (a killed run's): not asked for again."""
+    of `store` already holds; returns what was reused. In a local folder each is hard-linked into `into`. In an
+    object store the new manifest names the same objects (`present`: key -> (size, when written) of those there;
+    one written before `fresh_after` is freshened first, so that `cache gc` leaves it until the manifest is out)."""
     reuse = Reuse()
     entries = _published(store, plan.version)
     if not entries:
@@ -96,7 +97,7 @@ def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint,
     by_id: dict[str, tuple[Entry, str]] = {}
     for e in reversed(entries):  # newest wins
         for name, arr in e.manifest.arrays.items():
-            if arr.content_id:
+            if arr.content_id and (not store.pooled or all(r.objects() for r in arr.chunks.values())):
                 by_id[arr.content_id] = (e, name)
     holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], CONVERTER_VERSION))
               for t in plan.targets}
@@ -113,11 +114,7 @@ def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint,
         if rec.tensorbin:
             objects[packed_path(at, t.name, slot).as_posix()] = (entry.device_object(name, slot), rec.tensorbin.nbytes)
         held[(t.name, slot)] = Staged(t.name, slot, rec), entry.name, objects
-    with contextlib.ExitStack() as leases:  # gc and rm leave the entries copied from alone meanwhile
-        kept = {e for e in {e for _, e, _ in held.values()} if _lease(leases, store, e)}
-        wanted = {new: old for _, e, objects in held.values() if e in kept for new, old in objects.items()}
-        there = {new for new, (_, size) in wanted.items() if (present or {}).get(new) == size}
-        made = store.copy_many({new: old for new, (old, _) in wanted.items() if new not in there}) | there
+    made = _named(store, held, present or {}, fresh_after) if store.pooled else _linked(store, held)
     for unit, (staged, _, objects) in held.items():
         if all(new in made for new in objects):  # a chunk whose holder went meanwhile is converted instead
             reuse.records[unit] = staged
@@ -126,6 +123,24 @@ def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint,
     given = Counter(e for _, e, objects in held.values() if all(new in made for new in objects))
     reuse.holders = [e for e, _ in given.most_common()]
     return reuse
+
+
+def _linked(store: Store, held: Mapping) -> set[str]:
+    """Hard-link each held chunk and device file into the entry being built; the new keys made."""
+    with contextlib.ExitStack() as leases:  # gc and rm leave the entries linked from alone meanwhile
+        kept = {e for e in {e for _, e, _ in held.values()} if _lease(leases, store, e)}
+        wanted = {new: old for _, e, objects in held.values() if e in kept for new, old in objects.items()}
+        return store.copy_many({new: old for new, (old, _) in wanted.items()})
+
+
+def _named(store: Store, held: Mapping, present: Mapping[str, tuple[int, float]], fresh_after: float) -> set[str]:
+    """In an object store nothing is copied: the new manifest names the holder's objects. Those the store still
+    holds count as made (the new keys standing for them), an old one once it is freshened."""
+    there = {old for _, _, objects in held.values() for old, size in objects.values()
+             if present.get(old, (None,))[0] == size}
+    old = [key for key in there if present[key][1] < fresh_after]
+    there -= set(old) - store.freshen(old)
+    return {new for _, _, objects in held.values() for new, (key, _) in objects.items() if key in there}
 
 
 def _lease(leases: contextlib.ExitStack, store: Store, name: str) -> bool:

@@ -43,13 +43,17 @@ class Entry:
         return self.store.describe(f"{entry_key(self.name)}/{rel}" if rel else entry_key(self.name))
 
     def chunk_object(self, array: str, slot: int | None) -> str:
-        """The store key of a chunk (slot None: the whole array)."""
-        ndim = len(self.manifest.arrays[array].logical_shape)
-        return chunk_file(PurePosixPath(entry_key(self.name)), array, ndim, slot).as_posix()
+        """The store key of a chunk (slot None: the whole array): the object its record names, else its file in
+        the entry's folder."""
+        arr = self.manifest.arrays[array]
+        named = arr.chunks[slot].object if slot in arr.chunks else None
+        return named or chunk_file(PurePosixPath(entry_key(self.name)), array, len(arr.logical_shape), slot).as_posix()
 
     def device_object(self, array: str, slot: int | None) -> str:
-        """The store key of a chunk's `.tensorbin`."""
-        return packed_path(PurePosixPath(entry_key(self.name)), array, slot).as_posix()
+        """The store key of a chunk's `.tensorbin`: the object its record names, else its file in the entry's folder."""
+        record = self.manifest.arrays[array].chunks.get(slot)
+        named = record.tensorbin.object if record is not None and record.tensorbin is not None else None
+        return named or packed_path(PurePosixPath(entry_key(self.name)), array, slot).as_posix()
 
     def read_chunk(self, array: str, slot: int | None, out: np.ndarray | None = None) -> np.ndarray:
         """One chunk, checked against its manifest record (the pass that touches every byte): read into `out`

@@ -1,5 +1,6 @@
 """What loads from an object store keep on this machine: each chunk and device file they fetched, in a local
-folder (`<local cache>/fetched/`), named by its content as the manifest records it (xxh3 and size). Entries of
+folder (`<local cache>/fetched/`), named by its content as the manifest records it (its object's sha256 name, or
+for an entry of format 5 its xxh3 and size). Entries of
 one release and its fine-tunes share most of their bytes, so the next load of any of them fetches only what this
 machine lacks. A kept file is checked against the record like a fetched one; one that does not match is fetched
 again and replaced. Keeping is a courtesy: a folder that cannot be written costs a fetch next time, never a load.
@@ -33,7 +34,11 @@ class Fetched:
     folder: Path
 
     def path(self, record: FileRecord, suffix: str = "") -> Path:
-        """`suffix`: a device file's (PACKED_SUFFIX), which ttnn wants in the name it loads."""
+        """`suffix`: a device file's (PACKED_SUFFIX), which ttnn wants in the name it loads. Bytes the record
+        names by sha256 (its object's name) are kept under that name: an xxh3 can be forged, to pass one
+        entry's bytes off as another's."""
+        if record.object:
+            return self.folder / record.object.rsplit("/", 1)[-1]
         return self.folder / f"{record.xxh3}-{record.nbytes}{suffix}"
 
     def read_into(self, record: FileRecord, out: np.ndarray) -> bool:

@@ -17,7 +17,7 @@ import xxhash
 
 from tasks import precision
 from tasks.file_blocks import each_read
-from tasks.entries.names import CACHE_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, slot_of
+from tasks.entries.names import CACHE_FORMAT, CONTENT_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, slot_of
 from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
 from tasks.plan import Plan, Target
 from tasks.source import checked_against
@@ -35,6 +35,11 @@ def checksum(data: np.ndarray | bytes | memoryview) -> str:
 class FileRecord:
     nbytes: int
     xxh3: str
+    object: str | None = field(default=None, kw_only=True)  # an object store's key of these bytes (`object_key`);
+                                                            # None: the file in the entry's own folder
+
+    def to_json(self) -> dict:
+        return {"nbytes": self.nbytes, "xxh3": self.xxh3, **({"object": self.object} if self.object else {})}
 
     def matches(self, data: np.ndarray | bytes | memoryview | None) -> bool:
         """Whether bytes are this chunk or device file: its size and xxh3."""
@@ -64,16 +69,21 @@ class ChunkRecord(FileRecord):
         return self.nbytes + (self.tensorbin.nbytes if self.tensorbin else 0)
 
     def to_json(self) -> dict:
-        doc = {"nbytes": self.nbytes, "xxh3": self.xxh3, "max_abs_err": self.max_abs_err, "pcc": self.pcc}
+        doc = {**FileRecord.to_json(self), "max_abs_err": self.max_abs_err, "pcc": self.pcc}
         if self.tensorbin is not None:
-            doc["tensorbin"] = {"nbytes": self.tensorbin.nbytes, "xxh3": self.tensorbin.xxh3}
+            doc["tensorbin"] = self.tensorbin.to_json()
         return doc
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "ChunkRecord":
         packed = doc.get("tensorbin")
         return cls(doc["nbytes"], doc["xxh3"], doc.get("max_abs_err", 0.0), doc.get("pcc", 1.0),
-                   FileRecord(packed["nbytes"], packed["xxh3"]) if packed else None)
+                   FileRecord(packed["nbytes"], packed["xxh3"], object=packed.get("object")) if packed else None,
+                   object=doc.get("object"))
+
+    def objects(self) -> list[str]:
+        """The object-store keys this chunk's bytes are kept under (none for a chunk in its entry's folder)."""
+        return [r.object for r in (self, self.tensorbin) if r is not None and r.object]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,10 +243,10 @@ class Manifest(Identity):
 
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:
     """What one array's bytes are a function of: its sources' bytes, its transform and device format, the
-    converter version and the cache format. Equal ids mean equal bytes, whichever entry they sit in."""
+    converter version and how chunks lay out bytes. Equal ids mean equal bytes, whichever entry they sit in."""
     doc = [list(source_xxh3), attributes.get("source_dtypes"), attributes.get("dtype", "bfloat16"), attributes["transform"],
            attributes.get("transform_params", []), attributes["device_dtype"], attributes["device_layout"],
-           attributes["logical_shape"], converter, CACHE_FORMAT]  # the same bytes stored another way are another content
+           attributes["logical_shape"], converter, CONTENT_FORMAT]  # bytes laid out another way: another content
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 

@@ -10,16 +10,24 @@ from pathlib import Path, PurePosixPath
 
 from tasks.entries.zarr_v3 import chunk_path
 
-CACHE_FORMAT = 5            # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CACHE_FORMAT = 6            # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "3"     # bump when a transform changes the bytes it produces (3: host tables stored as float32)
-READABLE_FORMATS = (3, 4, 5)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32 host arrays.
+READABLE_FORMATS = (3, 4, 5, 6)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32 host
+                              # arrays; 6: an object store's entries name their bytes in objects/ (`object_key`).
                               # Format 2 kept c/0/0 and is not read.
+CONTENT_FORMAT = 5          # in every array's content id: how a chunk's bytes are laid out, which format 6 kept
+                            # (so a fine-tune still reuses what a format 5 entry holds)
 MANIFEST = "MANIFEST.json"  # written last: present means complete
 ENTRIES, REFS = "entries", "refs"
 LEASES = "leases"           # `leases/<entry>.lock` (the lock) and `leases/<entry>@<pid>-<random>` (who reads it)
 SOURCES = "sources"         # sources/<hash>.json: a plain folder's shard identities (pipeline/cache/sources.py)
 HF = "hf"                   # the demo's synthetic Hugging Face cache (pipeline/inputs/snapshot.py)
 PORT_CHECKS = "port-checks"  # the port hand-off's self-check verdicts (pipeline/port_n16/verdict.py)
+OBJECTS = "objects"         # objects/<sha256>[.tensorbin]: an object store's chunks and device files, shared by
+                            # every entry that holds the same bytes (`object_key`)
+GRACE_HOURS = 24.0          # `cache gc --grace-hours`: an object (or a push without its manifest) written this
+                            # recently may belong to a convert in flight, and stays
+FRESH_FOR = GRACE_HOURS * 3600 / 2  # seconds: an object older than this that a convert names is freshened first
 FETCHED = "fetched"         # fetched/<xxh3>-<size>: what loads from an object store keep (tasks/entries/fetched.py)
 PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
@@ -67,6 +75,13 @@ def ref_object(stem: str) -> str:
 def entry_name(version: str, layout: str, profile: str, fingerprint: str) -> str:
     """`<version>-<layout>-<profile>-<first 20 hex digits of the fingerprint>`: what `open_entry` holds a manifest to."""
     return f"{version}-{layout}-{profile}-{fingerprint[:20]}"
+
+
+def object_key(sha256: str, suffix: str = "") -> str:
+    """Where an object store keeps bytes of this sha256, for every entry that holds them: a name no other bytes
+    can claim (an xxh3 can be forged by a stranger's checkpoint, to stand in for another entry's bytes). `suffix`:
+    a device file's (PACKED_SUFFIX), which ttnn wants in the name of the file it loads."""
+    return f"{OBJECTS}/{sha256}{suffix}"
 
 
 def chunk_key(slot: int | None) -> str:

@@ -8,8 +8,10 @@ only a final directory with a manifest, so a crash at any point leaves either no
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -23,8 +25,10 @@ from tasks.errors import CacheError
 from tasks.source import VerifiedShard
 from tasks.bulk_write import write_json_atomic
 from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
-from tasks.entries.names import MANIFEST, PROGRESS_DIR, entry_key, manifest_key, set_aside_name
-from tasks.entries.store import LocalStore, Store, store_at
+from tasks.entries.entry import Entry
+from tasks.entries.names import (FRESH_FOR, MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key,
+                                 object_key, set_aside_name)
+from tasks.entries.store import Store, store_at
 from tasks.device import Uploaded
 
 
@@ -109,19 +113,34 @@ def _result(where: str, won: bool, manifest: Manifest, staged: Sequence[Staged],
 
 def publish_into_store(store_url: str, name: str, identity: Identity, array_meta: Mapping[str, dict],
                        units: Sequence[UnitDone], verified: Sequence[VerifiedShard]) -> dict:
-    """Publish an entry whose chunks the workers put into an object store themselves (tasks/stage.py
-    `stage_into_store`): the arrays' and the group's `zarr.json`, then `MANIFEST.json` last, so a reader never
-    sees half an entry. Runs on whichever worker the scheduler picks: it needs the store, not a folder."""
+    """Publish an entry whose objects the workers put into an object store themselves (tasks/stage.py
+    `stage_into_store`) or an earlier entry holds: its `MANIFEST.json`, which names every one, once each is there
+    (a reader never sees half an entry, and `cache gc` cannot have taken one meanwhile unnoticed). Runs on whichever
+    worker the scheduler picks: it needs the store, not a folder."""
     store, entry = store_at(store_url), entry_key(name)
     manifest, staged = _manifest(identity, array_meta, units, verified, store.describe(entry))
-    documents = {f"{entry}/{array}/zarr.json": meta for array, meta in array_meta.items()}
-    documents[f"{entry}/zarr.json"] = group_document(array_meta, identity)
-    encoded = {key: (json.dumps(doc, indent=1) + "\n").encode() for key, doc in documents.items()}
-    encoded_manifest = (json.dumps(manifest.to_json(), indent=1) + "\n").encode()
-    store.put_many(encoded)
-    store.put(manifest_key(name), encoded_manifest)
-    return {**_result(store.describe(entry), True, manifest, staged, units),
-            "document_bytes": sum(map(len, encoded.values())) + len(encoded_manifest)}
+    check_objects_there(store, manifest, entry)
+    encoded = encode_manifest(manifest)
+    store.put(manifest_key(name), encoded)
+    return {**_result(store.describe(entry), True, manifest, staged, units), "document_bytes": len(encoded),
+            "objects": {rec.object: rec.nbytes for s in staged for rec in (s.record, s.record.tensorbin) if rec}}
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """An object store's `MANIFEST.json`: compact, since it is sent whole with every entry (a local one is indented
+    for the reader's eye)."""
+    return json.dumps(manifest.to_json(), separators=(",", ":")).encode() + b"\n"
+
+
+def check_objects_there(store: Store, manifest: Manifest, entry: str) -> None:
+    """Every object the manifest names is in the store with its size, or nothing is published."""
+    there = store.sizes(OBJECTS)
+    for arr in manifest.arrays.values():
+        for record in arr.chunks.values():
+            for rec in (record, record.tensorbin):
+                if rec is not None and (rec.object is None or there.get(rec.object) != rec.nbytes):
+                    raise CacheError(f"{store.describe(rec.object or entry)}: gone from the store before {entry} was "
+                                     "published (a `cache gc` meanwhile?); nothing was published — convert again")
 
 
 def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[str, dict],
@@ -153,40 +172,65 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     return _result(str(final_dir), won, manifest, staged, units)
 
 
-# -- to a store that cannot rename: every object, the manifest last --------------------------------------------
+# -- from a local entry to an object store ---------------------------------------------------------------------
 PUSH_BATCH = (64, 256 << 20)  # objects sent together (and held in memory): at most this many, or this many bytes
 
 
-def _batches(keys: Sequence[str], sizes: Mapping[str, int]) -> Iterator[list[str]]:
+def _batches(files: Sequence[tuple[Path, str, int]]) -> Iterator[list[tuple[Path, str, int]]]:
     batch, held = [], 0
-    for key in keys:
-        if batch and (len(batch) == PUSH_BATCH[0] or held + sizes[key] > PUSH_BATCH[1]):
+    for file in files:
+        if batch and (len(batch) == PUSH_BATCH[0] or held + file[2] > PUSH_BATCH[1]):
             yield batch
             batch, held = [], 0
-        batch.append(key)
-        held += sizes[key]
+        batch.append(file)
+        held += file[2]
     if batch:
         yield batch
 
 
-def push(local: LocalStore, name: str, store: Store, progress: bool = False) -> int:
-    """Copy a published local entry to a store that cannot rename: every object, then the manifest last, so a
-    reader (which accepts an entry only through its manifest) never sees half of it. Objects already there with
-    the same size are skipped (entries are named by content). Returns the bytes sent."""
-    prefix = entry_key(name)
-    there = store.sizes(prefix)
-    files = {k: n for k, n in local.sizes(prefix).items() if k != manifest_key(name)}
-    missing = [k for k, n in files.items() if there.get(k) != n]
-    total, sent, t0 = sum(files.values()), 0, time.perf_counter()
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def push(local: Entry, store: Store, progress: bool = False) -> int:
+    """Copy a published local entry into an object store (a convert with a device open builds beside it): each
+    chunk and device file as the object of its sha256, then a manifest naming them, last, so a reader never sees
+    half of it. Objects the store holds already are not sent again (freshened when old, as the workers do).
+    Returns the bytes sent."""
+    entry = entry_key(local.name)
+    there, fresh_after = store.written(OBJECTS), time.time() - FRESH_FOR
+    sizes = store.sizes(OBJECTS)
+    files: list[tuple[Path, str, int]] = []  # (file, object key, size)
+    arrays = {}
+    for array, arr in local.manifest.arrays.items():
+        chunks = {}
+        for slot, rec in arr.chunks.items():
+            chunk = local.store.path(local.chunk_object(array, slot))
+            key = object_key(_file_sha256(chunk))
+            files.append((chunk, key, rec.nbytes))
+            packed = None
+            if rec.tensorbin is not None:
+                path = local.store.path(local.device_object(array, slot))
+                packed = dataclasses.replace(rec.tensorbin, object=object_key(_file_sha256(path), PACKED_SUFFIX))
+                files.append((path, packed.object, rec.tensorbin.nbytes))
+            chunks[slot] = dataclasses.replace(rec, tensorbin=packed, object=key)
+        arrays[array] = dataclasses.replace(arr, chunks=chunks)
+    held = {key for _, key, size in files if sizes.get(key) == size}
+    old = [key for key in held if there.get(key, 0.0) < fresh_after]
+    held -= set(old) - store.freshen(old)
+    missing = list({f[1]: f for f in files if f[1] not in held}.values())  # bytes an entry holds twice: sent once
+    total, sent, t0 = sum(size for *_, size in missing), 0, time.perf_counter()
     last = t0
-    for keys in _batches(missing, files):
-        batch = {key: local.path(key).read_bytes() for key in keys}
-        store.put_many(batch)
-        sent += sum(map(len, batch.values()))
+    for batch in _batches(missing):
+        store.put_many({key: path.read_bytes() for path, key, _ in batch})
+        sent += sum(size for *_, size in batch)
         if progress and time.perf_counter() - last >= 5:
             last = time.perf_counter()
-            print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe(prefix)}, "
+            print(f"push: {sent / 1e6:,.0f} of {total / 1e6:,.0f} MB to {store.describe(OBJECTS)}, "
                   f"{last - t0:.0f} s", file=sys.stderr, flush=True)
-    manifest = local.get(manifest_key(name))
-    store.put(manifest_key(name), manifest)
-    return sent + len(manifest)
+    manifest = dataclasses.replace(local.manifest, arrays=arrays)
+    check_objects_there(store, manifest, entry)
+    encoded = encode_manifest(manifest)
+    store.put(manifest_key(local.name), encoded)
+    return sent + len(encoded)

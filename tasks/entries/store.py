@@ -3,14 +3,18 @@
 Keys are `/`-separated paths relative to the cache root. Callers ask a store what it can do, never what it is
 (tests/test_store.py pins each answer for both stores):
 - `can_rename`: a local directory builds an entry beside its final name and publishes it by rename; an object
-  store has no rename, so an entry built and verified locally is pushed object by object, `MANIFEST.json` last
-  (tasks/entries/publish.py `push`);
+  store has no rename, so its entry's objects are put first and `MANIFEST.json` last (tasks/entries/publish.py);
+- `pooled`: where an entry keeps its chunks and device files. A local directory keeps them in the entry's folder,
+  a Zarr group any Zarr reader opens, and entries share bytes by hard links (`LocalStore.copy_many`). An object
+  store has no links: every entry's bytes are objects under `objects/`, named by their sha256 and shared by every
+  entry that holds them, and the manifest names each one (tasks/entries/names.py `object_key`);
 - `local_path(key)`: where a key is a file on this machine (a local directory), so it can be read block by block,
   mapped, or handed to ttnn by name; None for an object store, read through `get`;
 - `supports_leases`: readers take a lock and name their pid beside the entries (pipeline/cache/leases.py), which
   means something only where every process shares the filesystem;
-- `copy_many`: objects another entry already holds are given new keys inside the store, the bytes never leaving
-  it (a hard link locally, a server-side copy on S3): a fine-tune sends only what changed.
+- `written` and `freshen`: when each object was last written, and writing that time again without the bytes:
+  `cache gc` removes an object no manifest names only once it is older than a grace period, and a convert
+  freshens an old object it is about to name (as git freshens an object it would have written).
 Everything else — listing, reading a chunk into a caller's buffer, verifying — is the same code for both.
 """
 
@@ -41,6 +45,7 @@ IN_FLIGHT = 16  # requests to an object store at once: server-side copies, and a
 class Store(ABC):
     can_rename: bool = False
     supports_leases: bool = False
+    pooled: bool = False
 
     def local_path(self, key: str) -> Path | None:
         """Where the object `key` is, or would be, a file on this machine; None where objects are not local files."""
@@ -62,9 +67,18 @@ class Store(ABC):
         return list(self.sizes(prefix))
 
     @abstractmethod
+    def written(self, prefix: str) -> dict[str, float]:
+        """Every key under `prefix` (recursively), sorted, with when it was last written (unix seconds)."""
+
     def last_written(self, prefix: str) -> float | None:
-        """When the newest object under `prefix` was written (unix seconds); None when there is none. How `cache gc`
-        tells an abandoned push from one in flight."""
+        """When the newest object under `prefix` was written; None when there is none. How `cache gc` tells an
+        abandoned push from one in flight."""
+        return max(self.written(prefix).values(), default=None)
+
+    @abstractmethod
+    def freshen(self, keys: list[str]) -> set[str]:
+        """Mark each object as written now, its bytes untouched; returns the keys freshened (one that is gone is
+        left out: the caller writes it again)."""
 
     def usage(self, prefix: str) -> tuple[int, int, dict]:
         """Bytes under `prefix`; how many of them are its own (removing `prefix` frees exactly those: a local
@@ -81,6 +95,11 @@ class Store(ABC):
     def delete(self, prefix: str) -> None:
         """Remove every key under `prefix` (and the key itself)."""
 
+    def delete_many(self, keys: list[str]) -> None:
+        """Remove these objects (one that is gone already is no error)."""
+        for key in keys:
+            self.delete(key)
+
     @abstractmethod
     def describe(self, key: str) -> str:
         """The key as the user knows it (a path or a URL), for messages."""
@@ -89,11 +108,6 @@ class Store(ABC):
         """Write several objects, each one whole as `put` writes it; a store may send them concurrently."""
         for key, data in objects.items():
             self.put(key, data)
-
-    @abstractmethod
-    def copy_many(self, pairs: Mapping[str, str]) -> set[str]:
-        """Each `new key -> existing key` of `pairs`, inside the store; returns the new keys made. One whose source
-        is gone (removed meanwhile) is left out, not an error: the caller makes that object itself."""
 
     def read_into(self, key: str, out: np.ndarray) -> None:
         """Fill `out` with the object, which must hold exactly `out.nbytes` bytes."""
@@ -169,6 +183,9 @@ class LocalStore(Store):
         write_bytes_atomic(self.path(key), data)
 
     def copy_many(self, pairs: Mapping[str, str]) -> set[str]:
+        """Each `new key -> existing key` of `pairs` as a hard link (a copy across filesystems); returns the new
+        keys made. One whose source is gone (removed meanwhile) is left out, not an error: the caller makes that
+        file itself."""
         made = set()
         for new, old in pairs.items():
             try:
@@ -183,12 +200,20 @@ class LocalStore(Store):
         files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
         return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in files}
 
-    def last_written(self, prefix: str) -> float | None:
+    def written(self, prefix: str) -> dict[str, float]:
         base = self.path(prefix)
-        times = [p.stat().st_mtime for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
-        if base.is_file():
-            times.append(base.stat().st_mtime)
-        return max(times, default=None)
+        files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else [base] if base.is_file() else []
+        return {p.relative_to(self.root).as_posix(): p.stat().st_mtime for p in files}
+
+    def freshen(self, keys: list[str]) -> set[str]:
+        done = set()
+        for key in keys:
+            try:
+                os.utime(self.path(key))
+            except FileNotFoundError:
+                continue
+            done.add(key)
+        return done
 
     def usage(self, prefix: str) -> tuple[int, int, dict]:
         size, links, stats = 0, {}, {}
@@ -296,6 +321,8 @@ class FsspecStore(Store):
     refusal or an unreachable endpoint is one sentence naming the URL (`_speaks`); a bucket that does not exist
     reads as empty and refuses writes in one sentence."""
 
+    pooled = True
+
     def __init__(self, url: str):
         import fsspec  # lazy: only object-store caches need it (with s3fs, ~0.3 s to import)
 
@@ -321,23 +348,25 @@ class FsspecStore(Store):
         self.fs.pipe({self._path(k): bytes(v) for k, v in objects.items()})  # s3fs: the PUTs run concurrently
 
     @_speaks
-    def copy_many(self, pairs: Mapping[str, str]) -> set[str]:
+    def freshen(self, keys: list[str]) -> set[str]:
         from fsspec.asyn import sync  # lazy, as fsspec itself
 
         async def every() -> list[str | None]:
             in_flight = asyncio.Semaphore(IN_FLIGHT)
 
-            async def copy(new: str, old: str) -> str | None:
+            async def touch(key: str) -> str | None:
+                bucket, path, _ = self.fs.split_path(self._path(key))
                 async with in_flight:
-                    try:
-                        await self.fs._cp_file(self._path(old), self._path(new))  # S3 CopyObject: no bytes sent
+                    try:  # S3 CopyObject onto itself: a new LastModified, no bytes sent (S3 wants the metadata
+                        await self.fs._call_s3("copy_object", Bucket=bucket, Key=path,  # replaced for that)
+                                               CopySource={"Bucket": bucket, "Key": path}, MetadataDirective="REPLACE")
                     except FileNotFoundError:
                         return None
-                return new
+                return key
 
-            return await asyncio.gather(*(copy(new, old) for new, old in pairs.items()))
+            return await asyncio.gather(*(touch(key) for key in keys))
 
-        return {new for new in sync(self.fs.loop, every) if new is not None} if pairs else set()
+        return {key for key in sync(self.fs.loop, every) if key is not None} if keys else set()
 
     @_speaks
     def sizes(self, prefix: str) -> dict[str, int]:
@@ -348,13 +377,13 @@ class FsspecStore(Store):
         return {p[len(self.base) + 1:]: int(info.get("size") or 0) for p, info in sorted(found.items())}
 
     @_speaks
-    def last_written(self, prefix: str) -> float | None:
+    def written(self, prefix: str) -> dict[str, float]:
         try:
             found = self.fs.find(self._path(prefix), detail=True)
         except FileNotFoundError:
-            return None
-        times = [info["LastModified"].timestamp() for info in found.values() if info.get("LastModified")]
-        return max(times, default=None)
+            return {}
+        return {p[len(self.base) + 1:]: info["LastModified"].timestamp() for p, info in sorted(found.items())
+                if info.get("LastModified")}
 
     @_speaks
     def children(self, prefix: str) -> list[str]:
@@ -369,6 +398,11 @@ class FsspecStore(Store):
         paths = self.fs.find(self._path(prefix))
         if paths:
             self.fs.rm(paths)
+
+    @_speaks
+    def delete_many(self, keys: list[str]) -> None:
+        if keys:
+            self.fs.rm([self._path(k) for k in keys])  # S3 DeleteObjects: a thousand keys a request
 
     def describe(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
