@@ -29,13 +29,11 @@ def entry_md5s(store, name: str) -> dict[str, str | None]:
     """The MD5 of every chunk and device file of entry `name`, keyed by what it is (`<array>@<slot>`, and
     `…:tensorbin`) rather than where it is: a folder's entry holds files of its own, an object store's names shared
     objects under objects/ in its manifest. Read from the manifest and the objects themselves."""
-    import json
-
     from tasks.entries.names import chunk_file, entry_key, packed_path
     from pathlib import PurePosixPath
 
     entry = PurePosixPath(entry_key(name))
-    manifest = json.loads(store.get(f"{entry}/MANIFEST.json"))
+    manifest = manifest_doc(store, name)
     where = {}
     for array, arr in manifest["arrays"].items():
         for slot, rec in arr["chunks"].items():
@@ -54,6 +52,17 @@ def entry_md5s(store, name: str) -> dict[str, str | None]:
 
 def named_objects(store, name: str) -> dict[str, set[str]]:
     """Each array of entry `name` -> the objects its manifest names (chunks and device files), read from the JSON."""
-    manifest = store.get_json(f"entries/{name}/MANIFEST.json")
+    manifest = manifest_doc(store, name)
     return {array: {o for c in arr["chunks"].values() for o in (c.get("object"), c.get("tensorbin", {}).get("object"))
                     if o} for array, arr in manifest["arrays"].items()}
+
+
+def manifest_doc(store, name: str) -> dict | None:
+    """Entry `name`'s MANIFEST.json as JSON, read here: plain in a folder, gzipped in an object store."""
+    import gzip
+    import json
+
+    raw = store.get(f"entries/{name}/MANIFEST.json")
+    if raw is None:
+        return None
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)

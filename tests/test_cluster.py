@@ -93,7 +93,8 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
     name = Path(local["cache_path"]).name
     found = entry_md5s(bucket, name)
-    assert len(found) > 900 and found == entry_md5s(folder, name), "an object differs from the local convert's"
+    assert len(found) >= done["targets"] > 700  # a chunk for every target at least
+    assert found == entry_md5s(folder, name), "an object differs from the local convert's"
     named = set().union(*named_objects(bucket, name).values())
     sizes = bucket.sizes("")
     assert done["pushed_bytes"] == sum(sizes[k] for k in named - set(before)) + sizes[f"entries/{name}/MANIFEST.json"]
@@ -137,7 +138,7 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
     name = Path(local["cache_path"]).name
     found = entry_md5s(bucket, name)
-    assert len(found) > 900 and found == entry_md5s(folder, name)
+    assert len(found) >= done["targets"] > 700 and found == entry_md5s(folder, name)
 
 
 def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_url, snapshots, tmp_path, monkeypatch):

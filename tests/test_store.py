@@ -22,6 +22,7 @@ from tasks.entries.names import WHOLE
 from tasks.entries.publish import push
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore, Store, open_store
+from tests.buckets import manifest_doc
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -159,7 +160,7 @@ def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store,
         shutil.copytree(built.path, store.local_path(f"entries/{built.name}"))
     entry = open_entry(store, built.name)
     assert _records(entry.manifest) == _records(built.manifest) and entry.verify() == []
-    doc = json.loads(store.get(f"entries/{built.name}/MANIFEST.json"))
+    doc = manifest_doc(store, built.name)
     assert doc["arrays"]["language.norm.weight"]["chunks"][WHOLE]["xxh3"] == entry.manifest.arrays["language.norm.weight"].chunks[None].xxh3
     arr = entry.manifest.arrays["language.norm.weight"]
     assert entry.read_chunk("language.norm.weight", None).shape == tuple(arr.logical_shape)

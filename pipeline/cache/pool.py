@@ -6,12 +6,12 @@ freshens an old object before it names it: tasks/entries/store.py `freshen`)."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from tasks.entries.entry import Entry
+from tasks.entries.manifest import decode_manifest
 from tasks.entries.names import ENTRIES, OBJECTS, entry_key, is_temporary, manifest_key
 from tasks.errors import CacheError
 from tasks.entries.store import Store
@@ -58,7 +58,7 @@ def sweep(store: Store, grace_hours: float, dry_run: bool, among: set[str] | Non
         if raw is None:
             continue
         try:
-            doc = json.loads(raw)
+            doc = decode_manifest(raw)
         except (ValueError, UnicodeDecodeError):
             raise CacheError(f"{store.describe(manifest_key(name))}: not valid JSON, so the objects it names are "
                              "unknown; nothing under objects/ was removed — run `cache gc` again once it is "

@@ -5,7 +5,6 @@ made visible is tasks/entries/publish.py, refs tasks/entries/refs.py (cache/READ
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import xxhash
 from tasks.errors import CacheError
 from tasks.file_blocks import each_read
 from tasks.entries.fetched import Fetched
-from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest
+from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest, decode_manifest
 from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PACKED_SUFFIX, READABLE_FORMATS, chunk_file, chunk_key,
                                  entry_key, is_temporary, manifest_key, packed_name, packed_path)
 from tasks.entries.store import Store
@@ -205,7 +204,7 @@ def open_entry(store: Store, name: str) -> Entry:
                   "pushed (a push in progress, or one that died) — convert again to complete it")
         raise CacheError(f"{store.describe(entry_key(name))}: no {MANIFEST}; the entry was never completely {remedy}")
     try:
-        manifest = Manifest.from_json(json.loads(raw))
+        manifest = Manifest.from_json(decode_manifest(raw))
     except (ValueError, UnicodeDecodeError) as e:
         raise CacheError(f"{store.describe(key)}: manifest is not valid JSON ({e}); convert again with --force") from e
     except (KeyError, TypeError, AttributeError) as e:

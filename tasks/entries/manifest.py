@@ -5,6 +5,7 @@ an entry's arrays and group. No I/O: tasks/entries/entry.py reads them, tasks/en
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import time
@@ -222,6 +223,12 @@ class Manifest(Identity):
                    bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0),
                    shards_sha256=doc.get("shards_sha256", {}))  # absent in entries written before 2026-12-04
 
+    def encoded(self) -> bytes:
+        """`MANIFEST.json` as an object store keeps it: compact and gzipped (1.28 MB -> a quarter of it for a tiny
+        N1.6 of every slot, most of what is left being hashes), since it is sent with every entry and read by every
+        load. A folder's is plain indented JSON, for the reader's eye; `decode_manifest` reads both."""
+        return gzip.compress(json.dumps(self.to_json(), separators=(",", ":")).encode(), compresslevel=6, mtime=0)
+
     @property
     def is_synthetic(self) -> bool:
         """Converted from the project's synthetic stand-in, not a GR00T release."""
@@ -239,6 +246,19 @@ class Manifest(Identity):
             if arr.bank and any(s not in arr.chunks for s in wanted):
                 return False
         return True
+
+
+GZIP_MAGIC = b"\x1f\x8b"  # never the first bytes of JSON
+
+
+def decode_manifest(raw: bytes) -> object:
+    """A `MANIFEST.json` as JSON, plain or gzipped (`Manifest.encoded`). ValueError when it is neither."""
+    if raw[:2] == GZIP_MAGIC:
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"gzip data that does not decompress ({e})") from None
+    return json.loads(raw)
 
 
 def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], converter: object) -> str:

@@ -12,7 +12,6 @@ import dataclasses
 import errno
 import functools
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -120,16 +119,10 @@ def publish_into_store(store_url: str, name: str, identity: Identity, array_meta
     store, entry = store_at(store_url), entry_key(name)
     manifest, staged = _manifest(identity, array_meta, units, verified, store.describe(entry))
     check_objects_there(store, manifest, entry)
-    encoded = encode_manifest(manifest)
+    encoded = manifest.encoded()
     store.put(manifest_key(name), encoded)
     return {**_result(store.describe(entry), True, manifest, staged, units), "document_bytes": len(encoded),
             "objects": {rec.object: rec.nbytes for s in staged for rec in (s.record, s.record.tensorbin) if rec}}
-
-
-def encode_manifest(manifest: Manifest) -> bytes:
-    """An object store's `MANIFEST.json`: compact, since it is sent whole with every entry (a local one is indented
-    for the reader's eye)."""
-    return json.dumps(manifest.to_json(), separators=(",", ":")).encode() + b"\n"
 
 
 def check_objects_there(store: Store, manifest: Manifest, entry: str) -> None:
@@ -231,6 +224,6 @@ def push(local: Entry, store: Store, progress: bool = False) -> int:
                   f"{last - t0:.0f} s", file=sys.stderr, flush=True)
     manifest = dataclasses.replace(local.manifest, arrays=arrays)
     check_objects_there(store, manifest, entry)
-    encoded = encode_manifest(manifest)
+    encoded = manifest.encoded()
     store.put(manifest_key(local.name), encoded)
     return sent + len(encoded)
