@@ -4,7 +4,9 @@
 - `sources.py`: the source-hash memo (a plain folder's shards hashed once, remembered by path, size, mtime, inode);
 - `selection.py`: which entry a convert finds or a reload opens (`Wanted`, `choose_entry`, refs);
 - `leases.py`: readers hold an entry's lock shared; deleting takes it exclusively;
-- `housekeeping.py`: `cache ls`, `cache gc` and `cache rm`.
+- `housekeeping.py`: `cache ls`, `cache gc` and `cache rm`;
+- `pool.py`: what an object store's entries share (objects under `objects/`): sizes counted once, and the sweep
+  that removes objects no manifest names once past the grace period.
 
 Entries are named by content (tasks/entries/manifest.py `Identity.of`), built in a temporary folder beside the final one and
 published by rename (tasks/entries/publish.py). `refs/<version>-<layout>-<profile>` names the entry the last conversion
