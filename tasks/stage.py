@@ -15,7 +15,6 @@ import functools
 import hashlib
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Mapping
 
 from tasks.bulk_write import write_bytes_in_place
 import numpy as np
@@ -24,6 +23,7 @@ from tasks.convert import Converted, NonFinite
 from tasks.entries.chunks import write_chunk, write_host_chunk
 from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum
 from tasks.entries.names import PACKED_SUFFIX, object_key, packed_path
+from tasks.entries.objects import Present, still_held
 from tasks.entries.store import store_at
 from tasks.source import HostTable
 from tasks.entries.progress import in_folder, record_progress
@@ -68,8 +68,7 @@ def stage_target(entry: Path | str, converted: Converted) -> Staged:
     return staged
 
 
-def stage_into_store(store_url: str, converted: Converted, present: Mapping[str, tuple[int, float]],
-                     fresh_after: float) -> Staged:
+def stage_into_store(store_url: str, converted: Converted, present: Present, fresh_after: float) -> Staged:
     """Put one target (or one slot of a bank) into the object store at `store_url`, from whichever worker runs
     this: its chunk, and its `.tensorbin` for packed device dtypes, each under `objects/` by its sha256 (which the
     record names). `present`: key -> (size, when written) of the objects the store held when the convert began;
@@ -92,9 +91,7 @@ def stage_into_store(store_url: str, converted: Converted, present: Mapping[str,
         objects[key] = memoryview(packed)
         device_file = FileRecord(len(packed), checksum(packed), object=key)
     store = store_at(store_url)
-    held = {k for k, v in objects.items() if k in present and present[k][0] == len(v)}
-    old = [k for k in held if present[k][1] < fresh_after]
-    held -= set(old) - store.freshen(old)  # one gone meanwhile is put again
+    held = still_held(store, {k: len(v) for k, v in objects.items()}, present, fresh_after)
     store.put_many({k: v for k, v in objects.items() if k not in held})
     return Staged(converted.name, converted.slot, ChunkRecord(len(raw), checksum(raw), converted.max_abs_err,
                                                               converted.pcc, device_file, object=chunk))

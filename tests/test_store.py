@@ -82,6 +82,24 @@ def test_freshening_writes_the_time_again_and_never_the_bytes(store):
     assert store.get("o/a") == b"alpha" * 1000 and store.get("o/gone") is None and store.freshen([]) == set()
 
 
+def test_a_convert_names_what_the_store_holds_and_freshens_the_old_first(store):
+    """tasks/entries/objects.py: an object of the right size is held (not sent again); one written before
+    `fresh_after` only once freshened, so not one gone since the listing; one of another size is not. (A fresh one
+    is trusted: gc leaves it for the grace period, and the publish checks every object is there.)"""
+    from tasks.entries.objects import present_objects, still_held
+
+    store.put_many({"objects/old": b"1" * 10, "objects/new": b"2" * 20, "objects/other": b"3" * 5, "objects/gone": b"4"})
+    present = present_objects(store)
+    assert {k: n for k, (n, _) in present.items()} == store.sizes("objects")
+    store.delete("objects/gone")
+    time.sleep(1.1)
+    cutoff = present["objects/new"][1] - 0.5  # "old" counts as old, "new" as fresh
+    present = {**present, "objects/old": (10, cutoff - 100), "objects/gone": (1, cutoff - 100)}
+    wanted = {"objects/old": 10, "objects/new": 20, "objects/other": 6, "objects/gone": 1, "objects/absent": 3}
+    assert still_held(store, wanted, present, cutoff) == {"objects/old", "objects/new"}
+    assert store.written("objects")["objects/old"] > store.written("objects")["objects/other"]  # freshened
+
+
 def test_delete_many_removes_those_objects_only(store):
     store.put_many({"o/a": b"1", "o/b": b"2", "o/c/d": b"3"})
     store.delete_many(["o/a", "o/c/d", "o/never"])

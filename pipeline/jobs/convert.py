@@ -28,7 +28,8 @@ from tasks.checkpoint import Checkpoint
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Identity, array_documents
-from tasks.entries.names import FRESH_FOR, OBJECTS, entry_key, scratch_name
+from tasks.entries.names import FRESH_FOR, entry_key, scratch_name
+from tasks.entries.objects import Present, present_objects
 from tasks.entries.progress import already_staged, record_progress, staged_records
 from tasks.entries.publish import push
 from tasks.entries.refs import write_ref
@@ -243,8 +244,7 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
     published entry of the store already holds is named by the new manifest, not converted, sent or copied; bytes
     the store holds already (a killed run's, or another entry's) are not sent again."""
     ck, plan, slots, ident = prep.checkpoint, prep.plan, prep.slots, prep.identity
-    written, sizes = store.written(OBJECTS), store.sizes(OBJECTS)
-    present = {k: (n, written.get(k, 0.0)) for k, n in sizes.items()}
+    present = present_objects(store)
     fresh_after = time.time() - FRESH_FOR
     arrays = array_documents(plan, slots)
     reused = _reuse(opts, prep, store, entry_key(prep.name), arrays, present, fresh_after)
@@ -259,7 +259,7 @@ def _build_in_store(opts: ConvertOptions, prep: Prepared, store) -> Built:
 
 
 def _reuse(opts: ConvertOptions, prep: Prepared, store, into: str, arrays: Mapping[str, dict],
-           present: Mapping[str, tuple[int, float]] | None = None, fresh_after: float = 0.0) -> Reuse:
+           present: Present | None = None, fresh_after: float = 0.0) -> Reuse:
     """What published entries of `store` already hold, given to the entry being built under `into` (none with
     --force, which means "rebuild from the source", or without reuse)."""
     if not opts.reuse or opts.force:

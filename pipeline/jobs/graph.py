@@ -30,6 +30,7 @@ from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
+from tasks.entries.objects import Present
 from tasks.entries.publish import publish_entry, publish_into_store, unit_done
 from tasks.source import index_shard, read_weight, read_weight_slot, verify_shard
 from tasks.entries.manifest import Identity, Staged
@@ -58,8 +59,7 @@ class GraphInputs:
     replace: bool = False                          # --force: the new entry replaces a published one at publish
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
     store_url: str | None = None                   # an object store the workers put the entry into themselves
-    present: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # its objects when the convert began:
-                                                   # key -> (size, when written)
+    present: Present = field(default_factory=dict)  # its objects when the convert began: key -> (size, written)
     fresh_after: float = 0.0                       # an object there written before this is freshened, not trusted
 
 

@@ -27,6 +27,7 @@ from tasks.entries.manifest import Staged, content_id
 from tasks.entries.names import CONVERTER_VERSION, chunk_file, packed_path
 from tasks.errors import CacheError
 from tasks.source import CONTENT_ID, VerifiedShard, identify_shards
+from tasks.entries.objects import Present, still_held
 from tasks.entries.store import Store
 
 
@@ -84,7 +85,7 @@ def _tensor_hashes(ck: Checkpoint, entries: list[Entry], identities: dict[str, s
 
 def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, identities: dict[str, str], *,
                into: str, array_attrs: dict[str, dict], identified: Mapping[str, Mapping[str, str]] | None = None,
-               present: Mapping[str, tuple[int, float]] | None = None, fresh_after: float = 0.0) -> Reuse:
+               present: Present | None = None, fresh_after: float = 0.0) -> Reuse:
     """Give the entry being built under key `into` every chunk (and device file) whose content id a published entry
     of `store` already holds; returns what was reused. In a local folder each is hard-linked into `into`. In an
     object store the new manifest names the same objects (`present`: key -> (size, when written) of those there;
@@ -133,13 +134,11 @@ def _linked(store: Store, held: Mapping) -> set[str]:
         return store.copy_many({new: old for new, (old, _) in wanted.items()})
 
 
-def _named(store: Store, held: Mapping, present: Mapping[str, tuple[int, float]], fresh_after: float) -> set[str]:
+def _named(store: Store, held: Mapping, present: Present, fresh_after: float) -> set[str]:
     """In an object store nothing is copied: the new manifest names the holder's objects. Those the store still
     holds count as made (the new keys standing for them), an old one once it is freshened."""
-    there = {old for _, _, objects in held.values() for old, size in objects.values()
-             if present.get(old, (None,))[0] == size}
-    old = [key for key in there if present[key][1] < fresh_after]
-    there -= set(old) - store.freshen(old)
+    there = still_held(store, {old: size for _, _, objects in held.values() for old, size in objects.values()},
+                       present, fresh_after)
     return {new for _, _, objects in held.values() for new, (key, _) in objects.items() if key in there}
 
 

@@ -27,6 +27,7 @@ from tasks.entries.manifest import Identity, Manifest, Staged, group_document, m
 from tasks.entries.entry import Entry
 from tasks.entries.names import (FRESH_FOR, MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key,
                                  object_key, set_aside_name)
+from tasks.entries.objects import present_objects, still_held
 from tasks.entries.store import Store, store_at
 from tasks.device import Uploaded
 
@@ -192,8 +193,7 @@ def push(local: Entry, store: Store, progress: bool = False) -> int:
     half of it. Objects the store holds already are not sent again (freshened when old, as the workers do).
     Returns the bytes sent."""
     entry = entry_key(local.name)
-    there, fresh_after = store.written(OBJECTS), time.time() - FRESH_FOR
-    sizes = store.sizes(OBJECTS)
+    present, fresh_after = present_objects(store), time.time() - FRESH_FOR
     files: list[tuple[Path, str, int]] = []  # (file, object key, size)
     arrays = {}
     for array, arr in local.manifest.arrays.items():
@@ -209,9 +209,7 @@ def push(local: Entry, store: Store, progress: bool = False) -> int:
                 files.append((path, packed.object, rec.tensorbin.nbytes))
             chunks[slot] = dataclasses.replace(rec, tensorbin=packed, object=key)
         arrays[array] = dataclasses.replace(arr, chunks=chunks)
-    held = {key for _, key, size in files if sizes.get(key) == size}
-    old = [key for key in held if there.get(key, 0.0) < fresh_after]
-    held -= set(old) - store.freshen(old)
+    held = still_held(store, {key: size for _, key, size in files}, present, fresh_after)
     missing = list({f[1]: f for f in files if f[1] not in held}.values())  # bytes an entry holds twice: sent once
     total, sent, t0 = sum(size for *_, size in missing), 0, time.perf_counter()
     last = t0

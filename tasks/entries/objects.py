@@ -1,0 +1,27 @@
+"""An object store's shared objects (`objects/<sha256>`, tasks/entries/names.py `object_key`) as a convert meets
+them: what the store holds when the convert begins, and which of those it may name without sending them again.
+`cache gc` removes an object no manifest names once it is older than the grace period, so one written long ago is
+freshened before a convert names it (as git freshens an object it would otherwise have written again)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from tasks.entries.names import OBJECTS
+from tasks.entries.store import Store
+
+Present = Mapping[str, tuple[int, float]]  # key -> (size, when last written)
+
+
+def present_objects(store: Store) -> dict[str, tuple[int, float]]:
+    """Every object under `objects/` with its size and when it was last written."""
+    written = store.written(OBJECTS)
+    return {key: (size, written.get(key, 0.0)) for key, size in store.sizes(OBJECTS).items()}
+
+
+def still_held(store: Store, wanted: Mapping[str, int], present: Present, fresh_after: float) -> set[str]:
+    """Which of `wanted` (key -> size) the store holds, by `present`, so that they need not be sent: each of the
+    right size, those written before `fresh_after` once freshened (one gone meanwhile is not held)."""
+    held = {key for key, size in wanted.items() if key in present and present[key][0] == size}
+    old = [key for key in held if present[key][1] < fresh_after]
+    return held - (set(old) - store.freshen(old))
