@@ -114,7 +114,14 @@ def _own_files(entry: Path) -> tuple[int, int]:
     return len(own), sum(p.stat().st_size for p in own)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.bucket_finetune")
+    ap.add_argument("--scale", default="tiny", choices=("tiny", "full"),
+                    help="the synthetic N1.6's size (full: 5.4 GB; results go to bucket-finetune-full-results.json)")
+    scale = ap.parse_args(argv).scale
+    out = OUT if scale == "tiny" else OUT.with_name("bucket-finetune-full-results.json")
     work = Path(tempfile.mkdtemp(prefix="bench-bucket-"))
     os.environ["GR00T_CACHE"] = str(work / "client")  # the client's own folder: the source memo only
     server = _moto()
@@ -127,10 +134,10 @@ def main() -> int:
         from tasks.entries.store import FsspecStore, open_store
 
         boto3.client("s3").create_bucket(Bucket="gr00t")
-        head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
+        head = frozenset(s.key for s in tensor_specs("n16", scale) if s.key.startswith("action_head."))
         release_hf, tuned_hf = work / "release-hf", work / "tuned-hf"
-        synthesize("n16", release_hf, "tiny", seed=7)
-        synthesize("n16", tuned_hf, "tiny", seed=7, mutate=head)
+        synthesize("n16", release_hf, scale, seed=7)
+        synthesize("n16", tuned_hf, scale, seed=7, mutate=head)
         sent: list[int] = []
         put, put_many = FsspecStore.put, FsspecStore.put_many
         FsspecStore.put = lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1]
@@ -143,7 +150,7 @@ def main() -> int:
             before = store.sizes("")
             sent.clear()
             t0, c0 = time.perf_counter(), os.times()
-            s = convert(ConvertOptions("n16", hf_cache=hf, synthetic="tiny", cache_root=root, progress=False))
+            s = convert(ConvertOptions("n16", hf_cache=hf, synthetic=scale, cache_root=root, progress=False))
             wall, c1 = time.perf_counter() - t0, os.times()
             added = {k: n for k, n in store.sizes("").items() if k not in before}
             added_keys.append([k for k in added if not k.startswith("refs/")])
@@ -166,12 +173,13 @@ def main() -> int:
         puts["... over the boto3 floor"] = round(beyond / puts["floor_boto3_s"], 2)
         loads = _loads(store, bucket, [rows["release into the bucket"]["entry"], rows["fine-tune into the bucket"]["entry"]],
                        work)
-        result = {"measured": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "python -m bench.bucket_finetune",
+        result = {"measured": time.strftime("%Y-%m-%d %H:%M:%S"), "command": f"python -m bench.bucket_finetune --scale {scale}",
                   "rows": rows, "loads": loads, "release put by boto3": puts, "changed_targets_bytes": changed,
                   "changed_targets_objects": changed_objects,
                   "bytes_sent_over_changed": round(rows["fine-tune into the bucket"]["bytes_sent"] / changed, 3),
                   "objects_added_beyond_changed": rows["fine-tune into the bucket"]["objects_added"] - changed_objects}
-        OUT.write_text(json.dumps(result, indent=1) + "\n")
+        result["scale"] = scale
+        out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
     finally:
         server.terminate()
