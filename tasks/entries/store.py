@@ -39,7 +39,7 @@ from tasks.errors import CacheError
 from tasks.file_blocks import is_url, read_into  # is_url: callers ask the store
 
 _DOWNLOADS_MADE = threading.Lock()
-IN_FLIGHT = 16  # requests to an object store at once: server-side copies, and a load's fetches (`--transfers`)
+IN_FLIGHT = 16  # requests to an object store at once: freshenings, and a load's fetches (`--transfers`)
 
 
 class Store(ABC):
@@ -357,8 +357,10 @@ class FsspecStore(Store):
             async def touch(key: str) -> str | None:
                 bucket, path, _ = self.fs.split_path(self._path(key))
                 async with in_flight:
-                    try:  # S3 CopyObject onto itself: a new LastModified, no bytes sent (S3 wants the metadata
-                        await self.fs._call_s3("copy_object", Bucket=bucket, Key=path,  # replaced for that)
+                    # CopyObject onto itself: a new LastModified, no bytes sent (S3 refuses such a copy unless
+                    # the metadata is replaced)
+                    try:
+                        await self.fs._call_s3("copy_object", Bucket=bucket, Key=path,
                                                CopySource={"Bucket": bucket, "Key": path}, MetadataDirective="REPLACE")
                     except FileNotFoundError:
                         return None
