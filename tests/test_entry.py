@@ -83,6 +83,32 @@ def test_an_unreadable_manifest_is_one_sentence(tmp_path, manifest, expected):
         fmt.open_entry(LocalStore(tmp_path), NAME)
 
 
+def test_a_manifest_may_name_only_objects_of_the_store_and_may_be_gzipped(tmp_path):
+    """A record's `object` (format 6: an object store's bytes) is an `objects/<sha256>` key or the manifest is
+    refused in one sentence (a stranger's manifest naming `../../x` would read outside the cache); a gzipped
+    manifest (as an object store keeps it) reads as the plain one, and gzip bytes cut short are one sentence."""
+    import gzip
+    import re
+
+    doc = _write_entry(tmp_path)
+    path = tmp_path / "entries" / NAME / "MANIFEST.json"
+    plain = fmt.open_entry(LocalStore(tmp_path), NAME).manifest
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert fmt.open_entry(LocalStore(tmp_path), NAME).manifest == plain
+    path.write_bytes(gzip.compress(json.dumps(doc).encode())[:40])
+    with pytest.raises(CacheError, match=r"manifest is gzip data that does not decompress .*; convert again"):
+        fmt.open_entry(LocalStore(tmp_path), NAME)
+    for bad in ("../../../etc/passwd", "objects/" + "a" * 63, "objects/" + "A" * 64):
+        doc["arrays"]["t"]["chunks"]["all"]["object"] = bad
+        path.write_text(json.dumps(doc))
+        refused = rf"manifest names '{re.escape(bad)}'.*not an object under objects/; convert"
+        with pytest.raises(CacheError, match=refused):
+            fmt.open_entry(LocalStore(tmp_path), NAME)
+    doc["arrays"]["t"]["chunks"]["all"]["object"] = names.object_key("a" * 64)
+    path.write_text(json.dumps(doc))
+    assert fmt.open_entry(LocalStore(tmp_path), NAME).chunk_object("t", None) == "objects/" + "a" * 64
+
+
 def test_another_format_or_a_fingerprint_of_another_name_is_refused(tmp_path):
     _write_entry(tmp_path, cache_format=2)
     with pytest.raises(fmt.OldFormatError, match="written in cache format 2, which this converter does not read") as err:

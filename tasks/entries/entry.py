@@ -5,6 +5,7 @@ made visible is tasks/entries/publish.py, refs tasks/entries/refs.py (cache/READ
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -205,8 +206,10 @@ def open_entry(store: Store, name: str) -> Entry:
         raise CacheError(f"{store.describe(entry_key(name))}: no {MANIFEST}; the entry was never completely {remedy}")
     try:
         manifest = Manifest.from_json(decode_manifest(raw))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CacheError(f"{store.describe(key)}: manifest is not valid JSON ({e}); convert again with --force") from e
+    except ValueError as e:  # what decode_manifest and the records refuse, said by them
+        raise CacheError(f"{store.describe(key)}: manifest {e}; convert again with --force") from None
     except (KeyError, TypeError, AttributeError) as e:
         raise CacheError(f"{store.describe(key)}: manifest lacks {e} or has the wrong type; convert again with "
                          "--force") from None

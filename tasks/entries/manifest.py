@@ -18,7 +18,8 @@ import xxhash
 
 from tasks import precision
 from tasks.file_blocks import each_read
-from tasks.entries.names import CACHE_FORMAT, CONTENT_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, slot_of
+from tasks.entries.names import (CACHE_FORMAT, CONTENT_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, is_object_key,
+                                 slot_of)
 from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
 from tasks.plan import Plan, Target
 from tasks.source import checked_against
@@ -58,6 +59,15 @@ class FileRecord:
             digest.hexdigest() == self.xxh3
 
 
+def _object(doc: Mapping) -> str | None:
+    """A record's object, which must be one of the store's `objects/` (a manifest is a stranger's file too: a key
+    such as `../../x` would read outside the cache)."""
+    key = doc.get("object")
+    if key is not None and not is_object_key(key):
+        raise ValueError(f"names {str(key)[:80]!r} for a chunk's bytes, which is not an object under objects/")
+    return key
+
+
 @dataclass(frozen=True)
 class ChunkRecord(FileRecord):
     max_abs_err: float = 0.0
@@ -79,8 +89,8 @@ class ChunkRecord(FileRecord):
     def from_json(cls, doc: Mapping) -> "ChunkRecord":
         packed = doc.get("tensorbin")
         return cls(doc["nbytes"], doc["xxh3"], doc.get("max_abs_err", 0.0), doc.get("pcc", 1.0),
-                   FileRecord(packed["nbytes"], packed["xxh3"], object=packed.get("object")) if packed else None,
-                   object=doc.get("object"))
+                   FileRecord(packed["nbytes"], packed["xxh3"], object=_object(packed)) if packed else None,
+                   object=_object(doc))
 
     def objects(self) -> list[str]:
         """The object-store keys this chunk's bytes are kept under (none for a chunk in its entry's folder)."""
@@ -257,7 +267,7 @@ def decode_manifest(raw: bytes) -> object:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as e:
-            raise ValueError(f"gzip data that does not decompress ({e})") from None
+            raise ValueError(f"is gzip data that does not decompress ({e})") from None
     return json.loads(raw)
 
 

@@ -6,6 +6,7 @@ Keys are relative to the cache root: `entries/<name>/…` and `refs/<version>-<l
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 
 from tasks.entries.zarr_v3 import chunk_path
@@ -82,6 +83,14 @@ def object_key(sha256: str, suffix: str = "") -> str:
     can claim (an xxh3 can be forged by a stranger's checkpoint, to stand in for another entry's bytes). `suffix`:
     a device file's (PACKED_SUFFIX), which ttnn wants in the name of the file it loads."""
     return f"{OBJECTS}/{sha256}{suffix}"
+
+
+def is_object_key(key: object) -> bool:
+    """Whether `key` is an `object_key`: `objects/<64 hex>`, or with a device file's suffix."""
+    return isinstance(key, str) and _OBJECT_KEY.fullmatch(key) is not None
+
+
+_OBJECT_KEY = re.compile(rf"{OBJECTS}/[0-9a-f]{{64}}({re.escape(PACKED_SUFFIX)})?")
 
 
 def chunk_key(slot: int | None) -> str:
