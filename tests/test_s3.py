@@ -300,14 +300,26 @@ def test_a_bucket_that_cannot_be_used_is_one_sentence_and_exit_2(case, s3_url, h
 
 
 def test_access_denied_is_one_sentence(s3_url, monkeypatch):
+    """What S3 answers a request it refuses (botocore's ClientError AccessDenied, for a GET or a PUT; s3fs's
+    PermissionError for a listing) is one sentence."""
+    from botocore.exceptions import ClientError
+
     store = open_store(f"{s3_url}/denied")
 
     def refuse(*_a, **_k):
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+
+    def refuse_listing(*_a, **_k):
         raise PermissionError("Access Denied")
 
-    monkeypatch.setattr(store.fs, "cat_file", refuse)
-    with pytest.raises(CacheError, match=rf"^{s3_url}/denied: access denied by the object store; check the credentials"):
-        store.get("refs/x.json")
+    monkeypatch.setattr(store._s3, "get_object", refuse)
+    monkeypatch.setattr(store._s3, "put_object", refuse)
+    monkeypatch.setattr(store.fs, "find", refuse_listing)
+    said = rf"^{s3_url}/denied: access denied by the object store; check the credentials"
+    for call in (lambda: store.get("refs/x.json"), lambda: store.put("a", b"1"), lambda: store.put_many({"a": b"1", "b": b"2"}),
+                 lambda: store.sizes("entries")):
+        with pytest.raises(CacheError, match=said):
+            call()
 
 
 def _closed_port() -> int:

@@ -29,6 +29,7 @@ import tempfile
 import threading
 import uuid
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping
 
@@ -279,6 +280,16 @@ class LocalStore(Store):
         return self.path(key) if self.path(key).is_file() else None
 
 
+def _as_os_error(e: BaseException) -> BaseException:
+    """A boto3 error as the Python exception s3fs would have raised for it (FileNotFoundError for a missing key or
+    bucket, PermissionError for a refusal), so that one set of rules (`_failure`) says what it means."""
+    if "ClientError" not in {c.__name__ for c in type(e).__mro__}:  # (NoSuchKey and the like are ClientErrors)
+        return e
+    from s3fs.errors import translate_boto_error
+
+    return translate_boto_error(e)
+
+
 def _failure(e: BaseException) -> str | None:
     """What the user should hear when an object store refuses or cannot be reached, or None for anything else.
     Named by class, not imported: the store may be any fsspec backend, and botocore is s3fs's."""
@@ -332,20 +343,60 @@ class FsspecStore(Store):
     def _path(self, key: str) -> str:
         return f"{self.base}/{key}" if key else self.base
 
+    @functools.cached_property
+    def _s3(self):
+        """boto3's client for the bytes (GET and PUT) of an S3 store, None for another store. Its requests run on
+        as many threads as ask, where s3fs's all wait on one event loop: 2.5 GB in 100 objects from moto, 16 in
+        flight, took 1.7-1.9 s through boto3 and 3.5-4.3 s through s3fs (the listings stay s3fs's)."""
+        if "s3" not in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+            return None
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", config=Config(max_pool_connections=64))
+
+    def _bucket_key(self, key: str) -> tuple[str, str]:
+        bucket, _, path = self._path(key).partition("/")
+        return bucket, path
+
     @_speaks
     def get(self, key: str) -> bytes | None:
+        if self._s3 is None:
+            try:
+                return self.fs.cat_file(self._path(key))
+            except FileNotFoundError:
+                return None
+        bucket, path = self._bucket_key(key)
         try:
-            return self.fs.cat_file(self._path(key))
-        except FileNotFoundError:
-            return None
+            return self._s3.get_object(Bucket=bucket, Key=path)["Body"].read()
+        except Exception as e:
+            if isinstance(_as_os_error(e), FileNotFoundError):  # no such key, or no such bucket: reads as empty
+                return None
+            raise _as_os_error(e) from e
 
     @_speaks
     def put(self, key: str, data: bytes | memoryview) -> None:
-        self.fs.pipe_file(self._path(key), bytes(data))  # one PUT: atomic per object
+        if self._s3 is None:
+            self.fs.pipe_file(self._path(key), bytes(data))  # one PUT: atomic per object
+        else:
+            self._put_object(key, data)
 
     @_speaks
     def put_many(self, objects: Mapping[str, bytes]) -> None:
-        self.fs.pipe({self._path(k): bytes(v) for k, v in objects.items()})  # s3fs: the PUTs run concurrently
+        if self._s3 is None:
+            self.fs.pipe({self._path(k): bytes(v) for k, v in objects.items()})  # the PUTs run concurrently
+        elif len(objects) == 1:
+            self._put_object(*next(iter(objects.items())))
+        elif objects:
+            with ThreadPoolExecutor(min(IN_FLIGHT, len(objects))) as pool:
+                list(pool.map(lambda kv: self._put_object(*kv), objects.items()))
+
+    def _put_object(self, key: str, data: bytes | memoryview) -> None:
+        bucket, path = self._bucket_key(key)
+        try:
+            self._s3.put_object(Bucket=bucket, Key=path, Body=bytes(data))  # one PUT: atomic per object
+        except Exception as e:
+            raise _as_os_error(e) from e
 
     @_speaks
     def freshen(self, keys: list[str]) -> set[str]:
