@@ -347,8 +347,10 @@ def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differ
     first = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=bucket, **opts))
     second = convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=bucket, **opts))
     assert first["fingerprint"] != second["fingerprint"]
-    fetched, cat_file = [], FsspecStore.get
+    fetched, cat_file, read_into = [], FsspecStore.get, FsspecStore.read_into
     monkeypatch.setattr(FsspecStore, "get", lambda self, k: (lambda d: (fetched.append((k, len(d or b""))), d)[1])(cat_file(self, k)))
+    monkeypatch.setattr(FsspecStore, "read_into",
+                        lambda self, k, out: (read_into(self, k, out), fetched.append((k, out.nbytes))))
     names = [s["cache_path"].rsplit("/", 1)[1] for s in (first, second)]
     one = load("n16", bucket, "new_embodiment", layout="generic", entry=names[0])
     chunks = [(k, n) for k, n in fetched if k.startswith("objects/")]
