@@ -13,6 +13,7 @@ from typing import Iterable, Mapping
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import decode_manifest
 from tasks.entries.names import ENTRIES, OBJECTS, entry_key, is_temporary, manifest_key
+from tasks.entries.objects import present_objects
 from tasks.errors import CacheError
 from tasks.entries.store import Store
 
@@ -64,13 +65,13 @@ def sweep(store: Store, grace_hours: float, dry_run: bool, among: set[str] | Non
                              "unknown; nothing under objects/ was removed — run `cache gc` again once it is "
                              "removed or repaired") from None
         named.update(_objects_in(doc))
-    cutoff, sizes = time.time() - grace_hours * 3600, store.sizes(OBJECTS)
-    unnamed = {k: t for k, t in store.written(OBJECTS).items()
-               if k not in named and k in sizes and (among is None or k in among)}
-    old = [k for k, t in unnamed.items() if t < cutoff]
+    cutoff = time.time() - grace_hours * 3600
+    unnamed = {k: (n, t) for k, (n, t) in present_objects(store).items()
+               if k not in named and (among is None or k in among)}
+    old = [k for k, (_, t) in unnamed.items() if t < cutoff]
     if not dry_run and old:
         store.delete_many(old)
-    freed = sum(sizes[k] for k in old)
+    freed = sum(unnamed[k][0] for k in old)
     row = {"entry": f"{OBJECTS}/ ({len(old)} objects)", "bytes": freed, "freed_bytes": freed, "refs": [],
            "reason": f"named by no manifest, and written over {grace_hours:g} hours ago (the grace period)"}
     return (row if old else None), len(unnamed) - len(old)
