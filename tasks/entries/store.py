@@ -366,13 +366,8 @@ class FsspecStore(Store):
                 return self.fs.cat_file(self._path(key))
             except FileNotFoundError:
                 return None
-        bucket, path = self._bucket_key(key)
-        try:
-            return self._s3.get_object(Bucket=bucket, Key=path)["Body"].read()
-        except Exception as e:
-            if isinstance(_as_os_error(e), FileNotFoundError):  # no such key, or no such bucket: reads as empty
-                return None
-            raise _as_os_error(e) from e
+        response = self._get_object(key)
+        return None if response is None else response["Body"].read()
 
     @_speaks
     def put(self, key: str, data: bytes | memoryview) -> None:
@@ -397,14 +392,8 @@ class FsspecStore(Store):
         load fetches 6.2 GB of a full N1.6, on two cores shared with whatever serves it)."""
         if self._s3 is None or not out.flags.c_contiguous:
             return super().read_into(key, out)
-        bucket, path = self._bucket_key(key)
-        try:
-            response = self._s3.get_object(Bucket=bucket, Key=path)
-        except Exception as e:
-            if isinstance(_as_os_error(e), FileNotFoundError):
-                _check_size(self, key, None, out.nbytes)
-            raise _as_os_error(e) from e
-        _check_size(self, key, response["ContentLength"], out.nbytes)
+        response = self._get_object(key)
+        _check_size(self, key, None if response is None else response["ContentLength"], out.nbytes)
         view, filled = memoryview(out.reshape(-1).view(np.uint8)), 0
         with response["Body"] as body:
             while filled < len(view):
@@ -412,6 +401,18 @@ class FsspecStore(Store):
                 if not got:
                     _check_size(self, key, filled, out.nbytes)
                 filled += got
+
+    def _get_object(self, key: str) -> dict | None:
+        """boto3's response to a GET of `key`; None when there is no such key, or no such bucket (it reads as
+        empty)."""
+        bucket, path = self._bucket_key(key)
+        try:
+            return self._s3.get_object(Bucket=bucket, Key=path)
+        except Exception as e:
+            error = _as_os_error(e)
+            if isinstance(error, FileNotFoundError):
+                return None
+            raise error from e
 
     def _put_object(self, key: str, data: bytes | memoryview) -> None:
         bucket, path = self._bucket_key(key)
