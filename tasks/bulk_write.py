@@ -10,16 +10,23 @@ filesystems without O_DIRECT (tmpfs), take the buffered path. Chunks and device 
 inside the entry being built (`write_bytes_in_place`: no reader sees it before the rename that publishes it whole);
 every other file is written under a temporary name and renamed into place (`write_bytes_atomic`), so a reader never
 sees a torn one.
+
+An O_DIRECT write holds its thread until the disk has the bytes. A converting thread can hand its writes off
+(`write_behind`) and go on converting, while writer threads keep the disk busy; whoever publishes the folder
+waits for them first (`writes_finished`). A fine-tune's convert after its release, full size, 2 cores: the graph
+5.0 s -> 4.2 s, at 0.09 GB more peak RSS.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import mmap
 import os
 import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +36,8 @@ ALIGN = 4096
 DIRECT_MIN = 1 << 20        # below 1 MB the page cache costs less than the bounce copy and the device round trip
 BOUNCE = 8 << 20            # per thread: big enough for the disk to stream, small enough to stay in cache
 DIRECT_PIECE = 64 << 20     # aligned arrays are written in pieces of this (one call is capped near 2 GB)
+WRITERS = 4                 # writes in flight beside the converting threads (the disk streams only with several)
+BEHIND_BYTES = 512 << 20    # handed off and not yet written, at most (a larger write goes alone): bounds the RSS
 _local = threading.local()
 _no_direct: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
 
@@ -185,3 +194,63 @@ def _write_direct(tmp: Path, data: memoryview) -> bool:
 
 def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:
     write_bytes_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), durable)
+
+
+# -- writes handed off ----------------------------------------------------------------------------------------------
+@functools.cache
+def writer_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(WRITERS, thread_name_prefix="write-behind")
+
+
+class _HandedOff:
+    """The writes handed off per folder, the first error of each, and the bytes they hold until written."""
+
+    def __init__(self) -> None:
+        self.room = threading.Condition()
+        self.held = 0
+        self.writes: dict[str, list[Future]] = {}
+        self.failed: dict[str, BaseException] = {}
+
+    def add(self, folder: str, nbytes: int, write: Callable[[], None]) -> Future:
+        with self.room:
+            if folder in self.failed:  # a full disk stops the run at its next write, not at the publish
+                raise self.failed[folder]
+            self.room.wait_for(lambda: self.held == 0 or self.held + nbytes <= BEHIND_BYTES)
+            self.held += nbytes
+            future = writer_pool().submit(write)
+            self.writes.setdefault(folder, []).append(future)
+        future.add_done_callback(lambda done: self._written(folder, nbytes, done))
+        return future
+
+    def _written(self, folder: str, nbytes: int, done: Future) -> None:
+        with self.room:
+            self.held -= nbytes
+            if done.exception() is not None:
+                self.failed.setdefault(folder, done.exception())
+            self.room.notify_all()
+
+    def finish(self, folder: str) -> None:
+        with self.room:
+            futures = self.writes.pop(folder, [])
+        wait(futures)
+        with self.room:
+            failed = self.failed.pop(folder, None)
+        if failed is not None:
+            raise failed
+
+
+_handed_off = _HandedOff()
+
+
+def write_behind(folder: Path | str, nbytes: int, write: Callable[[], None]) -> Future:
+    """Run `write` (which writes `nbytes` held in memory into `folder`) on a writer thread, and return at once.
+    Waits while BEHIND_BYTES are handed off and not yet written; raises the error of an earlier write into
+    `folder` that failed. Only where the folder is published in this process: `writes_finished` waits here.
+    Writes run in the order handed off: one may wait for an earlier one's future."""
+    return _handed_off.add(str(folder), nbytes, write)
+
+
+def writes_finished(folder: Path | str) -> None:
+    """Wait until every write handed off into `folder` is done; raise the first one's error. Before a folder is
+    published, and before a failed one is removed (a late write would make it again)."""
+    _handed_off.finish(str(folder))

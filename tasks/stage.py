@@ -3,7 +3,9 @@
 
 - a local folder (`stage_target`): each write then appends a progress record (the chunk's xxh3 checksum) to its
   thread's log in `.staged/` (tasks/entries/manifest.py `Staged`, tasks/entries/progress.py `record_progress`); a
-  resumed conversion keeps every chunk whose bytes still match its record and redoes the rest;
+  resumed conversion keeps every chunk whose bytes still match its record and redoes the rest. Where the entry is
+  published in the same process (the threads and sync schedulers), the writes are handed off and the converting
+  thread goes on;
 - an object store (`stage_into_store`): the worker that converted the target puts its objects into the store
   itself, each named by its sha256 under `objects/` (a reader accepts an entry only through its manifest, which
   the publish puts last); bytes the store already holds (another entry's, or a killed run's) are not sent again.
@@ -11,12 +13,11 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from pathlib import Path
 
-from tasks.bulk_write import write_bytes_in_place
+from tasks.bulk_write import write_behind, write_bytes_in_place
 import numpy as np
 
 from tasks.convert import Converted, NonFinite
@@ -29,43 +30,49 @@ from tasks.source import HostTable
 from tasks.entries.progress import in_folder, record_progress
 
 
-WRITES_BESIDE = 4  # at least the graph's threads, so no stage task waits for another's write to start
-
-
-@functools.cache
-def _writer() -> ThreadPoolExecutor:
-    """Where a chunk is written while its device file is written and both are checksummed: two O_DIRECT writes in
-    flight per stage task instead of one after the other (the disk streams only with several in flight)."""
-    return ThreadPoolExecutor(WRITES_BESIDE, thread_name_prefix="chunk-write")
-
-
-def stage_target(entry: Path | str, converted: Converted) -> Staged:
-    """Write one target (or one slot of a bank) as a chunk of its array, then its progress record."""
+def stage_target(entry: Path | str, converted: Converted, behind: bool = False) -> Staged:
+    """Write one target (or one slot of a bank) as a chunk of its array (and its device file), then its progress
+    record. `behind`: hand the writes off (tasks/bulk_write.py `write_behind`) and return once they are checksummed,
+    for a build whose publish runs in this process (it waits for them: `writes_finished`)."""
     entry, data = Path(entry), converted.array
     if isinstance(data, HostTable):  # a host table, streamed from its file as float32 and checked as it is written
         found = NonFinite()
         nbytes, xxh3 = data.size * 4, write_host_chunk(entry, converted.name, converted.slot, data,
                                                        lambda first, block: found.add(first, block.view(np.uint32)))
         found.check(converted.name, converted.sources, converted.origin)
-        chunk_written = None
-    else:
-        chunk_written = _writer().submit(write_chunk, entry, converted.name, converted.slot, data)
-        nbytes, xxh3 = data.nbytes, checksum(data)
+        staged = _staged(converted, nbytes, xxh3)
+        record_progress(entry, staged)
+        return staged
     packed = converted.packed
-    try:
-        if packed is not None:
-            path = packed_path(entry, converted.name, converted.slot)
-            in_folder(path, lambda: write_bytes_in_place(path, packed))
-        device_file = None if packed is None else FileRecord(len(packed), checksum(packed))
-    finally:
-        if chunk_written is not None:
-            wait([chunk_written])  # never left writing behind an error: the caller may remove the entry next
-    if chunk_written is not None:
-        chunk_written.result()  # its error, if it had one; written before the record says so
-    staged = Staged(converted.name, converted.slot, ChunkRecord(nbytes, xxh3, converted.max_abs_err,
-                                                                converted.pcc, device_file))
-    record_progress(entry, staged)
+    if not behind:
+        write_chunk(entry, converted.name, converted.slot, data)
+        staged = _staged(converted, data.nbytes, checksum(data))
+        _write_device_file(entry, converted, staged)
+        return staged
+    # the chunk and the device file written side by side (the disk streams only with several writes in flight)
+    chunk_written = write_behind(entry, data.nbytes, lambda: write_chunk(entry, converted.name, converted.slot, data))
+    staged = _staged(converted, data.nbytes, checksum(data))
+    write_behind(entry, 0 if packed is None else len(packed),
+                 lambda: _write_device_file(entry, converted, staged, after=chunk_written))
     return staged
+
+
+def _write_device_file(entry: Path, converted: Converted, staged: Staged, after: Future | None = None) -> None:
+    """The device file, if the target has one, then the progress record, once the chunk (`after`) is written too:
+    a resumed build trusts what a record names."""
+    if converted.packed is not None:
+        path = packed_path(entry, converted.name, converted.slot)
+        in_folder(path, lambda: write_bytes_in_place(path, converted.packed))
+    if after is not None:
+        after.result()
+    record_progress(entry, staged)
+
+
+def _staged(converted: Converted, nbytes: int, xxh3: str) -> Staged:
+    packed = converted.packed
+    device_file = None if packed is None else FileRecord(len(packed), checksum(packed))
+    return Staged(converted.name, converted.slot, ChunkRecord(nbytes, xxh3, converted.max_abs_err, converted.pcc,
+                                                              device_file))
 
 
 def stage_into_store(store_url: str, converted: Converted, present: Present, fresh_after: float) -> Staged:

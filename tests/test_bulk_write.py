@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from tasks import bulk_write
-from tasks.bulk_write import ALIGN, BOUNCE, DIRECT_MIN, aligned_empty, write_bytes_atomic, write_bytes_in_place
+from tasks.bulk_write import (ALIGN, BOUNCE, DIRECT_MIN, aligned_empty, write_behind, write_bytes_atomic,
+                              write_bytes_in_place, writes_finished)
 
 SIZES = [0, 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, BOUNCE, BOUNCE + ALIGN + 3, 3 * BOUNCE - 5]
 
@@ -116,3 +119,53 @@ def test_a_bounce_buffer_made_while_it_was_smaller_is_not_used_at_full_size(disk
     assert not failed, failed
     assert (disk_path / "small").read_bytes() == data[:3 * 4096 + 5].tobytes()
     assert (disk_path / "large").read_bytes() == data.tobytes()
+
+
+# -- writes handed off (write_behind) ---------------------------------------------------------------------------------
+def _gated(gate: threading.Event, done: list, name: str):
+    def write() -> None:
+        assert gate.wait(10)
+        done.append(name)
+    return write
+
+
+def test_a_write_handed_off_returns_at_once_and_writes_finished_waits_for_it(tmp_path):
+    gate, done = threading.Event(), []
+    write_behind(tmp_path, 10, _gated(gate, done, "a"))
+    assert done == []  # the caller went on while the write waits
+    threading.Timer(0.2, gate.set).start()
+    writes_finished(tmp_path)
+    assert done == ["a"]
+
+
+def test_a_failed_write_is_raised_by_the_next_hand_off_and_by_writes_finished(tmp_path):
+    def full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "chunk"))
+
+    write_behind(tmp_path, 10, full)
+    other = tmp_path / "other"
+    write_behind(other, 10, lambda: None)  # another folder's writes are its own
+    time.sleep(0.2)
+    with pytest.raises(OSError, match="No space left"):
+        write_behind(tmp_path, 10, lambda: None)
+    with pytest.raises(OSError, match="No space left"):
+        writes_finished(tmp_path)
+    writes_finished(other)
+    writes_finished(tmp_path)  # raised once: the folder starts clean (a run that removed it, then tries again)
+
+
+def test_handed_off_bytes_are_bounded_and_a_larger_write_goes_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(bulk_write, "BEHIND_BYTES", 100)
+    gate, done = threading.Event(), []
+    write_behind(tmp_path, 60, _gated(gate, done, "first"))
+    second = threading.Thread(target=write_behind, args=(tmp_path, 60, lambda: done.append("second")))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and done == []  # 120 bytes would be held: it waits until the first is written
+    gate.set()
+    second.join(5)
+    writes_finished(tmp_path)
+    assert done == ["first", "second"]
+    write_behind(tmp_path, 1000, lambda: done.append("big"))  # over the bound, with nothing else held: alone
+    writes_finished(tmp_path)
+    assert done[-1] == "big"

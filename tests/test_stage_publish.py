@@ -6,6 +6,7 @@ success, nothing half-published)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import zarr
 
+from tasks import stage
 from tasks.entries import publish
 from tasks.convert import Converted
 from tasks.entries.entry import open_entry
@@ -38,14 +40,14 @@ def _arrays() -> dict[str, dict]:
     return out
 
 
-def _build(tmp: Path) -> list:
-    """A tiny entry being built: `t` with a device file, and slot 5 of `b`."""
+def _build(tmp: Path, behind: bool = False) -> list:
+    """A tiny entry being built: `t` with a device file, and slot 5 of `b` (`behind`: the writes handed off)."""
     tmp.mkdir(parents=True)
     for name, meta in _arrays().items():
         create_array(tmp / name, meta)
     made = {"device_dtype": "bfloat16", "layout": "TILE", "padded_shape": (32, 32), "max_abs_err": 0.0, "pcc": 1.0}
-    return [stage_target(tmp, Converted(name="t", slot=None, array=WHOLE, packed=b"packed bytes", **made)),
-            stage_target(tmp, Converted(name="b", slot=5, array=SLOT, **made))]
+    return [stage_target(tmp, Converted(name="t", slot=None, array=WHOLE, packed=b"packed bytes", **made), behind),
+            stage_target(tmp, Converted(name="b", slot=5, array=SLOT, **made), behind)]
 
 
 def test_a_staged_chunk_is_its_raw_bytes_and_zarr_reads_it(tmp_path):
@@ -139,6 +141,27 @@ def test_publishing_writes_the_manifest_and_renames_the_whole_entry(tmp_path):
     assert entry.manifest.arrays["t"].content_id == content_id(["h1"], entry.manifest.arrays["t"].attributes, "1")
     group = zarr.open_group(str(final), mode="r")  # the consolidated group metadata, read by zarr-python
     assert sorted(group.array_keys()) == ["b", "t"] and group.attrs["gr00t_cache"]["fingerprint"] == IDENTITY.fingerprint
+
+
+def test_the_publish_waits_for_the_writes_a_stage_handed_off(tmp_path, monkeypatch):
+    """With the threads scheduler a stage task hands its writes off and returns; the manifest and the rename come
+    only once every chunk, device file and progress record is on disk."""
+    real_write, gate = stage.write_chunk, threading.Event()
+
+    def slow_write_chunk(*args):
+        assert gate.wait(10)
+        real_write(*args)
+
+    monkeypatch.setattr(stage, "write_chunk", slow_write_chunk)
+    tmp = tmp_path / "entries" / f"{NAME}.tmp-1-aaaaaaaa"
+    staged = _build(tmp, behind=True)
+    assert not (tmp / "t" / "c.0.0").exists() and staged_records(tmp) == {}  # returned first; a record follows its bytes
+    threading.Timer(0.3, gate.set).start()
+    publish.publish_entry(str(tmp), str(tmp_path / "entries" / NAME), IDENTITY, _arrays(),
+                          [publish.unit_done("u", staged, VERIFIED)], VERIFIED)
+    entry = open_entry(LocalStore(tmp_path), NAME)
+    assert entry.verify() == [] and entry.manifest.chunks == 2
+    assert (tmp_path / "entries" / NAME / "t" / "c.0.0").read_bytes() == WHOLE.astype("<u2").tobytes()
 
 
 def test_losing_the_race_to_an_identical_entry_is_success_and_replace_swaps_it_whole(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -20,7 +21,7 @@ from pipeline.jobs.graph import PUBLISH, GraphInputs, build_graph
 from pipeline.jobs.load import load
 from pipeline.model.recipe import build_plan, recipes_sha256
 from pipeline.jobs.reuse import Reuse, plan_reuse
-from pipeline.jobs.run import check_scheduler, run
+from pipeline.jobs.run import IN_PROCESS, check_scheduler, run
 from pipeline.jobs.summary import ConvertSummary
 from pipeline.inputs.snapshot import resolve_snapshot, snapshot_revision
 from pipeline.model.versions import load_config
@@ -38,6 +39,7 @@ from tasks.plan import Plan, work_units
 from tasks.source import VerifiedShard
 from tasks.entries.store import LocalStore
 from tasks.file_blocks import is_remote, open_binary
+from tasks.bulk_write import writes_finished
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ def convert(opts: ConvertOptions) -> ConvertSummary:
     local folder and published there by rename; a cache that cannot rename (an object store) then gets it pushed,
     manifest last — the one place the two kinds of cache differ."""
     check_scheduler(opts.scheduler)  # what can be refused is refused before anything is read or claimed
-    if opts.device is not None and opts.scheduler not in ("threads", "sync"):
+    if opts.device is not None and opts.scheduler not in IN_PROCESS:
         raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                           f"{opts.scheduler} workers)")
     t0 = time.perf_counter()
@@ -299,12 +301,14 @@ def _build(opts: ConvertOptions, prep: Prepared, name: str, final: Path) -> Buil
         inputs = GraphInputs(plan=plan, checkpoint=ck, slots=slots, entry_tmp=tmp, entry_final=final,
                              expected_identity=expected, done=done, identity=ident, arrays=arrays,
                              check_bf16=opts.check_bf16, prehashed=prehashed, device=opts.device, replace=opts.force,
-                             record_sha256=opts.sha256)
+                             record_sha256=opts.sha256, write_behind=opts.scheduler in IN_PROCESS)
         graph = build_graph(inputs)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, _shared(ck, tmp))
     except BaseException as e:
         # A kill -9 never gets here and Ctrl-C is let through, so their directory stays for the next run to
-        # resume; an error must not leave a half-built directory behind.
+        # resume; an error must not leave a half-built directory behind (nor a write handed off make it again).
+        with contextlib.suppress(OSError):
+            writes_finished(tmp)
         if not isinstance(e, KeyboardInterrupt):
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -58,6 +58,7 @@ class GraphInputs:
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
     replace: bool = False                          # --force: the new entry replaces a published one at publish
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
+    write_behind: bool = False                     # the publish runs in this process: stage tasks hand writes off
     store_url: str | None = None                   # an object store the workers put the entry into themselves
     present: Present = field(default_factory=dict)  # its objects when the convert began: key -> (size, written)
     fresh_after: float = 0.0                       # an object there written before this is freshened, not trusted
@@ -86,7 +87,8 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
         graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, TaskRef(convert_key), TaskRef(PRESENT),
                                  inputs.fresh_after)
     else:
-        graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key))
+        graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key),
+                                 inputs.write_behind)
     if inputs.device is None or t.host:  # host-only targets are never uploaded
         return stage_key
     upload_key = ("upload", t.name, *suffix)  # uploads as soon as the target is staged, while others still convert

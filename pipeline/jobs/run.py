@@ -23,6 +23,9 @@ from dask.diagnostics import ProgressBar
 
 from tasks.errors import CacheError, ConfigError
 
+IN_PROCESS = ("threads", "sync")  # the schedulers that run every task in this process
+
+
 class StageTimer(Callback):
     """Seconds spent per stage (the first element of each task key), summed over tasks."""
 
@@ -103,7 +106,7 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
     # per core a core idles meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
     # (4: 10.5 s, more RSS).
     workers = workers or (os.cpu_count() or 2) + 1
-    if scheduler in ("threads", "sync"):
+    if scheduler in IN_PROCESS:
         timer = StageTimer()
         # A redrawn bar only makes sense on a terminal; in logs and CI it would print hundreds of lines.
         bar = (ProgressBar(out=sys.stderr, minimum=1.0, dt=0.5) if sys.stderr.isatty() else LogProgress()) \
@@ -161,7 +164,7 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
 
 def check_scheduler(scheduler: str) -> None:
     """Refuse an unknown scheduler before anything is read, built or replaced."""
-    if scheduler not in ("threads", "sync", "processes") and not scheduler.startswith("tcp://"):
+    if scheduler not in (*IN_PROCESS, "processes") and not scheduler.startswith("tcp://"):
         raise ConfigError(f"unknown scheduler {scheduler!r}: expected threads, sync, processes or a tcp://host:port address")
     if scheduler.startswith("tcp://"):  # say now, not after distributed's 30 s connect timeout
         import socket

@@ -22,7 +22,7 @@ from typing import Iterator, Mapping, Sequence
 
 from tasks.errors import CacheError
 from tasks.source import VerifiedShard
-from tasks.bulk_write import write_json_atomic
+from tasks.bulk_write import write_json_atomic, writes_finished
 from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.names import (FRESH_FOR, MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key,
@@ -143,6 +143,7 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     `replace` (--force): a published `final` is moved aside only now, once the new entry is complete, and
     deleted after the rename (readers holding its files keep them)."""
     tmp_dir, final_dir = Path(tmp), Path(final)
+    writes_finished(tmp_dir)  # the stage tasks' writes handed off in this process (tasks/stage.py)
     manifest, staged = _manifest(identity, array_meta, units, verified, str(tmp_dir))
     write_json_atomic(tmp_dir / "zarr.json", group_document(array_meta, identity))
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
