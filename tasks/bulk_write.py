@@ -37,7 +37,7 @@ DIRECT_MIN = 1 << 20        # below 1 MB the page cache costs less than the boun
 BOUNCE = 8 << 20            # per thread: big enough for the disk to stream, small enough to stay in cache
 DIRECT_PIECE = 64 << 20     # aligned arrays are written in pieces of this (one call is capped near 2 GB)
 WRITERS = 4                 # writes in flight beside the converting threads (the disk streams only with several)
-BEHIND_BYTES = 512 << 20    # handed off and not yet written, at most (a larger write goes alone): bounds the RSS
+BEHIND_BYTES = 256 << 20    # handed off and not yet written, at most (a larger write goes alone): bounds the RSS
 _local = threading.local()
 _no_direct: set[int] = set()  # st_dev of filesystems that refused O_DIRECT
 
