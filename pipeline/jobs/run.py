@@ -102,9 +102,11 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
     """Compute `key` of `graph`; returns (result, {"stage_seconds", "stage_tasks"}). `shared`: folders every worker
     of a `tcp://` cluster must see, each with the remedy to name when one cannot. (Over 50 lines: one branch per
     scheduler, each with its own progress output and its own way to fail, kept side by side to be compared.)"""
-    # One thread more than the cores: a stage task mostly waits for the disk (O_DIRECT writes), and with one thread
-    # per core a core idles meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
-    # (4: 10.5 s, more RSS).
+    # One thread more than the cores: a stage task mostly waited for the disk (O_DIRECT writes), and with one thread
+    # per core a core idled meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
+    # (4: 10.5 s, more RSS). Measured before stage tasks handed their writes off (tasks/bulk_write.py
+    # `write_behind`); since, a full fine-tune after its release ran its graph in 4.15 s with 2 threads (one probe)
+    # and 4.0-4.6 s with 3.
     workers = workers or (os.cpu_count() or 2) + 1
     if scheduler in IN_PROCESS:
         timer = StageTimer()
