@@ -219,7 +219,7 @@ def _child_plain_loop(a: dict) -> dict:
     """The Dask-overhead baseline: a convert whose graph (the one `build_graph` makes, the same wiring) is run by a
     plain loop on one thread, each task once its inputs are computed, as Dask's `get_sync` orders them, instead of
     by a Dask scheduler."""
-    import pipeline.jobs.convert
+    import pipeline.jobs.build
     from pipeline.jobs.convert import ConvertOptions, convert
     from pipeline.jobs.graph import dependencies
 
@@ -238,14 +238,14 @@ def _child_plain_loop(a: dict) -> dict:
             values[k] = graph[k]({d: values[d] for d in deps[k]})
         return values[key], {"stage_seconds": {}, "stage_tasks": {}}
 
-    scheduled, pipeline.jobs.convert.run = pipeline.jobs.convert.run, in_order
+    scheduled, pipeline.jobs.build.run = pipeline.jobs.build.run, in_order
     try:
         s = convert(ConvertOptions(a["version"], hf_cache=Path(a["hf"]) if a.get("hf") else None,
                                    snapshot=Path(a["snapshot"]) if a.get("snapshot") else None,
                                    cache_root=Path(a["cache"]), layout="generic", profile=a.get("profile"),
                                    synthetic=a.get("synthetic"), progress=False))
     finally:
-        pipeline.jobs.convert.run = scheduled
+        pipeline.jobs.build.run = scheduled
     return {"seconds": s["seconds"], "cache_path": s["cache_path"]}
 
 

@@ -25,7 +25,6 @@ from typing import Mapping
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.file_blocks import source_path
 from tasks import source
 from tasks.safetensors_file import ShardHeader, TensorEntry, read_header
 
@@ -144,8 +143,8 @@ def wrapper_prefix(folder: Path, shard_of: Mapping[str, str]) -> str:
 class Checkpoint:
     """Header-indexed view of a checkpoint folder or file. Thread-safe for reads."""
 
-    def __init__(self, snapshot: Path | str):
-        given = source_path(snapshot)  # a folder here, or a prefix of an object store (s3://…)
+    def __init__(self, given: Path):
+        """`given`: a folder or one file, here or in an object store (a UPath: tasks/file_blocks.py `source_path`)."""
         self.dir = given.parent if given.is_file() else given
         chosen = weight_files(given)
         index, files = chosen.index, list(chosen.files)

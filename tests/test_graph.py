@@ -12,6 +12,7 @@ from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.model.recipe import build_plan
 from tasks.checkpoint import Checkpoint
 from pipeline.jobs.graph import PUBLISH, ancestors
+from tasks.plan import work_units
 from pipeline.model.state_dict import straddling_unit
 from pipeline.commands.render import graph_for, graph_json, unit_summary
 from pipeline.model.versions import VERSIONS
@@ -146,3 +147,36 @@ def test_an_error_returns_only_once_the_tasks_already_running_have_finished(tmp_
     with pytest.raises(RuntimeError, match="verify failed"):
         run(graph, "both", "threads", workers=2, progress=False)
     assert (tmp_path / "written late").exists()
+
+
+def test_a_shard_is_hashed_again_only_when_nothing_before_checked_what_is_read_from_it(hf_cache, cache_root):
+    """The verify node of a shard: what this run hashed to name the entry (unless --sha256 asks for its sha256);
+    what an earlier entry of the same shard identity recorded, when nothing is converted from it; else a task."""
+    from dataclasses import replace
+
+    from dask.task_spec import DataNode
+
+    from pipeline.commands.render import graph_inputs
+    from pipeline.jobs.graph import build_graph
+    from tasks.source import VerifiedShard
+
+    inputs = graph_inputs(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny",
+                                         cache_root=cache_root))
+    ck = inputs.checkpoint
+    first, second = sorted(ck.headers)
+    head = next(t for t in inputs.plan.targets if ck.shard_of(t.sources[0]) == second)
+
+    def hashed(**given) -> set[str]:
+        graph = build_graph(replace(inputs, **given))
+        return {s for s in ck.headers if isinstance(graph[("verify", s)], DataNode)}
+
+    assert hashed() == set()  # an HF snapshot: every shard checked against its blob name
+    identified = {s: {k: "x" for k in ck.headers[s].entries} for s in ck.headers}
+    assert hashed(identified=identified) == {first, second}
+    assert hashed(identified=identified, record_sha256=True) == set()
+    known = {s: VerifiedShard(ck.headers[s], None, identified[s]) for s in ck.headers}
+    assert hashed(known=known) == set()  # both are converted from
+    done = {(t.name, slot): None for t, slot in work_units(inputs.plan.targets, inputs.slots)
+            if ck.shard_of(t.sources[0]) == first and all(ck.shard_of(k) == first for k in t.sources)}
+    assert hashed(known=known, done=done) == {first} and (head.name, None) not in done
+    assert hashed(known=known, done=done, record_sha256=True) == set()  # its sha256 is not known

@@ -196,7 +196,7 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     objects and its manifest: every object it shares with the release is named by its manifest, not sent or
     copied; the release's old objects are freshened (so a gc cannot take them before the manifest is out). Its
     chunks and device files are byte for byte what a cold local convert of the fine-tune makes."""
-    import pipeline.jobs.convert
+    import pipeline.jobs.build
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
     from tasks.entries.store import FsspecStore
@@ -211,7 +211,7 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     store = open_store(bucket)
     release = store.written("")
     time.sleep(1.1)  # S3 keeps LastModified to the second
-    monkeypatch.setattr(pipeline.jobs.convert, "FRESH_FOR", 0.5)  # the release's objects count as old
+    monkeypatch.setattr(pipeline.jobs.build, "FRESH_FOR", 0.5)  # the release's objects count as old
     sent, put, put_many = [], FsspecStore.put, FsspecStore.put_many
     monkeypatch.setattr(FsspecStore, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
     monkeypatch.setattr(FsspecStore, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])

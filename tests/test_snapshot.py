@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.inputs.snapshot import (default_hf_cache, repo_folder, resolve_snapshot, snapshot_revision,
+from pipeline.inputs.folder import snapshot_revision
+from pipeline.inputs.snapshot import (default_hf_cache, repo_folder, resolve_snapshot,
                                synthetic_repo_id)
 from pipeline.model.versions import VERSIONS, load_config
 from tasks.errors import CheckpointError, ConfigError

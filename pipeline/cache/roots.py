@@ -86,6 +86,11 @@ def build_root(store: Store) -> Path:
     return store.local_path("") if store.can_rename else cache_root(None)
 
 
+def build_store(store: Store) -> Store:
+    """The store of `build_root`: the cache itself when it can publish by rename, else the local cache."""
+    return store if store.can_rename else LocalStore(build_root(store))
+
+
 def entry_at(path: Path) -> Entry:
     """The published entry in a local folder `<root>/entries/<name>`."""
     return open_entry(LocalStore(path.parent.parent), path.name)

@@ -15,7 +15,7 @@ from pathlib import Path
 import graphviz
 
 from pipeline import cache
-from pipeline.jobs.convert import prepare
+from pipeline.jobs.prepare import prepare
 from pipeline.jobs.graph import GraphInputs, ancestors, build_graph, dependencies
 from tasks.entries.manifest import array_documents
 from tasks.entries.names import tmp_name

@@ -91,10 +91,12 @@ class Folder:
         read with the trainer's own map."""
         return self.chosen(embodiments).slots(self.config, self.bank_slots, self.tag_map)
 
-    def source_record(self) -> dict:
-        """What the entry's `source` records of the folder (recorded, not hashed)."""
+    def source_record(self, model: str | None = None) -> dict:
+        """What the entry's `source` records of the folder (recorded, not hashed); `model`: the hub repo it was
+        fetched from (--model)."""
         ck = self.checkpoint
-        return {"key_prefix": ck.prefix or None, "tied": dict(ck.tied) or None,
+        return {"snapshot": str(ck.dir), "revision": snapshot_revision(ck.dir), "synthetic": ck.synthetic,
+                "model": model, "key_prefix": ck.prefix or None, "tied": dict(ck.tied) or None,
                 "tied_by": self.ties.source if self.ties else None,
                 "trained_embodiments": list(self.trained.value) if self.trained else None,
                 "trained_from": self.trained.source if self.trained else None,
@@ -137,6 +139,12 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
     return Folder(checkpoint=ck, version=found, version_found=version is None,
                   left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained_tags(ck.dir, pack),
                   tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note)
+
+
+def snapshot_revision(snapshot: Path) -> str | None:
+    """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder. `snapshot`: a
+    checkpoint's folder as `Checkpoint.dir` holds it (a Path, or a UPath in an object store)."""
+    return snapshot.name if snapshot.parent.name == "snapshots" else None
 
 
 # -- which files are weights ----------------------------------------------------------------------------------------

@@ -45,12 +45,6 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
-def snapshot_revision(snapshot: Path) -> str | None:
-    """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder. `snapshot`: a
-    checkpoint's folder as `Checkpoint.dir` holds it (a Path, or a UPath in an object store)."""
-    return snapshot.name if snapshot.parent.name == "snapshots" else None
-
-
 def _present(repo_id: str, cache_dir: Path) -> str:
     snaps = repo_folder(repo_id, cache_dir) / "snapshots"
     revs = sorted(p.name for p in snaps.iterdir()) if snaps.is_dir() else []
@@ -139,8 +133,15 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
     if snapshot is not None and revision is not None:  # a folder is read as it is: a revision would be ignored
         raise ConfigError(f"--revision {revision} does not apply to --snapshot {snapshot}: a folder is read as it is; "
                           "leave out --revision, or name the repo with --model OWNER/NAME --revision REV")
-    if snapshot is not None:  # found; what it holds is read once, by pipeline/inputs/folder.py `read_folder`
-        return source_path(snapshot)  # a folder here, or a prefix of an object store (s3://bucket/prefix)
+    if snapshot is None:
+        return _in_hf_cache(cfg, hf_cache, revision, synthetic, model)
+    return source_path(snapshot)  # found; what it holds is read once, by pipeline/inputs/folder.py `read_folder`
+
+
+def _in_hf_cache(cfg: VersionConfig | None, hf_cache: Path | None, revision: str | None, synthetic: str | None,
+                 model: str | None) -> Path:
+    """The snapshot of a hub repo in an HF cache: `--model`'s, a synthetic stand-in, or the release (fetched when
+    missing and the hub is allowed)."""
     if model is not None:
         if model.count("/") != 1 or not all(model.split("/")):
             raise ConfigError(f"--model {model!r} is not a Hugging Face repo id: pass OWNER/NAME")

@@ -32,7 +32,7 @@ from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
 from tasks.entries.objects import Present
 from tasks.entries.publish import publish_entry, publish_into_store, unit_done
-from tasks.source import index_shard, read_weight, read_weight_slot, verify_shard
+from tasks.source import VerifiedShard, index_shard, read_weight, read_weight_slot, verify_shard
 from tasks.entries.manifest import Identity, Staged
 from tasks.stage import stage_into_store, stage_target
 from tasks.transforms import apply
@@ -54,7 +54,10 @@ class GraphInputs:
     identity: Identity                             # what the publish step records the entry as
     arrays: Mapping[str, dict]                     # target -> its `zarr.json` document (created before the run)
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
-    prehashed: Mapping[str, object] = field(default_factory=dict)  # shard -> VerifiedShard hashed before the graph
+    known: Mapping[str, VerifiedShard] = field(default_factory=dict)  # shard -> its tensors' hashes, as an earlier
+                                                   # entry of the same shard identity recorded them (pipeline/jobs/reuse.py)
+    identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # shard -> tensor xxh3, hashed by this
+                                                   # run to name the entry (pipeline/cache/sources.py)
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
     replace: bool = False                          # --force: the new entry replaces a published one at publish
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
@@ -96,24 +99,30 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     return upload_key
 
 
+def _hashed_before(inputs: GraphInputs, read_from: set[str]) -> dict[str, VerifiedShard]:
+    """The shards whose verify task is what was hashed before the graph. One this run hashed moments ago to name
+    the entry is checked by that pass (a second would compare the same bytes with themselves). One an earlier entry
+    knows by its identity is trusted like a cache hit when nothing is converted from it. Neither, when its sha256 is
+    asked for (--sha256) and not known."""
+    known = {s: v for s, v in inputs.known.items() if s not in read_from and (v.sha256 or not inputs.record_sha256)}
+    now = {} if inputs.record_sha256 else {
+        s: VerifiedShard(inputs.checkpoint.headers[s], None, dict(hashes)) for s, hashes in inputs.identified.items()}
+    return known | now
+
+
 def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     """The whole conversion as `{key: task}`; run it for `PUBLISH`."""
     ck, graph = inputs.checkpoint, {}
     if inputs.store_url:  # one node, so a worker is sent the store's listing once, not with every stage task
         graph[PRESENT] = DataNode(PRESENT, dict(inputs.present))
-    for shard, header in ck.headers.items():
-        graph[("index", shard)] = _task(("index", shard), index_shard, header.path, ck.stored_keys(shard),
-                                        ck.stored_names(shard))
-        if shard in inputs.prehashed:  # a fine-tune's pre-pass already hashed (or identified) it
-            graph[("verify", shard)] = DataNode(("verify", shard), inputs.prehashed[shard])
-        else:
-            graph[("verify", shard)] = _task(("verify", shard), verify_shard, TaskRef(("index", shard)),
-                                             inputs.expected_identity.get(shard), inputs.record_sha256)
     units: dict[str, list[TaskRef]] = {}
     unit_shards: dict[str, set[str]] = {}
+    read_from: set[str] = set()  # the shards something is converted from
     for t, slot in work_units(inputs.plan.targets, inputs.slots):
         in_unit = units.setdefault(t.unit, [])
         unit_shards.setdefault(t.unit, set()).update(ck.shard_of(k) for k in t.sources)
+        if (t.name, slot) not in inputs.done:
+            read_from.update(ck.shard_of(k) for k in t.sources)
         reads = []
         for key in t.sources:
             indexed = TaskRef(("index", ck.shard_of(key)))
@@ -123,6 +132,15 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
                                    else _task(read_key, read_weight_slot, indexed, key, slot))
             reads.append(TaskRef(read_key))
         in_unit.append(TaskRef(_chain(graph, t, slot, inputs, reads)))
+    hashed = _hashed_before(inputs, read_from)
+    for shard, header in ck.headers.items():
+        graph[("index", shard)] = _task(("index", shard), index_shard, header.path, ck.stored_keys(shard),
+                                        ck.stored_names(shard))
+        if shard in hashed:
+            graph[("verify", shard)] = DataNode(("verify", shard), hashed[shard])
+        else:
+            graph[("verify", shard)] = _task(("verify", shard), verify_shard, TaskRef(("index", shard)),
+                                             inputs.expected_identity.get(shard), inputs.record_sha256)
     for unit, staged in units.items():
         verified = List(*(TaskRef(("verify", s)) for s in sorted(unit_shards[unit])))
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)

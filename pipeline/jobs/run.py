@@ -14,6 +14,7 @@ import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Hashable, Mapping
 
 import dask
@@ -22,6 +23,7 @@ from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
 from tasks.errors import CacheError, ConfigError
+from tasks.file_blocks import is_remote
 
 IN_PROCESS = ("threads", "sync")  # the schedulers that run every task in this process
 
@@ -85,6 +87,19 @@ def _distributed_stage_seconds(task_stream: list[dict]) -> tuple[dict, dict]:
 def _missing_here(paths: list[str]) -> list[str]:
     """On a worker: which of the client's folders it cannot see."""
     return [p for p in paths if not os.path.isdir(p)]
+
+
+def shared_folders(source: Path, entry: Path | None = None) -> dict[str, str]:
+    """The folders a cluster's workers must see, each with what to do when they cannot (a checkpoint in an object
+    store is read from there by every worker, and an entry built in one is put there by them)."""
+    shared = {} if is_remote(source) else {
+        str(source): "put the checkpoint where every worker can read it at the same path (a shared filesystem) or "
+                     "in the object store (--snapshot s3://bucket/prefix), or convert with --scheduler threads"}
+    if entry is not None:
+        shared[str(entry)] = ("a cache folder is this machine's own: pass an object-store cache (--cache "
+                              "s3://bucket/prefix), which the workers write to themselves, or a cache folder on a "
+                              "filesystem they share")
+    return shared
 
 
 def check_workers_see(client, scheduler: str, shared: Mapping[str, str]) -> None:

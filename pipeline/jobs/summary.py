@@ -5,8 +5,12 @@ mapping, as the JSON leaves it out."""
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
+
+from tasks.checkpoint import Checkpoint
+from tasks.plan import Plan, work_units
 
 WORST_NUMERICS_IN_JSON = 10  # the JSON keeps the worst chunks only; every chunk's figures are in the manifest
 
@@ -70,3 +74,19 @@ class ConvertSummary(Mapping):
 
 
 _FIELDS = tuple(f.name for f in fields(ConvertSummary))
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def source_bytes_read(plan: Plan, ck: Checkpoint, slots: tuple[int, ...], done: Mapping) -> int:
+    """Bytes the read/slot tasks fetched for the units not `done` (verify's hashing pass is counted separately, in
+    its stage time)."""
+    total = 0
+    for t, slot in work_units(plan.targets, slots):
+        if (t.name, slot) not in done:
+            for key in t.sources:
+                nbytes = ck.info(key).nbytes
+                total += nbytes // ck.shape(key)[0] if slot is not None else nbytes
+    return total

@@ -52,7 +52,9 @@ def layout_and_profile(cfg: VersionConfig, layout: str | None, profile: str | No
     """`resolve`, for a caller that holds the version's config already."""
     layouts = recipes()["layouts"]
     layout = layout or cfg.default_layout
-    cfg.rule_sets(layout)  # unknown for this version: an error listing the known ones
+    if layout not in cfg.layouts:
+        raise ConfigError(f"unknown layout {layout!r} for {cfg.version}: expected one of {', '.join(cfg.layouts)} "
+                          f"(configs/{cfg.version}.toml [layouts])")
     known = layouts[layout]["profiles"]
     profile = profile or layouts[layout]["default_profile"]
     if profile not in known:
@@ -144,9 +146,9 @@ class _Making:
 
 
 def _rules(cfg: VersionConfig, layout: str) -> list[dict]:
-    """The layout's rules for this version, its rule sets in order."""
+    """The layout's rules for this version, its rule sets in order (the layout checked by `layout_and_profile`)."""
     book, rules = recipes(), []
-    for name in cfg.rule_sets(layout):
+    for name in cfg.layouts[layout]:
         if name not in book["rules"]:
             raise ConfigError(f"configs/{cfg.version}.toml names rule set {name!r}, which {RECIPES_PATH} does not define")
         rules += book["rules"][name]

@@ -53,12 +53,6 @@ class VersionConfig:
             return MappingProxyType({**self.dims, **self.scaled_dims[scale]})
         raise ConfigError(f"unknown scale {scale!r}: expected one of {', '.join(SCALES)}")
 
-    def rule_sets(self, layout: str) -> tuple[str, ...]:
-        if layout not in self.layouts:
-            raise ConfigError(f"unknown layout {layout!r} for {self.version}: expected one of "
-                              f"{', '.join(self.layouts)} (configs/{self.version}.toml [layouts])")
-        return self.layouts[layout]
-
     @property
     def embodiment_keys(self) -> tuple[str, ...]:
         """The 14 embodiment-indexed keys (7 banks W and their biases b)."""

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from tasks.entries.manifest import Staged
 from tasks.entries.names import PROGRESS_DIR, chunk_file, packed_path, progress_log
+from tasks.plan import Target, work_units
 
 
 T = TypeVar("T")
@@ -60,3 +62,20 @@ def already_staged(entry: Path, staged: Staged, ndim: int) -> bool:
             (record.tensorbin is None or record.tensorbin.matches_file(packed_path(entry, staged.name, staged.slot)))
     except OSError:
         return False
+
+
+def adopt_staged(entry: Path, targets: Sequence[Target], slots: tuple[int, ...],
+                 linked: Mapping[tuple[str, int | None], Staged]) -> dict[tuple[str, int | None], Staged]:
+    """Record the chunks just linked into `entry` (`linked`, taken as they are), and keep those a killed run staged
+    whose files still hold their bytes, checked side by side; returns every unit that need not be converted. A
+    link is the published entry's own file, not a copy: reading it here would check that entry, which every load
+    of either entry does anyway, and it cost a fine-tune's convert 10.8 s for 5.3 GB (1.2 s when the page cache
+    still held them)."""
+    for staged in linked.values():
+        record_progress(entry, staged)
+    records = staged_records(entry)
+    candidates = [(len(t.shape), records[(t.name, slot)]) for t, slot in work_units(targets, slots)
+                  if (t.name, slot) in records and (t.name, slot) not in linked]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        kept = list(pool.map(lambda c: already_staged(entry, c[1], c[0]), candidates))
+    return {(r.name, r.slot): r for (_, r), ok in zip(candidates, kept) if ok} | dict(linked)

@@ -1,0 +1,56 @@
+"""Before any work: the checkpoint found (pipeline/inputs/snapshot.py) and read once (pipeline/inputs/folder.py),
+its targets planned (pipeline/model/recipe.py), and its entry named by what it is made from. Nothing is converted
+or written here but the source-identity memo (pipeline/cache/sources.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from pipeline import cache
+from pipeline.inputs.folder import read_folder
+from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.jobs.options import ConvertOptions
+from pipeline.model.recipe import build_plan, recipes_sha256
+from pipeline.model.versions import load_config
+from tasks.checkpoint import Checkpoint
+from tasks.entries.manifest import Identity
+from tasks.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """Everything up to the fingerprint: the open snapshot, the plan, the slots, the entry's identity, and the
+    local cache the entry is built in."""
+    checkpoint: Checkpoint
+    plan: Plan
+    slots: tuple[int, ...]
+    identity: Identity       # what the entry's bytes are a function of, and its fingerprint
+    root: Path
+    identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # shard -> tensor xxh3, taken to name it
+    notes: tuple[str, ...] = ()  # what the folder holds that the user should hear of (files left alone, …)
+
+    @property
+    def name(self) -> str:
+        return self.identity.name
+
+
+def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
+    """Find and read the checkpoint, plan the targets, name the entry. `root` is the local cache the entry is
+    built in (default: the one `opts.cache_root` builds in)."""
+    root = root or cache.build_root(cache.cache_store(opts.cache_root))
+    hf = opts.hf_cache or (cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
+    where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf, opts.revision,
+                             opts.synthetic, opts.model)
+    folder = read_folder(where, opts.version)
+    source = folder.source_record(opts.model)
+    slots, notes = folder.slots(opts.embodiments), folder.notes(opts.embodiments)
+    ck = folder.checkpoint
+    shapes = {k: ck.shape(k) for k in ck.keys()}
+    plan = build_plan(folder.version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
+    identities, identified = cache.source_identity(root, ck)
+    ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
+                        recipes_sha256=recipes_sha256())
+    return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, identified=identified,
+                    notes=tuple(notes))
