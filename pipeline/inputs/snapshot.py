@@ -14,8 +14,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
-
 from pipeline.model.versions import VERSIONS, VersionConfig
 from pipeline.inputs.folder import HUB_FILES
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME
@@ -32,6 +30,8 @@ def synthetic_repo_id(cfg: VersionConfig, scale: str) -> str:
 
 def default_hf_cache() -> Path:
     """HF_HUB_CACHE (or HF_HOME/hub, or ~/.cache/huggingface/hub), as huggingface_hub resolves it."""
+    from huggingface_hub import constants  # lazy, as below: 0.1 s to import, and a folder's convert never needs it
+
     return Path(os.environ.get("HF_HUB_CACHE") or (Path(os.environ["HF_HOME"]) / "hub" if "HF_HOME" in os.environ
                                                    else constants.HF_HUB_CACHE))
 
@@ -62,6 +62,8 @@ def hub_unreachable(endpoint: str | None = None, timeout: float = 4.0) -> str | 
     """Why the hub cannot be reached from here (its name does not resolve, or nothing answers on its port), or None.
     huggingface_hub retries a dead route for about 30 s before it gives up; this asks once, within `timeout` in
     all, so a machine without network is answered at once."""
+    from huggingface_hub import constants
+
     deadline = time.monotonic() + timeout
     url = urllib.parse.urlsplit(endpoint or constants.ENDPOINT)
     host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
@@ -101,6 +103,8 @@ def _not_cached(repo_id: str, revision: str, cache_dir: Path, why: str, offline_
 def _from_hub(repo_id: str, revision: str, cache_dir: Path, offline_hint: str = "") -> Path:
     """A repo's snapshot from the HF cache, else fetched with huggingface_hub (unless offline, or the hub cannot be
     reached); a miss names the `hf download` command (and `offline_hint`)."""
+    from huggingface_hub import snapshot_download, try_to_load_from_cache
+
     for name in (INDEX_NAME, SINGLE_NAME):
         found = try_to_load_from_cache(repo_id, name, cache_dir=str(cache_dir), revision=revision)
         if isinstance(found, str):
@@ -142,6 +146,8 @@ def _in_hf_cache(cfg: VersionConfig | None, hf_cache: Path | None, revision: str
                  model: str | None) -> Path:
     """The snapshot of a hub repo in an HF cache: `--model`'s, a synthetic stand-in, or the release (fetched when
     missing and the hub is allowed)."""
+    from huggingface_hub import try_to_load_from_cache
+
     if model is not None:
         if model.count("/") != 1 or not all(model.split("/")):
             raise ConfigError(f"--model {model!r} is not a Hugging Face repo id: pass OWNER/NAME")
