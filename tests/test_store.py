@@ -223,3 +223,20 @@ def test_local_files_asked_for_by_many_threads_at_once_all_stay(store, monkeypat
     with ThreadPoolExecutor(8) as pool:
         paths = list(pool.map(lambda i: fresh.local_file(f"objects/{i}"), range(32)))
     assert [p.read_bytes() for p in paths] == [bytes([i]) * (i + 1) for i in range(32)]
+
+
+def test_an_object_store_reads_an_object_from_the_socket_into_the_array_and_keeps_the_connection(s3_url, monkeypatch):
+    """urllib3 2's `readinto` reads into a new bytes object and copies it: a chunk goes from http.client straight
+    into the caller's array instead, and the connection goes back to the pool for the next read."""
+    from urllib3.response import HTTPResponse
+
+    store = open_store(f"{s3_url}/straight-{uuid.uuid4().hex[:8]}")
+    data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8)
+    store.put("c/0", data.tobytes())
+    monkeypatch.setattr(HTTPResponse, "readinto", lambda *_: pytest.fail("read through urllib3's copy"))
+    for _ in range(5):
+        out = np.empty_like(data)
+        store.read_into("c/0", out)
+        assert np.array_equal(out, data)
+    pools = store._s3._endpoint.http_session._manager.pools
+    assert [pool.num_connections for pool in pools._container.values()] == [1]

@@ -149,6 +149,31 @@ class Store(ABC):
         self.put(key, (json.dumps(doc, indent=1) + "\n").encode())
 
 
+def _fill(stream, view: memoryview) -> int:
+    """Read until `view` is full or the stream ends; the bytes read."""
+    filled = 0
+    while filled < len(view) and (got := stream.readinto(view[filled:])):
+        filled += got
+    return filled
+
+
+def _read_body_into(body, view: memoryview) -> int:
+    """A boto3 response body (or the urllib3 response it is, entered) read into `view`; the bytes read. urllib3 2's `readinto` reads into a new bytes object
+    and copies it, so where the body is a plain urllib3 response (no content encoding) over http.client, its bytes
+    go from the socket straight into `view` by http.client's own `readinto`; urllib3 is told, and at the end of
+    the body it puts the connection back in its pool. 1.2 GB as 6 MB objects from moto, 16 in flight: 0.98 CPU-s
+    through botocore's `readinto`, 0.69 straight. Any other body is read through botocore."""
+    raw = getattr(body, "_raw_stream", body)  # botocore's StreamingBody, or the urllib3 response it enters as
+    socket_side = getattr(raw, "_fp", None)
+    if not (hasattr(socket_side, "readinto") and isinstance(getattr(raw, "_fp_bytes_read", None), int)
+            and not raw.headers.get("content-encoding")):
+        return _fill(body, view)
+    filled = _fill(socket_side, view)
+    raw._fp_bytes_read += filled
+    raw.read()  # nothing left: urllib3 sees http.client's response closed and releases the connection
+    return filled
+
+
 def _check_size(store: Store, key: str, found: int | None, expected: int) -> None:
     """A missing or short object is an error, never zeros."""
     if found is None:
@@ -394,13 +419,9 @@ class FsspecStore(Store):
             return super().read_into(key, out)
         response = self._get_object(key)
         _check_size(self, key, None if response is None else response["ContentLength"], out.nbytes)
-        view, filled = memoryview(out.reshape(-1).view(np.uint8)), 0
         with response["Body"] as body:
-            while filled < len(view):
-                got = body.readinto(view[filled:])
-                if not got:
-                    _check_size(self, key, filled, out.nbytes)
-                filled += got
+            filled = _read_body_into(body, memoryview(out.reshape(-1).view(np.uint8)))
+        _check_size(self, key, filled, out.nbytes)
 
     def _get_object(self, key: str) -> dict | None:
         """boto3's response to a GET of `key`; None when there is no such key, or no such bucket (it reads as
