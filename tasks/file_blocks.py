@@ -196,7 +196,7 @@ def _read(fh, consume: Callable[[memoryview, int], None], block: int, size: int 
     if buffer is None or len(buffer) != block:
         buffer = _local.buffer = memoryview(bytearray(block))
     size, pos = os.fstat(fh.fileno()).st_size if size is None else size, start
-    while (want := block if end is None else min(block, end - pos)) > 0 and (n := _fill(fh, buffer[:want])):
+    while (want := block if end is None else min(block, end - pos)) > 0 and (n := read_full(fh, buffer[:want])):
         with buffer[:n] as view:
             consume(view, pos)
         pos += n
@@ -205,8 +205,8 @@ def _read(fh, consume: Callable[[memoryview, int], None], block: int, size: int 
     return pos if end is None else size
 
 
-def _fill(fh, buffer: memoryview) -> int:
-    """Read until the buffer is full or the file ends."""
+def read_full(fh, buffer: memoryview) -> int:
+    """Read until the buffer is full or the stream ends (any object with `readinto`); the bytes read."""
     n = 0
     while n < len(buffer) and (got := fh.readinto(buffer[n:])):
         n += got

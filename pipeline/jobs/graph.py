@@ -54,10 +54,10 @@ class GraphInputs:
     identity: Identity                             # what the publish step records the entry as
     arrays: Mapping[str, dict]                     # target -> its `zarr.json` document (created before the run)
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
-    known: Mapping[str, VerifiedShard] = field(default_factory=dict)  # shard -> its tensors' hashes, as an earlier
-                                                   # entry of the same shard identity recorded them (pipeline/jobs/reuse.py)
-    identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # shard -> tensor xxh3, hashed by this
-                                                   # run to name the entry (pipeline/cache/sources.py)
+    # shard -> its tensors' hashes, as an earlier entry of the same shard identity recorded them (jobs/reuse.py)
+    known: Mapping[str, VerifiedShard] = field(default_factory=dict)
+    # shard -> its tensors' xxh3, hashed by this run to name the entry (pipeline/cache/sources.py)
+    identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
     replace: bool = False                          # --force: the new entry replaces a published one at publish
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
@@ -120,9 +120,10 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     read_from: set[str] = set()  # the shards something is converted from
     for t, slot in work_units(inputs.plan.targets, inputs.slots):
         in_unit = units.setdefault(t.unit, [])
-        unit_shards.setdefault(t.unit, set()).update(ck.shard_of(k) for k in t.sources)
+        shards = {ck.shard_of(k) for k in t.sources}
+        unit_shards.setdefault(t.unit, set()).update(shards)
         if (t.name, slot) not in inputs.done:
-            read_from.update(ck.shard_of(k) for k in t.sources)
+            read_from.update(shards)
         reads = []
         for key in t.sources:
             indexed = TaskRef(("index", ck.shard_of(key)))

@@ -37,7 +37,7 @@ import numpy as np
 
 from tasks.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError
-from tasks.file_blocks import is_url, read_into  # is_url: callers ask the store
+from tasks.file_blocks import is_url, read_full, read_into  # is_url: callers ask the store
 
 _DOWNLOADS_MADE = threading.Lock()
 IN_FLIGHT = 16  # requests to an object store at once: freshenings, and a load's fetches (`--transfers`)
@@ -149,26 +149,20 @@ class Store(ABC):
         self.put(key, (json.dumps(doc, indent=1) + "\n").encode())
 
 
-def _fill(stream, view: memoryview) -> int:
-    """Read until `view` is full or the stream ends; the bytes read."""
-    filled = 0
-    while filled < len(view) and (got := stream.readinto(view[filled:])):
-        filled += got
-    return filled
-
-
 def _read_body_into(body, view: memoryview) -> int:
-    """A boto3 response body (or the urllib3 response it is, entered) read into `view`; the bytes read. urllib3 2's `readinto` reads into a new bytes object
-    and copies it, so where the body is a plain urllib3 response (no content encoding) over http.client, its bytes
-    go from the socket straight into `view` by http.client's own `readinto`; urllib3 is told, and at the end of
-    the body it puts the connection back in its pool. 1.2 GB as 6 MB objects from moto, 16 in flight: 0.98 CPU-s
-    through botocore's `readinto`, 0.69 straight. Any other body is read through botocore."""
+    """A boto3 response body (or the urllib3 response it is, entered) read into `view`; the bytes read.
+
+    urllib3 2's `readinto` reads into a new bytes object and copies it. So where the body is a plain urllib3
+    response (no content encoding) over http.client, its bytes go from the socket straight into `view` by
+    http.client's own `readinto`; urllib3 is told, and at the end of the body it puts the connection back in its
+    pool. 1.2 GB as 6 MB objects from moto, 16 in flight: 0.98 CPU-s through botocore's `readinto`, 0.69 straight.
+    Any other body is read through botocore."""
     raw = getattr(body, "_raw_stream", body)  # botocore's StreamingBody, or the urllib3 response it enters as
     socket_side = getattr(raw, "_fp", None)
     if not (hasattr(socket_side, "readinto") and isinstance(getattr(raw, "_fp_bytes_read", None), int)
             and not raw.headers.get("content-encoding")):
-        return _fill(body, view)
-    filled = _fill(socket_side, view)
+        return read_full(body, view)
+    filled = read_full(socket_side, view)
     raw._fp_bytes_read += filled
     raw.read()  # nothing left: urllib3 sees http.client's response closed and releases the connection
     return filled
