@@ -127,8 +127,8 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                span: tuple[int, int] | None = None) -> int:
     """`consume(bytes, offset)` for each block of the file in order; returns the file's size. A view is valid only
     during its call. Raises OSError if the file cannot be read (or shrinks while it is read). An object in a store
-    is streamed in blocks of `block` bytes. `span` (start, end): only the blocks that cover those bytes (the first
-    may start a little before `start`, at a page boundary)."""
+    is streamed in blocks of `block` bytes. `span` (start, end): only those bytes, in blocks from `start` (so a
+    consumer that takes values of a size dividing `block` never sees one cut in two)."""
     global _mapping_works
     if is_remote(path):
         with path.open("rb", block_size=block) as fh:
@@ -147,8 +147,11 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                 mapping = None
             if mapping is not None:
                 try:
-                    first, last = start - start % mmap.PAGESIZE, size if end is None else min(end, size)
-                    if _mapped(mapping, first, last, consume, block):
+                    last = size if end is None else end
+                    if last > size:
+                        raise OSError(f"{last} bytes asked for of a file of {size} (did the file change while it "
+                                      "was read?)")
+                    if _mapped(mapping, start, last, consume, block):
                         return size
                     _mapping_works = False  # an older kernel: read every file instead from now on
                 finally:
@@ -159,12 +162,14 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
 
 def _mapped(mapping: mmap.mmap, start: int, end: int, consume: Callable[[memoryview, int], None],
             block: int) -> bool:
-    """False if the kernel has no MADV_POPULATE_READ (found at the first block, before anything is consumed)."""
+    """False if the kernel has no MADV_POPULATE_READ (found at the first block, before anything is consumed).
+    Blocks start at `start`; what is populated and dropped starts at the page that holds them."""
     with memoryview(mapping) as whole:
         for pos in range(start, end, block):
             n = min(block, end - pos)
+            page = pos - pos % mmap.PAGESIZE
             try:
-                mapping.madvise(MADV_POPULATE_READ, pos, n)
+                mapping.madvise(MADV_POPULATE_READ, page, pos + n - page)
             except OSError as e:
                 if e.errno == errno.EINVAL and pos == start:
                     return False
@@ -172,7 +177,7 @@ def _mapped(mapping: mmap.mmap, start: int, end: int, consume: Callable[[memoryv
                                        "change while it was read?)") from e
             with whole[pos:pos + n] as view:
                 consume(view, pos)
-            mapping.madvise(mmap.MADV_DONTNEED, pos, n)
+            mapping.madvise(mmap.MADV_DONTNEED, page, pos + n - page)
     return True
 
 

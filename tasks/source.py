@@ -225,27 +225,40 @@ def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray
     return out
 
 
-_CONVERT_BLOCK_BYTES = 4 << 20  # source bytes read per block of a source that is converted: in L2/L3 when converted
+_CONVERT_BLOCK_BYTES = 4 << 20  # source bytes per block of a source that is converted: in L2/L3 when converted
 
 
 def _read_as_stored(header: ShardHeader, key: str, host: bool, first: int, out: np.ndarray) -> None:
     """Values [first, first + out.size) of `key` into `out` (flat) as the cache stores them: straight in when the
-    source's bytes are already that (precision.kept_as_stored), else block by block through one reused buffer,
-    each block converted (precision.convert_block) while it is still in cache: one pass over the source bytes,
-    and a wide tensor is never whole in memory."""
+    source's bytes are already that (precision.kept_as_stored), else block by block from the shard's mapping
+    (file_blocks.each_block), each block converted (precision.convert_block) where the page cache holds it: one
+    pass over the source bytes and no copy of them, and a wide tensor is never whole in memory. (Read through a
+    4 MB buffer instead, the copy out of the page cache took 13% of a mixed fine-tune's CPU: 4.6-5.5 s against
+    4.1-4.2 s, paired in-process runs.)"""
     entry = header.entries[key]
     source = safetensors_file.NUMPY_DTYPES[entry.dtype]
     offset = header.data_start + entry.start + first * source.itemsize
-    with open_at(header.path) as shard:
-        if precision.kept_as_stored(entry.dtype, host):
+    if precision.kept_as_stored(entry.dtype, host):
+        with open_at(header.path) as shard:
             shard.read_into(offset, out.view(source))
-            return
-        per = max(1, _CONVERT_BLOCK_BYTES // source.itemsize)
-        buffer = aligned_empty((min(per, out.size),), source)
-        for lo in range(0, out.size, per):
-            block = buffer[:min(per, out.size - lo)]
-            shard.read_into(offset + lo * source.itemsize, block)
-            precision.convert_block(block, out[lo:lo + block.size], host, key, header.path, first + lo)
+        return
+
+    def convert(block: memoryview, pos: int) -> None:
+        lo = (pos - offset) // source.itemsize
+        try:
+            values = np.frombuffer(block, source)
+            precision.convert_block(values, out[lo:lo + values.size], host, key, header.path, first + lo)
+        except Exception as e:  # without the frames that hold views of the mapping, so that it can close
+            raise e.with_traceback(None) from None
+        finally:
+            values = None
+
+    try:
+        each_block(header.path, convert, _CONVERT_BLOCK_BYTES // source.itemsize * source.itemsize,
+                   (offset, offset + out.size * source.itemsize))
+    except OSError as e:
+        raise CheckpointError(header.path, f"could not be read to the end ({e.strerror or e}); if it is being "
+                                           "written or downloaded, wait for it and run again", key) from None
 
 
 def read_weight_slot(header: ShardHeader, key: str, slot: int) -> np.ndarray:

@@ -50,17 +50,27 @@ def test_each_block_gives_every_byte_in_order(tmp_path, monkeypatch, how, size):
 
 @pytest.mark.parametrize("how", ["mapped", "read"])
 @pytest.mark.parametrize("span", [(0, 1), (5000, 5001), (4096, 3 * BLOCK), (BLOCK + 3, 3 * BLOCK + 17), (17, 17)])
-def test_each_block_over_a_span_gives_the_blocks_that_cover_it(tmp_path, monkeypatch, how, span):
+def test_each_block_over_a_span_gives_its_bytes_in_blocks_from_its_start(tmp_path, monkeypatch, how, span):
+    """Exactly the span, every block but the last whole from its first byte: a converting read of float32 values
+    at an odd offset must never see one cut in two."""
     monkeypatch.setattr(file_blocks, "_mapping_works", how == "mapped")
     path = tmp_path / "f"
     data = bytes((i * 131 + 7) % 256 for i in range(3 * BLOCK + 17))
     path.write_bytes(data)
     parts = []
     assert file_blocks.each_block(path, lambda view, pos: parts.append((pos, bytes(view))), BLOCK, span) == len(data)
-    first = parts[0][0] if parts else span[0]
-    got = b"".join(b for _, b in parts)
-    assert first <= span[0] and first + len(got) >= span[1] and first + len(got) <= len(data)
-    assert got == data[first:first + len(got)] and span[0] - first < BLOCK  # from the page before, at most
+    assert b"".join(b for _, b in parts) == data[span[0]:span[1]]
+    assert [pos for pos, _ in parts] == list(range(span[0], span[1], BLOCK))
+
+
+@pytest.mark.parametrize("how", ["mapped", "read"])
+def test_a_span_past_the_end_of_the_file_is_an_oserror(tmp_path, monkeypatch, how):
+    """A header read before the file was cut short names bytes it no longer has: never fewer bytes in silence."""
+    monkeypatch.setattr(file_blocks, "_mapping_works", how == "mapped")
+    path = tmp_path / "f"
+    path.write_bytes(b"\1" * (2 * BLOCK))
+    with pytest.raises(OSError, match="did the file change"):
+        file_blocks.each_block(path, lambda view, pos: None, BLOCK, (100, 2 * BLOCK + 1))
 
 
 def test_each_read_gives_whole_blocks_when_the_reads_come_short(tmp_path, monkeypatch):

@@ -97,6 +97,20 @@ def test_a_wide_tensor_is_rounded_as_it_is_read_and_refused_by_its_flat_index(ro
         source.read_weight(read_header(tmp_path / "m.safetensors"), "w")
 
 
+def test_a_wide_tensor_cut_short_after_its_header_was_read_is_refused_by_its_file(tmp_path):
+    """The header was read when the checkpoint was opened; a file cut short since (still being written, copied)
+    is one sentence naming it, never a crash on the mapping or values made up."""
+    from safetensors.numpy import save_file
+
+    from tasks import source
+
+    save_file({"w": np.ones((1500, 1100), np.float32)}, str(tmp_path / "m.safetensors"))
+    header = read_header(tmp_path / "m.safetensors")
+    os.truncate(tmp_path / "m.safetensors", (tmp_path / "m.safetensors").stat().st_size - 4096)
+    with pytest.raises(CheckpointError, match=r"m\.safetensors, key 'w': could not be read to the end .* wait for it"):
+        source.read_weight(header, "w")
+
+
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
