@@ -125,16 +125,17 @@ class open_at:
 
 def each_block(path: Path | str, consume: Callable[[memoryview, int], None], block: int = BLOCK,
                span: tuple[int, int] | None = None) -> int:
-    """`consume(bytes, offset)` for each block of the file in order; returns the file's size. A view is valid only
-    during its call. Raises OSError if the file cannot be read (or shrinks while it is read). An object in a store
-    is streamed in blocks of `block` bytes. `span` (start, end): only those bytes, in blocks from `start` (so a
-    consumer that takes values of a size dividing `block` never sees one cut in two)."""
+    """`consume(bytes, offset)` for each block of the file in order; returns the file's size (with `span`, the
+    span's end). A view is valid only during its call. Raises OSError if the file cannot be read (or shrinks while
+    it is read). An object in a store is streamed in blocks of `block` bytes, or, for a span, read by one ranged
+    GET a block (opening it would first ask the store its size). `span` (start, end): only those bytes, in blocks
+    from `start` (so a consumer that takes values of a size dividing `block` never sees one cut in two)."""
     global _mapping_works
     if is_remote(path):
+        if span is not None:
+            return _ranged(path, span[0], span[1], consume, block)
         with path.open("rb", block_size=block) as fh:
-            start, end = span or (0, None)
-            fh.seek(start)
-            return _read(fh, consume, block, path.stat().st_size, start, end)
+            return _read(fh, consume, block, path.stat().st_size)
     with open(path, "rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
         start, end = span or (0, None)
@@ -152,12 +153,22 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                         raise OSError(f"{last} bytes asked for of a file of {size} (did the file change while it "
                                       "was read?)")
                     if _mapped(mapping, start, last, consume, block):
-                        return size
+                        return last
                     _mapping_works = False  # an older kernel: read every file instead from now on
                 finally:
                     mapping.close()
         fh.seek(start)
         return _read(fh, consume, block, size, start, end)
+
+
+def _ranged(path, start: int, end: int, consume: Callable[[memoryview, int], None], block: int) -> int:
+    buffer = np.empty(min(block, max(end - start, 0)), np.uint8)
+    with open_at(path) as fh:
+        for pos in range(start, end, block):
+            view = buffer[:min(block, end - pos)]
+            fh.read_into(pos, view)
+            consume(memoryview(view), pos)
+    return end
 
 
 def _mapped(mapping: mmap.mmap, start: int, end: int, consume: Callable[[memoryview, int], None],
@@ -196,7 +207,7 @@ def each_read(path: Path | str, consume: Callable[[memoryview, int], None]) -> i
 def _read(fh, consume: Callable[[memoryview, int], None], block: int, size: int | None = None, start: int = 0,
           end: int | None = None) -> int:
     """The bytes from `start` (where `fh` stands) to `end`, or to the end of the file (a pipe's too: its size says
-    nothing), block by block; returns the bytes read to the end, or the file's size for a span."""
+    nothing), block by block; returns the bytes read to the end, or the span's end."""
     buffer = getattr(_local, "buffer", None)
     if buffer is None or len(buffer) != block:
         buffer = _local.buffer = memoryview(bytearray(block))
@@ -207,7 +218,7 @@ def _read(fh, consume: Callable[[memoryview, int], None], block: int, size: int 
         pos += n
     if pos < (size if end is None else end):
         raise OSError(f"read {pos} of {size} bytes (did the file change while it was read?)")
-    return pos if end is None else size
+    return pos if end is None else end
 
 
 def read_full(fh, buffer: memoryview) -> int:

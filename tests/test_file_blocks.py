@@ -58,9 +58,31 @@ def test_each_block_over_a_span_gives_its_bytes_in_blocks_from_its_start(tmp_pat
     data = bytes((i * 131 + 7) % 256 for i in range(3 * BLOCK + 17))
     path.write_bytes(data)
     parts = []
-    assert file_blocks.each_block(path, lambda view, pos: parts.append((pos, bytes(view))), BLOCK, span) == len(data)
+    assert file_blocks.each_block(path, lambda view, pos: parts.append((pos, bytes(view))), BLOCK, span) == span[1]
     assert b"".join(b for _, b in parts) == data[span[0]:span[1]]
     assert [pos for pos, _ in parts] == list(range(span[0], span[1], BLOCK))
+
+
+def test_a_span_of_an_object_in_a_store_is_read_by_ranged_gets_only(monkeypatch):
+    """A worker converting a tensor of a checkpoint in the bucket asks for its bytes, block by block, and nothing
+    else: opening the object would first ask the store for its size (a HEAD a tensor, on every slot of a bank)."""
+    from upath import UPath
+
+    path = UPath("memory://bucket/ckpt/model.safetensors")
+    data = bytes((i * 131 + 7) % 256 for i in range(3 * BLOCK + 17))
+    path.write_bytes(data)
+    asked = []
+    fs = path.fs
+    cat_file = fs.cat_file
+    monkeypatch.setattr(fs, "cat_file", lambda p, start=None, end=None, **kw: asked.append((start, end)) or
+                        cat_file(p, start=start, end=end, **kw))
+    monkeypatch.setattr(type(path), "open", lambda *a, **k: pytest.fail("the object was opened"))
+    monkeypatch.setattr(type(path), "stat", lambda *a, **k: pytest.fail("the store was asked for the size"))
+    parts = []
+    assert file_blocks.each_block(path, lambda view, pos: parts.append((pos, bytes(view))), BLOCK,
+                                  (BLOCK + 3, 3 * BLOCK + 17)) == 3 * BLOCK + 17
+    assert b"".join(b for _, b in parts) == data[BLOCK + 3:3 * BLOCK + 17]
+    assert asked == [(BLOCK + 3, 2 * BLOCK + 3), (2 * BLOCK + 3, 3 * BLOCK + 3), (3 * BLOCK + 3, 3 * BLOCK + 17)]
 
 
 @pytest.mark.parametrize("how", ["mapped", "read"])
