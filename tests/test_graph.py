@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.model.recipe import build_plan
+from tasks import file_blocks
 from tasks.checkpoint import Checkpoint
 from pipeline.jobs.graph import PUBLISH, ancestors
 from tasks.plan import work_units
@@ -98,8 +99,12 @@ def test_with_an_open_device_each_target_uploads_right_after_staging(hf_cache, c
 
 def test_a_one_embodiment_conversion_reads_only_that_slot_of_each_bank(hf_cache, cache_root, snapshots, monkeypatch):
     """The slot-bytes guarantee on the path production takes: a real convert (the Dask graph, threads), every
-    positioned read recorded at the system call. Each bank's bytes read are exactly its slot's byte range."""
-    reads, lock, preadv = [], threading.Lock(), os.preadv
+    positioned read recorded: at the system call, and each span read from a shard's mapping (a converted source,
+    such as a bf16 host table widened; the snapshot's sha256 pass reads whole shards, no span). Each bank's bytes
+    read are exactly its slot's byte range."""
+    from tasks import source
+
+    reads, lock, preadv, each_block = [], threading.Lock(), os.preadv, source.each_block
 
     def recording(fd, buffers, offset):
         n = preadv(fd, buffers, offset)
@@ -107,7 +112,14 @@ def test_a_one_embodiment_conversion_reads_only_that_slot_of_each_bank(hf_cache,
             reads.append((os.path.realpath(f"/proc/self/fd/{fd}"), offset, n))
         return n
 
+    def mapped(path, consume, block=file_blocks.BLOCK, span=None):
+        if span is not None:
+            with lock:
+                reads.append((os.path.realpath(path), span[0], span[1] - span[0]))
+        return each_block(path, consume, block, span)
+
     monkeypatch.setattr(os, "preadv", recording)
+    monkeypatch.setattr(source, "each_block", mapped)
     summary = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=cache_root, progress=False))
     slot = summary["slots"][0]
