@@ -97,6 +97,20 @@ def test_a_wide_tensor_is_rounded_as_it_is_read_and_refused_by_its_flat_index(ro
         source.read_weight(read_header(tmp_path / "m.safetensors"), "w")
 
 
+def test_a_wide_tensor_at_an_odd_offset_is_rounded_as_torch_rounds_it(rounding_path, tmp_path):
+    """The format asks nothing of the header's length: a stranger's file may start its data at an odd byte, and
+    a block of the shard's mapping then starts mid-float."""
+    from tasks import source
+
+    values = np.random.default_rng(8).standard_normal((700, 900)).astype(np.float32)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [700, 900], "data_offsets": [0, values.nbytes]}}).encode()
+    header += b" " * (3 - (8 + len(header)) % 4)  # data from an offset of 3 mod 4
+    (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + values.tobytes())
+    parsed = read_header(tmp_path / "m.safetensors")
+    assert parsed.data_start % 4 == 3
+    assert np.array_equal(source.read_weight(parsed, "w").view(np.uint16), _torch_bf16_bits(values))
+
+
 def test_a_wide_tensor_cut_short_after_its_header_was_read_is_refused_by_its_file(tmp_path):
     """The header was read when the checkpoint was opened; a file cut short since (still being written, copied)
     is one sentence naming it, never a crash on the mapping or values made up."""
