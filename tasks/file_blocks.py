@@ -162,6 +162,7 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
 
 
 def _ranged(path, start: int, end: int, consume: Callable[[memoryview, int], None], block: int) -> int:
+    """The span of an object in a store, one ranged GET a block into one buffer; returns the span's end."""
     buffer = np.empty(min(block, max(end - start, 0)), np.uint8)
     with open_at(path) as fh:
         for pos in range(start, end, block):
