@@ -1,11 +1,12 @@
 """Reading files: a byte range into a caller's buffer (`read_into`, `open_at`), or a whole file block by block for
-the passes that hash every byte (`each_block`, `each_read`). A checkpoint may also be in an object store
+the passes that hash or convert every byte (`each_block`, `each_read`). A checkpoint may also be in an object store
 (`--snapshot s3://bucket/prefix`): `source_path` makes such a URL a path (universal_pathlib's UPath over fsspec),
 and `open_at` / `each_block` read it by ranged GETs, so a worker reads only its own tasks' byte ranges.
 
 `each_block` reads a local file in blocks, two ways, each where it wins.
 
-`each_block` maps the file: a shard's sha256 and per-tensor xxh3 in a convert. On this project's 2-core VM, page
+`each_block` maps the file: a shard's sha256 and per-tensor xxh3 in a convert, and a converted source's values
+(F32 or F16 rounded to bf16, bf16 widened) where the page cache holds them. On this project's 2-core VM, page
 cache warm, xxh3 over a 3.16 GB shard took 1.03-2.38 s by `readinto` into a reused 16 MiB buffer (the copy out of
 the page cache is the cost) and 0.69-0.74 s mapped; both hashes of a full N1.6's shards, two threads: 4.1-4.3 s
 (1.0-1.2 sys-s) mapped, 4.4-4.9 s (2.3-2.5 sys-s) read. Each block is populated before it is read
