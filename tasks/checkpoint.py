@@ -101,9 +101,13 @@ def weight_files(snapshot: Path) -> WeightFiles:
                                                        f"present of the {SHARD_FILE.match(files[0]).group(2)} it "
                                                        "names: download or copy the missing shards")
     if not files:
-        what = "does not exist" if not snapshot.exists() else (
-            f"holds no {INDEX_NAME}, no {SINGLE_NAME} and no model-NNNNN-of-NNNNN.safetensors"
-            + (f" (only {', '.join(found)}, which are not the model's weight files by name)" if found else ""))
+        if not snapshot.exists():
+            what = "does not exist"
+        elif not snapshot.is_dir():
+            what = "is neither a folder nor a regular file (a pipe, a device or a socket)"
+        else:
+            what = f"holds no {INDEX_NAME}, no {SINGLE_NAME} and no model-NNNNN-of-NNNNN.safetensors" + (
+                f" (only {', '.join(found)}, which are not the model's weight files by name)" if found else "")
         raise CheckpointError(snapshot, f"{what}: pass the folder the trainer saved the model in, or the "
                                         ".safetensors file itself")
     return WeightFiles(snapshot / INDEX_NAME if (snapshot / INDEX_NAME).is_file() else None, files,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 
 from tasks.bulk_write import aligned_empty, nbytes
 from tasks.errors import CheckpointError
-from tasks.file_blocks import open_binary
+from tasks.file_blocks import is_remote, open_binary
 
 # safetensors dtype tag -> numpy dtype used to hold it (bf16 as ml_dtypes.bfloat16: same bytes, real numbers).
 NUMPY_DTYPES: Mapping[str, np.dtype] = {
@@ -135,6 +136,9 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
 
 def read_header(path: Path) -> ShardHeader:
     """Read and validate the header of one safetensors file; no tensor data is read."""
+    if not is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):  # opening a pipe waits for its writer
+        raise CheckpointError(path, "is not a regular file (a pipe, a device or a socket); pass the weight files "
+                                    "themselves, or a folder of them")
     with open_binary(path) as fh:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(0)

@@ -160,6 +160,27 @@ def test_bad_snapshot(copy_snapshot, tmp_path, capsys, case, corrupt, expected, 
     TABLE.append((case, err.strip()[len("error: "):].replace(str(snap), "<snapshot>")))
 
 
+@pytest.mark.parametrize("where", ["a shard", "the snapshot"])
+def test_a_pipe_where_a_weight_file_should_be_is_one_sentence_not_a_wait(copy_snapshot, tmp_path, where):
+    """Opening a named pipe for reading waits for a writer that may never come: a convert handed one (a shard of
+    the folder, or `--snapshot` itself) says what it is and exits, in a child with a deadline."""
+    from tests.conftest import run_cli
+
+    snap = copy_snapshot("n16")
+    if where == "a shard":
+        (snap / S2).unlink()
+        os.mkfifo(snap / S2)
+        given, named = snap, snap / S2
+    else:
+        given = named = tmp_path / "model.safetensors"
+        os.mkfifo(given)
+    done = run_cli("convert", "--version", "n16", "--snapshot", str(given), "--cache", str(tmp_path / "cache"),
+                   timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"error: {named}: is ") and "a pipe, a device or a socket" in done.stderr
+    _assert_nothing_published(tmp_path / "cache")
+
+
 def _remember_original_hash(snap: Path, root: Path) -> None:
     """Record what the shard's content identity was before the flip, as a first (clean) run would have."""
     import hashlib
