@@ -166,7 +166,9 @@ class Checkpoint:
         for name in files:
             path = self.dir / name
             if not path.exists():
-                raise CheckpointError(path, f"shard listed in {INDEX_NAME} is missing; download the snapshot again")
+                raise CheckpointError(path, f"shard listed in {INDEX_NAME} is missing; download the snapshot again"
+                                      if self.index_path else "is gone, or a link to nothing (dangling, or a loop); "
+                                      "copy or download the file itself")
             if blob_root is not None and path.is_symlink() and not path.resolve().is_relative_to(blob_root.resolve()):
                 raise CheckpointError(path, f"symlink points to {path.resolve()}, outside the HF cache blobs folder "
                                             f"{blob_root}: refusing to read it")

@@ -136,9 +136,11 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> ShardHeader:
 
 def read_header(path: Path) -> ShardHeader:
     """Read and validate the header of one safetensors file; no tensor data is read."""
-    if not is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):  # opening a pipe waits for its writer
-        raise CheckpointError(path, "is not a regular file (a pipe, a device or a socket); pass the weight files "
-                                    "themselves, or a folder of them")
+    if not is_remote(path) and not stat.S_ISREG(mode := os.stat(path).st_mode):  # a pipe waits for its writer
+        kind = "a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else \
+            "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise CheckpointError(path, f"is {kind}, not a regular file; pass the weight files themselves, or a folder "
+                                    "of them")
     with open_binary(path) as fh:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(0)

@@ -177,8 +177,26 @@ def test_a_pipe_where_a_weight_file_should_be_is_one_sentence_not_a_wait(copy_sn
     done = run_cli("convert", "--version", "n16", "--snapshot", str(given), "--cache", str(tmp_path / "cache"),
                    timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.startswith(f"error: {named}: is ") and "a pipe, a device or a socket" in done.stderr
+    assert done.stderr.startswith(f"error: {named}: is ") and "a regular file" in done.stderr
+    assert "a named pipe" in done.stderr if where == "a shard" else "a pipe, a device or a socket" in done.stderr
     _assert_nothing_published(tmp_path / "cache")
+
+
+@pytest.mark.parametrize("what", ["a folder", "a link to itself"])
+def test_a_model_file_that_is_no_file_is_named_for_what_it_is(tmp_path, capsys, what):
+    """`model.safetensors` as a folder, or as a link that loops: one sentence saying so, never "listed in the
+    index" of a folder that has no index."""
+    snap = tmp_path / "ckpt"
+    snap.mkdir()
+    if what == "a folder":
+        (snap / "model.safetensors").mkdir()
+    else:
+        (snap / "model.safetensors").symlink_to("model.safetensors")
+    rc, err = _convert_cli(capsys, "--snapshot", str(snap), "--cache", str(tmp_path / "cache"))
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {snap / 'model.safetensors'}: is ")
+    assert ("is a folder, not a regular file" if what == "a folder" else "a link to nothing") in err, err
+    assert INDEX_NAME not in err
 
 
 def _remember_original_hash(snap: Path, root: Path) -> None:
