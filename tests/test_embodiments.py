@@ -67,7 +67,7 @@ def test_out_of_range_one_and_among_say_what_to_pass():
     cfg = load_config("n16")
     with pytest.raises(ConfigError, match=r"embodiment slot 32 is out of range .* slots 0\.\.31"):
         Embodiments.parse("32").slots(cfg)
-    with pytest.raises(ConfigError, match=r"embodiment gr1 \(slot 20\) is out of range .* slots 0\.\.1"):
+    with pytest.raises(ConfigError, match=r"embodiment gr1 \(slot 20, as configs/n16\.toml maps it\) is out of range .* slots 0\.\.1; pass a slot id 0\.\.1$"):
         Embodiments.parse("gr1").slots(cfg, bank_slots=2)
     assert Embodiments.parse("gr1").one(cfg, "load") == 20 and Embodiments.parse("all").one(cfg, "load") is None
     with pytest.raises(ConfigError, match=r"load takes one embodiment .* not 'gr1,3': slots \[3, 20\]"):

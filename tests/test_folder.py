@@ -12,7 +12,7 @@ import pytest
 from pipeline.inputs.embodiments import Embodiments
 from pipeline.inputs.folder import embodiment_map, lerobot_pack, trained_tags
 from pipeline.model.versions import load_config
-from tasks.errors import CheckpointError
+from tasks.errors import CheckpointError, ConfigError
 
 # LeRobot 0.5.1 policies/groot/processor_groot.py GrootPackInputsStep.embodiment_mapping (its default), as read
 LEROBOT_051 = {"new_embodiment": 31, "oxe_droid": 17, "agibot_genie1": 26, "gr1": 24, "so100": 2, "unitree_g1": 3}
@@ -59,6 +59,31 @@ def test_a_pipeline_without_a_pack_step_records_nothing_and_a_bad_one_is_refused
     (tmp_path / "c" / "policy_preprocessor.json").write_text("[1, 2]")
     with pytest.raises(CheckpointError, match="not a LeRobot processor pipeline"):
         lerobot_pack(tmp_path / "c")
+
+
+def test_a_pipeline_with_two_pack_steps_or_a_config_that_is_no_object_is_refused(tmp_path):
+    """Two pack steps that map the trained tag to two slots: which packed the batches the policy trained on is not
+    ours to guess (the first one's slot was taken before, silently)."""
+    folder = _preprocessor(tmp_path / "two", "groot_n1_7_pack_inputs_v1",
+                           {"embodiment_tag": "new_embodiment", "embodiment_mapping": {"new_embodiment": 10}})
+    doc = json.loads((folder / "policy_preprocessor.json").read_text())
+    doc["steps"].append({"registry_name": "groot_n1_7_pack_inputs_v1",
+                         "config": {"embodiment_tag": "new_embodiment", "embodiment_mapping": {"new_embodiment": 11}}})
+    (folder / "policy_preprocessor.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="holds 2 GR00T pack steps, and a pipeline packs once"):
+        lerobot_pack(folder)
+    folder = _preprocessor(tmp_path / "str", "groot_n1_7_pack_inputs_v1", "new_embodiment")
+    with pytest.raises(CheckpointError, match="its pack step's config must be an object, found str"):
+        lerobot_pack(folder)
+
+
+def test_a_tag_its_map_puts_past_the_banks_names_the_map(tmp_path):
+    folder = _preprocessor(tmp_path / "p", "groot_n1_7_pack_inputs_v1",
+                           {"embodiment_tag": "new_embodiment", "embodiment_mapping": {"new_embodiment": 99}})
+    tags, _, _ = embodiment_map(folder, load_config("n17"), lerobot_pack(folder))
+    with pytest.raises(ConfigError, match=rf"new_embodiment \(slot 99, as {folder / 'policy_preprocessor.json'} maps "
+                                        r"it\) is out of range .* pass a slot id 0..31"):
+        Embodiments.parse("new_embodiment").slots(load_config("n17"), 32, tags)
 
 
 @pytest.mark.parametrize("version", ["n15", "n17"])

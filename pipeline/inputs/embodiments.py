@@ -80,9 +80,9 @@ class Embodiments:
                 raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} ({tags.source} knows: "
                                   f"{', '.join(sorted(tags.ids))}); pass a tag or a slot id 0..{n - 1}")
             if not 0 <= slot < n:
-                which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot})"
+                which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot}, as {tags.source} maps it)"
                 raise ConfigError(f"embodiment {which} is out of range for this {cfg.version} checkpoint: its banks "
-                                  f"have slots 0..{n - 1}")
+                                  f"have slots 0..{n - 1}" + ("" if item.isdigit() else f"; pass a slot id 0..{n - 1}"))
             ids.add(slot)
         return tuple(sorted(ids))
 

@@ -307,7 +307,12 @@ def lerobot_pack(folder: Path) -> LeRobotPack | None:
                and isinstance(step.get("registry_name"), str) and _PACK_STEP.match(step["registry_name"])]
     if not configs:
         return None  # a pipeline without GR00T's pack step records no embodiment
-    config = configs[0] if isinstance(configs[0], dict) else {}
+    if len(configs) > 1:  # which one packed the batches the policy trained on is not ours to guess
+        raise CheckpointError(path, f"holds {len(configs)} GR00T pack steps, and a pipeline packs once; {remedy}")
+    config = configs[0]
+    if not isinstance(config, dict):
+        raise CheckpointError(path, f"its pack step's config must be an object, found {type(config).__name__}; "
+                                    f"{remedy}")
     tag, mapping = config.get("embodiment_tag"), config.get("embodiment_mapping")
     if not isinstance(tag, str) or not tag:
         raise CheckpointError(path, f"its pack step's embodiment_tag must be a tag name, found {tag!r}; {remedy}")
