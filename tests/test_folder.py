@@ -86,6 +86,16 @@ def test_a_tag_its_map_puts_past_the_banks_names_the_map(tmp_path):
         Embodiments.parse("new_embodiment").slots(load_config("n17"), 32, tags)
 
 
+def test_a_map_that_is_not_utf8_is_said_to_be_unreadable_once(tmp_path):
+    """A tag table saved as UTF-16: one sentence naming the file and why, not the same refusal nested in 'invalid
+    JSON' with the path twice."""
+    (tmp_path / "embodiment_id.json").write_bytes('{"new_embodiment": 10}'.encode("utf-16"))
+    with pytest.raises(CheckpointError) as err:
+        embodiment_map(tmp_path, load_config("n16"), None)
+    assert str(err.value).count(str(tmp_path)) == 1 and "cannot be read ('utf-8' codec" in str(err.value)
+    assert "not valid JSON" not in str(err.value)
+
+
 @pytest.mark.parametrize("version", ["n15", "n17"])
 def test_the_built_in_table_agrees_with_lerobots_own_where_both_have_a_tag(version):
     """configs/<version>.toml: the built-in table is the union of the trainers' tables, Isaac-GR00T's slot kept

@@ -445,7 +445,8 @@ def _small_text(path: Path, remedy: str) -> str:
 
 
 def _small_json(path: Path, remedy: str) -> object:
+    text = _small_text(path, remedy)  # its refusal is a ValueError too: not to be called invalid JSON
     try:
-        return json.loads(_small_text(path, remedy))
+        return json.loads(text)
     except (ValueError, RecursionError) as e:
         raise CheckpointError(path, f"is not valid JSON ({str(e)[:200]}); {remedy}") from None
