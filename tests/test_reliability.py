@@ -199,6 +199,21 @@ def test_a_model_file_that_is_no_file_is_named_for_what_it_is(tmp_path, capsys, 
     assert INDEX_NAME not in err
 
 
+@pytest.mark.parametrize("command", [["cache", "ls"], ["cache", "verify"], ["cache", "gc"], ["load", "--version", "n16"]])
+@pytest.mark.parametrize("cache", ["a file", "s3://", "s3:///"])
+def test_a_cache_that_is_a_file_or_a_url_without_a_bucket_is_one_sentence(tmp_path, capsys, command, cache):
+    """Not "no entries" with exit 0 (a file), nor a listing of `s3:/entries` on the local disk (no bucket)."""
+    if cache == "a file":
+        cache = str(tmp_path / "cache")
+        Path(cache).write_text("not a cache")
+    rc = main([*command, "--cache", cache])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {cache}: ")
+    assert ("the cache is a file, not a folder" if "://" not in cache else "names no bucket; pass s3://BUCKET") in err
+    assert Path(cache).read_text() == "not a cache" if "://" not in cache else not Path("s3:").exists()
+
+
 def _remember_original_hash(snap: Path, root: Path) -> None:
     """Record what the shard's content identity was before the flip, as a first (clean) run would have."""
     import hashlib

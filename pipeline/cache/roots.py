@@ -12,6 +12,7 @@ from pathlib import Path
 from tasks.entries.entry import Entry, open_entry
 from tasks.entries.names import ENTRIES, HF, TMP_MARK, tmp_name, tmp_owner
 from tasks.entries.store import LocalStore, Store, is_url, open_store
+from tasks.errors import CacheError
 
 
 def _default_root() -> Path:
@@ -77,7 +78,11 @@ def claim_tmp(root: Path, name: str) -> Path:
 
 def cache_store(root: Store | Path | str | None = None) -> Store:
     """The cache `--cache` names, else $GR00T_CACHE (a folder or an object-store URL), else the project's folder."""
-    return open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
+    store = open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
+    if (local := store.local_path("")) is not None and local.exists() and not local.is_dir():
+        raise CacheError(f"{local}: the cache is a file, not a folder; pass the cache folder (--cache DIR or "
+                         "$GR00T_CACHE; it is made if missing)")
+    return store
 
 
 def build_root(store: Store) -> Path:

@@ -356,6 +356,9 @@ class FsspecStore(Store):
     def __init__(self, url: str):
         import fsspec  # lazy: only object-store caches need it (with s3fs, ~0.3 s to import)
 
+        scheme, _, place = url.partition("://")
+        if not place.strip("/"):
+            raise CacheError(f"{url}: names no bucket; pass {scheme}://BUCKET or {scheme}://BUCKET/PREFIX")
         self.url = url.rstrip("/")
         self.fs, self.base = fsspec.core.url_to_fs(self.url)
 
