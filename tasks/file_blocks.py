@@ -56,6 +56,10 @@ def source_path(where: str | os.PathLike) -> Path:
     if is_url(where):
         from upath import UPath  # lazy: only sources in an object store need it
 
+        scheme, _, place = where.partition("://")
+        if not place.strip("/"):
+            raise CheckpointError(where, f"names no bucket; pass {scheme}://BUCKET/PREFIX, the folder the trainer "
+                                         "saved the model in")
         return UPath(where)
     return where if is_remote(where) else Path(where)
 

@@ -211,7 +211,33 @@ def test_a_cache_that_is_a_file_or_a_url_without_a_bucket_is_one_sentence(tmp_pa
     assert rc == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: {cache}: ")
     assert ("the cache is a file, not a folder" if "://" not in cache else "names no bucket; pass s3://BUCKET") in err
-    assert Path(cache).read_text() == "not a cache" if "://" not in cache else not Path("s3:").exists()
+    if "://" in cache:
+        assert not Path("s3:").exists()  # the URL was once taken as the local folder 's3:'
+    else:
+        assert Path(cache).read_text() == "not a cache"
+
+
+@pytest.mark.parametrize("case", ["no credentials", "unreachable", "no bucket"])
+def test_a_checkpoint_in_a_store_that_cannot_be_read_is_one_sentence(tmp_path, case):
+    """`--snapshot s3://…` where the store cannot be reached, or no credentials are set, or the URL names no
+    bucket: one sentence naming the URL and what to do, exit 2, nothing written (it was botocore's traceback)."""
+    from tests.conftest import run_cli
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL="http://127.0.0.1:1", AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    if case == "unreachable":
+        env.update(AWS_ACCESS_KEY_ID="key", AWS_SECRET_ACCESS_KEY="secret")
+    url = "s3://" if case == "no bucket" else "s3://team-weights/runs/ckpt"
+    done = run_cli("convert", "--snapshot", url, "--cache", str(tmp_path / "cache"), env=env, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert url + ": " in done.stderr
+    assert {"no credentials": "no credentials for the object store; set AWS_ACCESS_KEY_ID",
+            "unreachable": "the object store cannot be reached (",
+            "no bucket": "names no bucket; pass s3://BUCKET/PREFIX"}[case] in done.stderr
+    if case == "unreachable":
+        assert "copy the checkpoint to a local folder" in done.stderr
+    assert not (tmp_path / "cache" / "entries").exists() or not any((tmp_path / "cache" / "entries").iterdir())
 
 
 def _remember_original_hash(snap: Path, root: Path) -> None:

@@ -190,6 +190,14 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _checkpoint_place(text: str):
+    """--snapshot: a folder, a file, or a URL (`s3://bucket/prefix`); a URL naming no bucket is said so."""
+    try:
+        return source_path(text)
+    except PipelineError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
@@ -236,7 +244,7 @@ def _output_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _source_args(sp: argparse.ArgumentParser, verb: str) -> None:
-    sp.add_argument("--snapshot", type=source_path, help="a checkpoint folder (sharded with its index, or *.safetensors "
+    sp.add_argument("--snapshot", type=_checkpoint_place, help="a checkpoint folder (sharded with its index, or *.safetensors "
                                                   "without one: a fine-tune, a trainer's checkpoint-N, a LeRobot "
                                                   "export) or one .safetensors file; or the same in an object store "
                                                   "(s3://bucket/prefix)")

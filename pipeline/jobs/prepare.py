@@ -4,6 +4,7 @@ or written here but the source-identity memo (pipeline/cache/sources.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -15,6 +16,9 @@ from pipeline.jobs.options import ConvertOptions
 from pipeline.model.recipe import build_plan, recipes_sha256
 from pipeline.model.versions import load_config
 from tasks.checkpoint import Checkpoint
+from tasks.entries.store import object_store_failure
+from tasks.errors import CheckpointError
+from tasks.file_blocks import is_remote, is_url
 from tasks.entries.manifest import Identity
 from tasks.plan import Plan
 
@@ -41,16 +45,31 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     built in (default: the one `opts.cache_root` builds in)."""
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
     hf = opts.hf_cache or (cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
-    where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf, opts.revision,
-                             opts.synthetic, opts.model)
-    folder = read_folder(where, opts.version)
+    with _said_of_the_store(opts.snapshot):
+        where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf,
+                                 opts.revision, opts.synthetic, opts.model)
+        folder = read_folder(where, opts.version)
     source = folder.source_record(opts.model)
     slots, notes = folder.slots(opts.embodiments), folder.notes(opts.embodiments)
     ck = folder.checkpoint
     shapes = {k: ck.shape(k) for k in ck.keys()}
     plan = build_plan(folder.version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
-    identities, identified = cache.source_identity(root, ck)
+    with _said_of_the_store(opts.snapshot):
+        identities, identified = cache.source_identity(root, ck)
     ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
                         recipes_sha256=recipes_sha256())
     return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, identified=identified,
                     notes=tuple(notes))
+
+
+@contextlib.contextmanager
+def _said_of_the_store(snapshot: object):
+    """A checkpoint in an object store that refuses, or cannot be reached: one sentence naming its URL."""
+    try:
+        yield
+    except Exception as e:
+        remote = is_remote(snapshot) or is_url(snapshot)  # a UPath from the command line, or a URL from Python
+        said = object_store_failure(e, instead="copy the checkpoint to a local folder") if remote else None
+        if said is None:
+            raise
+        raise CheckpointError(snapshot, said) from None

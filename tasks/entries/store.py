@@ -301,7 +301,7 @@ class LocalStore(Store):
 
 def _as_os_error(e: BaseException) -> BaseException:
     """A boto3 error as the Python exception s3fs would have raised for it (FileNotFoundError for a missing key or
-    bucket, PermissionError for a refusal), so that one set of rules (`_failure`) says what it means."""
+    bucket, PermissionError for a refusal), so that one set of rules (`object_store_failure`) says what it means."""
     if "ClientError" not in {c.__name__ for c in type(e).__mro__}:  # (NoSuchKey and the like are ClientErrors)
         return e
     from s3fs.errors import translate_boto_error
@@ -309,9 +309,10 @@ def _as_os_error(e: BaseException) -> BaseException:
     return translate_boto_error(e)
 
 
-def _failure(e: BaseException) -> str | None:
-    """What the user should hear when an object store refuses or cannot be reached, or None for anything else.
-    Named by class, not imported: the store may be any fsspec backend, and botocore is s3fs's."""
+def object_store_failure(e: BaseException, instead: str = "pass a local folder as --cache") -> str | None:
+    """What the user should hear when an object store refuses or cannot be reached, or None for anything else
+    (`instead`: what to do without the store). Named by class, not imported: the store may be any fsspec
+    backend, and botocore is s3fs's."""
     names = {c.__name__ for c in type(e).__mro__}
     if isinstance(e, PermissionError):
         return ("access denied by the object store; check the credentials (AWS_ACCESS_KEY_ID and "
@@ -320,8 +321,7 @@ def _failure(e: BaseException) -> str | None:
         return "no credentials for the object store; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws)"
     if names & {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ClientConnectorError",
                 "ServerDisconnectedError", "ConnectionRefusedError"}:
-        return (f"the object store cannot be reached ({e}); check AWS_ENDPOINT_URL and the network, or pass a "
-                "local folder as --cache")
+        return f"the object store cannot be reached ({e}); check AWS_ENDPOINT_URL and the network, or {instead}"
     return None
 
 
@@ -336,7 +336,7 @@ def _speaks(method):
         try:
             return method(self, *args, **kwargs)
         except Exception as e:
-            said = _failure(e)
+            said = object_store_failure(e)
             if said is None and isinstance(e, FileNotFoundError) and method.__name__ in WRITES:
                 bucket = f"{self.url.split('://')[0]}://{self.base.split('/')[0]}"
                 said = f"the bucket {bucket} does not exist; create it (for S3: `aws s3 mb {bucket}`) or name one that does"
