@@ -161,7 +161,7 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                         return last
                     _mapping_works = False  # an older kernel: read every file instead from now on
                 finally:
-                    mapping.close()
+                    _close(mapping)
         fh.seek(start)
         return _read(fh, consume, block, size, start, end)
 
@@ -181,21 +181,31 @@ def _mapped(mapping: mmap.mmap, start: int, end: int, consume: Callable[[memoryv
             block: int) -> bool:
     """False if the kernel has no MADV_POPULATE_READ (found at the first block, before anything is consumed).
     Blocks start at `start`; what is populated and dropped starts at the page that holds them."""
-    with memoryview(mapping) as whole:
-        for pos in range(start, end, block):
-            n = min(block, end - pos)
-            page = pos - pos % mmap.PAGESIZE
-            try:
-                mapping.madvise(MADV_POPULATE_READ, page, pos + n - page)
-            except OSError as e:
-                if e.errno == errno.EINVAL and pos == start:
-                    return False
-                raise OSError(e.errno, f"{e.strerror} at offset {pos} of {len(mapping)} bytes (did the file "
-                                       "change while it was read?)") from e
-            with whole[pos:pos + n] as view:
-                consume(view, pos)
-            mapping.madvise(mmap.MADV_DONTNEED, page, pos + n - page)
+    whole = memoryview(mapping)
+    for pos in range(start, end, block):
+        n = min(block, end - pos)
+        page = pos - pos % mmap.PAGESIZE
+        try:
+            mapping.madvise(MADV_POPULATE_READ, page, pos + n - page)
+        except OSError as e:
+            if e.errno == errno.EINVAL and pos == start:
+                return False
+            raise OSError(e.errno, f"{e.strerror} at offset {pos} of {len(mapping)} bytes (did the file "
+                                   "change while it was read?)") from e
+        consume(whole[pos:pos + n], pos)
+        mapping.madvise(mmap.MADV_DONTNEED, page, pos + n - page)
     return True
+
+
+def _close(mapping: mmap.mmap) -> None:
+    """Unmap now, or, while a view of it is still referenced, when the last one goes: a consumer's array can
+    outlive its call in a frame that is kept (a traceback, or a Dask worker's profiler sampling the thread), and
+    closing would raise BufferError over whatever was being said. Views are never released by hand for that
+    reason; a view kept is still valid memory."""
+    try:
+        mapping.close()
+    except BufferError:
+        pass
 
 
 READ_BLOCK = 4 << 20

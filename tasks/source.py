@@ -245,13 +245,8 @@ def _read_as_stored(header: ShardHeader, key: str, host: bool, first: int, out: 
 
     def convert(block: memoryview, pos: int) -> None:
         lo = (pos - offset) // source.itemsize
-        try:
-            values = np.frombuffer(block, source)
-            precision.convert_block(values, out[lo:lo + values.size], host, key, header.path, first + lo)
-        except Exception as e:  # without the frames that hold views of the mapping, so that it can close
-            raise e.with_traceback(None) from None
-        finally:
-            values = None
+        values = np.frombuffer(block, source)
+        precision.convert_block(values, out[lo:lo + values.size], host, key, header.path, first + lo)
 
     try:
         each_block(header.path, convert, _CONVERT_BLOCK_BYTES // source.itemsize * source.itemsize,

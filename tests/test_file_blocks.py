@@ -85,6 +85,22 @@ def test_a_span_of_an_object_in_a_store_is_read_by_ranged_gets_only(monkeypatch)
     assert asked == [(BLOCK + 3, 2 * BLOCK + 3), (2 * BLOCK + 3, 3 * BLOCK + 3), (3 * BLOCK + 3, 3 * BLOCK + 17)]
 
 
+def test_a_view_kept_past_its_call_neither_fails_the_pass_nor_goes_bad(tmp_path, monkeypatch):
+    """A Dask worker's profiler samples the converting thread and can hold its frame, with the array made from a
+    block, past the call: releasing the view or closing the mapping then raised BufferError, which failed a
+    cluster convert now and then. The pass ends normally and the kept array still reads the file's bytes."""
+    import numpy as np
+
+    monkeypatch.setattr(file_blocks, "_mapping_works", True)
+    path = tmp_path / "f"
+    data = bytes((i * 131 + 7) % 256 for i in range(3 * BLOCK + 17))
+    path.write_bytes(data)
+    kept = []
+    assert file_blocks.each_block(path, lambda view, pos: kept.append(np.frombuffer(view, np.uint8)), BLOCK,
+                                  (5, 3 * BLOCK + 17)) == 3 * BLOCK + 17
+    assert b"".join(a.tobytes() for a in kept) == data[5:]
+
+
 @pytest.mark.parametrize("how", ["mapped", "read"])
 def test_a_span_past_the_end_of_the_file_is_an_oserror(tmp_path, monkeypatch, how):
     """A header read before the file was cut short names bytes it no longer has: never fewer bytes in silence."""
