@@ -27,7 +27,7 @@ from pipeline.commands.cli import main
 from pipeline.jobs.convert import ConvertOptions, convert
 from tasks.checkpoint import INDEX_NAME
 from tasks.entries.entry import list_entries
-from tasks.errors import CheckpointError, PipelineError
+from tasks.errors import CheckpointError, ConfigError, PipelineError
 from tasks.entries.store import LocalStore
 from tests.progress import wait_until_staged
 
@@ -215,6 +215,22 @@ def test_a_cache_that_is_a_file_or_a_url_without_a_bucket_is_one_sentence(tmp_pa
         assert not Path("s3:").exists()  # the URL was once taken as the local folder 's3:'
     else:
         assert Path(cache).read_text() == "not a cache"
+
+
+@pytest.mark.parametrize("command", [["synth", "--version", "n16"], ["convert", "--version", "n16", "--synthetic", "tiny"]])
+def test_an_hf_cache_given_as_a_url_is_one_sentence_and_no_local_folder(tmp_path, capsys, monkeypatch, command):
+    """`--hf-cache s3://bucket/x` was the local folder `s3:/bucket/x`: synth filled it with a checkpoint in silence,
+    and the convert's remedy named `--hf-cache s3:/bucket/x`."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:  # a usage error, as argparse ends one
+        main([*command, "--hf-cache", "s3://team-weights/hf", "--cache", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1, err
+    assert "argument --hf-cache: s3://team-weights/hf: the Hugging Face cache is a folder on this machine, not a URL" in err
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "cache" / "entries").exists()
+    with pytest.raises(ConfigError, match="the Hugging Face cache is a folder on this machine"):  # from Python too
+        convert(ConvertOptions("n16", synthetic="tiny", hf_cache="s3://team-weights/hf", cache_root=tmp_path / "c"))
+    assert not (tmp_path / "s3:").exists()
 
 
 @pytest.mark.parametrize("case", ["no credentials", "unreachable", "no bucket"])

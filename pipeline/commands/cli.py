@@ -26,7 +26,7 @@ from pipeline.jobs.load import TRANSFERS, load
 from pipeline.commands.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
 from pipeline.commands.render import write_graph
 from pipeline.cache import synthetic_hf_cache
-from pipeline.inputs.snapshot import default_hf_cache
+from pipeline.inputs.snapshot import default_hf_cache, hf_cache_folder
 from tasks.file_blocks import source_path
 from pipeline.inputs.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
 from pipeline.model.versions import SCALES, VERSIONS
@@ -198,6 +198,14 @@ def _checkpoint_place(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _hf_cache_place(text: str) -> Path:
+    """--hf-cache: a folder (a URL is said so)."""
+    try:
+        return hf_cache_folder(text)
+    except PipelineError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
@@ -250,7 +258,7 @@ def _source_args(sp: argparse.ArgumentParser, verb: str) -> None:
                                                   "(s3://bucket/prefix)")
     sp.add_argument("--model", help="a Hugging Face repo id (a fine-tune's own repo), resolved through the HF "
                                     "cache or huggingface_hub; with --revision")
-    sp.add_argument("--hf-cache", type=Path, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
+    sp.add_argument("--hf-cache", type=_hf_cache_place, help=f"Hugging Face hub cache (default {default_hf_cache()}; "
                                                   "with --synthetic, hf/ under the cache root)")
     sp.add_argument("--revision", help="the revision to read: of the release (default: the one pinned in "
                                        "configs/<version>.toml) or of --model (default: main)")
@@ -271,7 +279,7 @@ def _synth_parser(sub) -> None:
     sp = _command(sub, "synth", cmd_synth, "write a synthetic checkpoint into an HF-cache-shaped folder")
     sp.add_argument("--scale", choices=SCALES, default="tiny",
                     help="tiny: every key, small dims; attn: real attention shapes, 1-2 layers per stack; full")
-    sp.add_argument("--hf-cache", type=Path, help="default: hf/ under the cache root (never your own HF cache)")
+    sp.add_argument("--hf-cache", type=_hf_cache_place, help="default: hf/ under the cache root (never your own HF cache)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the synthetic values (default 0); another seed is "
                                                          "another revision")
     sp.add_argument("--form", choices=FORMS, help="also rewrite it as a fine-tune of this form: reshard, mixed (F32 "

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.model.versions import VERSIONS, VersionConfig
 from pipeline.inputs.folder import HUB_FILES
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME
-from tasks.file_blocks import source_path
+from tasks.file_blocks import is_url, source_path
 from tasks.errors import CheckpointError, ConfigError
 
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
@@ -34,6 +34,15 @@ def default_hf_cache() -> Path:
 
     return Path(os.environ.get("HF_HUB_CACHE") or (Path(os.environ["HF_HOME"]) / "hub" if "HF_HOME" in os.environ
                                                    else constants.HF_HUB_CACHE))
+
+
+def hf_cache_folder(where: str | os.PathLike) -> Path:
+    """--hf-cache: a folder on this machine, where huggingface_hub keeps its snapshots. A URL is refused: as a path,
+    `s3://bucket/x` is the local folder `s3:/bucket/x`, which a synth or a download would fill in silence."""
+    if is_url(str(where)):
+        raise ConfigError(f"{where}: the Hugging Face cache is a folder on this machine, not a URL; pass a folder, or "
+                          "pass a checkpoint in an object store with --snapshot s3://bucket/prefix")
+    return Path(where)
 
 
 def repo_folder(repo_id: str, hf_cache: Path) -> Path:

@@ -11,7 +11,7 @@ from typing import Mapping
 
 from pipeline import cache
 from pipeline.inputs.folder import read_folder
-from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.inputs.snapshot import hf_cache_folder, resolve_snapshot
 from pipeline.jobs.options import ConvertOptions
 from pipeline.model.recipe import build_plan, recipes_sha256
 from pipeline.model.versions import load_config
@@ -44,7 +44,8 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     """Find and read the checkpoint, plan the targets, name the entry. `root` is the local cache the entry is
     built in (default: the one `opts.cache_root` builds in)."""
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
-    hf = opts.hf_cache or (cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
+    hf = hf_cache_folder(opts.hf_cache) if opts.hf_cache else (
+        cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     with _said_of_the_store(opts.snapshot):
         where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf,
                                  opts.revision, opts.synthetic, opts.model)
