@@ -206,18 +206,37 @@ def _start_as_from_a_terminal(cmd: list[str], **kwargs) -> subprocess.Popen:
     the default by exec, so the parent catches it while the child starts, instead of a `preexec_fn`: that forces
     a fork of this process, which failed with ENOMEM once the simulated device's 26 GB of mappings were in it."""
     saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1"}  # stacks on SIGABRT: _stderr_once_exited
     try:
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kwargs)
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                **kwargs)
     finally:
         signal.signal(signal.SIGINT, saved)
 
 
 def _interrupt(args: list[str], after: float) -> subprocess.CompletedProcess:
-    proc = _start_as_from_a_terminal([sys.executable, "-m", "pipeline", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = _start_as_from_a_terminal([sys.executable, "-m", "pipeline", *args])
     time.sleep(after)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    err = _stderr_once_exited(proc, 120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+def _stderr_once_exited(proc: subprocess.Popen, timeout: float) -> str:
+    """The child's stderr once it exits. One that does not exit within `timeout` (a clean-clone run's convert
+    printed its line after Ctrl-C and then did not, once) is made to print every thread's stack (faulthandler, on
+    SIGABRT) and fails the test with them, instead of being left running."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            err = proc.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = proc.communicate()[1]
+        pytest.fail(f"{' '.join(map(str, proc.args[2:]))} did not exit within {timeout:.0f} s of Ctrl-C; its "
+                    f"stderr, with every thread's stack:\n{err[-6000:]}")
 
 
 def _ctrl_c_during_load(root: Path) -> None:
@@ -243,7 +262,7 @@ def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
         proc = _start_as_from_a_terminal(cmd)
         staged = wait_until_staged(proc, root, 20, poll=0.002)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        err = _stderr_once_exited(proc, 60)
         building = [p for p in (root / "entries").iterdir() if ".tmp-" in p.name]
         if proc.returncode == 0 and not building:
             continue  # it had already published: nothing was interrupted
