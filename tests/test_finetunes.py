@@ -448,6 +448,26 @@ def test_a_lerobot_export_without_processors_is_read_with_lerobots_own_table(tmp
     assert read_folder(folder).slots(Embodiments.parse("trained")) == (11,)
 
 
+def test_a_config_tag_that_differs_from_the_pack_steps_is_said_and_the_pack_step_stands(tmp_path, cache_dir):
+    """LeRobot writes both from one value; one edited by hand (here config.json, to a tag its map puts at another
+    slot) must not move the slot in silence: the pack step packed the batches, and the convert says they differ."""
+    from pipeline.inputs.folder import read_folder
+
+    folder = _rebuilt("pretrained_model", tmp_path)
+    steps = json.loads((folder / "policy_preprocessor.json").read_text())["steps"]
+    pack = next(s["config"] for s in steps if s["registry_name"] == "groot_n1_7_pack_inputs_v1")
+    assert not any("differs" in n for n in read_folder(folder).notes())  # as LeRobot wrote it: nothing to say
+    config = json.loads((folder / "config.json").read_text())
+    trained = pack["embodiment_mapping"][pack["embodiment_tag"]]
+    other = next(tag for tag, slot in pack["embodiment_mapping"].items() if slot != trained)
+    (folder / "config.json").write_text(json.dumps({**config, "embodiment_tag": other}))
+    done = convert(ConvertOptions(None, embodiments="trained", snapshot=folder, cache_root=cache_dir, progress=False))
+    assert done["slots"] == [trained]
+    assert (f"embodiment_tag {other} in {folder / 'config.json'} differs from {pack['embodiment_tag']} in the pack "
+            f"step of {folder / 'policy_preprocessor.json'}, which packed the batches the policy trained on: using "
+            f"{pack['embodiment_tag']}") in done["notes"]
+
+
 def test_a_broken_lerobot_pack_step_is_one_sentence(tmp_path):
     folder = _rebuilt("pretrained_model-my_robot", tmp_path)
     doc = json.loads((folder / "policy_preprocessor.json").read_text())

@@ -69,6 +69,7 @@ class Folder:
     overridden: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # tag -> (built-in, checkpoint's)
     ties: Read | None = None                # {key read from its twin: twin}, and who said they are tied
     map_note: str | None = None             # what to say of a map that was not recorded but assumed
+    trained_note: str | None = None         # what to say of a trainer's records that disagree on the tag
 
     @property
     def config(self) -> VersionConfig:
@@ -112,7 +113,7 @@ class Folder:
         lines = [f"not read: {name} ({why})" for name, why in self.left_alone.items()]
         lines += [f"embodiment {tag}: slot {theirs} by {self.tag_map.source}, not {ours} as in {table}: using the "
                   "checkpoint's" for tag, (ours, theirs) in self.overridden.items()]
-        lines += [self.map_note] if self.map_note else []
+        lines += [note for note in (self.map_note, self.trained_note) if note]
         unknown = self.tag_map.unknown_slot
         for tag in self.chosen(embodiments).outside(self.tag_map) if unknown is not None else ():
             ours = f", not {builtin[tag]} as in {table}" if tag in builtin and builtin[tag] != unknown else ""
@@ -138,7 +139,8 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
     tag_map, overridden, map_note = embodiment_map(ck.dir, cfg, pack)
     return Folder(checkpoint=ck, version=found, version_found=version is None,
                   left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained_tags(ck.dir, pack),
-                  tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note)
+                  tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note,
+                  trained_note=_config_disagreeing(ck.dir, pack))
 
 
 def snapshot_revision(snapshot: Path) -> str | None:
@@ -345,6 +347,19 @@ def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Read | None:
                                                             "--embodiments with tags or slot ids instead")
             return Read(tuple(sorted(doc)), str(place / N15_METADATA))
     return None
+
+
+def _config_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
+    """LeRobot writes its pack step's tag from `config.json`'s: the two differ only where one was edited. The pack
+    step packed the batches (and packs them again at inference), so its tag stands; the difference is said."""
+    try:
+        config = _lerobot_tag(folder / "config.json") if pack is not None else None
+    except CheckpointError:  # a config.json whose tag is unreadable: the pack step alone says it
+        return None
+    if config is None or config.value == (pack.tag,):
+        return None
+    return (f"embodiment_tag {config.value[0]} in {config.source} differs from {pack.tag} in the pack step of "
+            f"{pack.path}, which packed the batches the policy trained on: using {pack.tag}")
 
 
 def _lerobot_tag(path: Path) -> Read | None:
