@@ -331,15 +331,18 @@ def test_the_readmes_fine_tune_lines_run_as_written(tmp_path):
     assert f"tags mapped by {run}/processor/embodiment_id.json: slots 10" in outputs[5]
     assert "trained for   new_embodiment" in outputs[7] and "note" not in outputs[7]  # DeepSpeed's files left alone
     assert "trained for   new_embodiment" in outputs[9] and "slots 31" in outputs[9]
-    assert "trained for   new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json)" in outputs[10]
-    assert "tags mapped by tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json: slots 10" in outputs[10]
-    assert "note          not read: policy_postprocessor_step_0_" in outputs[10] and "SYNTHETIC" in outputs[10]
-    assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[14] and "n15 (found from its keys)" in outputs[14]
-    assert "(trained for new_embodiment, read from " in outputs[15]  # cache ls
+    assert ("trained for new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json): slots 10, "
+            "by tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json") in outputs[10]  # inspect
+    assert outputs[10].startswith("n17 (found from its keys): ")
+    assert "trained for   new_embodiment (tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json)" in outputs[11]
+    assert "tags mapped by tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json: slots 10" in outputs[11]
+    assert "note          not read: policy_postprocessor_step_0_" in outputs[11] and "SYNTHETIC" in outputs[11]
+    assert "gr00t-tt-synthetic/GR00T-N1.5-3B-tiny" in outputs[15] and "n15 (found from its keys)" in outputs[15]
+    assert "(trained for new_embodiment, read from " in outputs[16]  # cache ls
     assert f"read from {tmp}/build/fine-tunes/isaac-n15/checkpoint-1000/experiment_cfg/metadata.json, slots by " \
-           "configs/n15.toml)" in outputs[15]
+           "configs/n15.toml)" in outputs[16]
     assert ("read from tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json, slots by "
-            "tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json)") in outputs[15]
+            "tests/fixtures/lerobot-n17/pretrained_model/policy_preprocessor.json)") in outputs[16]
 
 
 # -- what LeRobot itself wrote (tests/fixtures/lerobot-n17: generate.py, VERSIONS.json) -------------------------------
@@ -466,6 +469,29 @@ def test_a_config_tag_that_differs_from_the_pack_steps_is_said_and_the_pack_step
     assert (f"embodiment_tag {other} in {folder / 'config.json'} differs from {pack['embodiment_tag']} in the pack "
             f"step of {folder / 'policy_preprocessor.json'}, which packed the batches the policy trained on: using "
             f"{pack['embodiment_tag']}") in done["notes"]
+
+
+def test_inspect_finds_the_version_and_says_what_a_lerobot_folder_was_trained_for(tmp_path):
+    """As a user looks at a trainer's folder before converting it: no --version (found from the keys, as the convert
+    finds it), the tag the pack step packed and its slot by the pack step's own map, and the notes the convert
+    would print. Compared with what LeRobot wrote in the folder, read here as plain JSON."""
+    from tests.conftest import run_cli
+
+    folder = FIXTURE / "pretrained_model"
+    steps = json.loads((folder / "policy_preprocessor.json").read_text())["steps"]
+    pack = next(s["config"] for s in steps if s["registry_name"] == "groot_n1_7_pack_inputs_v1")
+    done = run_cli("inspect", "--snapshot", str(folder), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["version"] == "n17" and report["version_found"]
+    assert report["trained_embodiments"] == [pack["embodiment_tag"]]
+    assert report["trained_slots"] == [pack["embodiment_mapping"][pack["embodiment_tag"]]]
+    assert report["trained_from"] == report["embodiment_map"] == str(folder / "policy_preprocessor.json")
+    text = run_cli("inspect", "--snapshot", str(folder)).stdout
+    assert text.startswith("n17 (found from its keys): ")
+    assert (f"  trained for {pack['embodiment_tag']} ({folder / 'policy_preprocessor.json'}): slots "
+            f"{pack['embodiment_mapping'][pack['embodiment_tag']]}, by {folder / 'policy_preprocessor.json'}") in text
+    assert "  note: not read: policy_preprocessor_step_2_groot_n1_7_pack_inputs_v1.safetensors" in text
 
 
 def test_a_broken_lerobot_pack_step_is_one_sentence(tmp_path):

@@ -289,7 +289,8 @@ def _synth_parser(sub) -> None:
 
 
 def _inspect_parser(sub) -> None:
-    sp = _command(sub, "inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot")
+    sp = _command(sub, "inspect", cmd_inspect, "shard framing, straddling unit and embodiment tensors of a snapshot, "
+                  "and the embodiments a fine-tune was trained for", found=True)
     _source_args(sp, "inspect")
 
 

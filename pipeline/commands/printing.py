@@ -11,7 +11,9 @@ def mb(n: int) -> str:
 
 
 def print_inspect(r: dict) -> None:
-    print(f"{r['version']}: {r['tensors']} tensors, {mb(r['total_bytes'])} of data in {len(r['shards'])} shards\n  {r['snapshot']}")
+    found = " (found from its keys)" if r.get("version_found") else ""
+    print(f"{r['version']}{found}: {r['tensors']} tensors, {mb(r['total_bytes'])} of data in {len(r['shards'])} shards\n"
+          f"  {r['snapshot']}")
     if r["synthetic"]:
         print(f"  SYNTHETIC: {r['synthetic']}")
     print(f"\n  {'shard':36} {'header B':>10} {'tensors':>8} {'data B':>15} {'file B':>15}")
@@ -24,6 +26,11 @@ def print_inspect(r: dict) -> None:
     for k, shape in r["embodiment_tensors"].items():
         print(f"    {k:48} {shape}")
     print("  tags: " + ", ".join(f"{t}={i}" for t, i in r["embodiment_tags"].items()))
+    if r.get("trained_embodiments"):
+        slots = f": slots {', '.join(map(str, r['trained_slots']))}, by {r['embodiment_map']}" if r["trained_slots"] else ""
+        print(f"  trained for {', '.join(r['trained_embodiments'])} ({r['trained_from']}){slots}")
+    for note in r.get("notes", []):
+        print(f"  note: {note}")
 
 
 def print_convert(s: ConvertSummary) -> None:
