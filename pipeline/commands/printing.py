@@ -12,8 +12,8 @@ def mb(n: int) -> str:
 
 def print_inspect(r: dict) -> None:
     found = " (found from its keys)" if r.get("version_found") else ""
-    print(f"{r['version']}{found}: {r['tensors']} tensors, {mb(r['total_bytes'])} of data in {len(r['shards'])} shards\n"
-          f"  {r['snapshot']}")
+    print(f"{r['version']}{found}: {r['tensors']} tensors, {mb(r['total_bytes'])} of data in {len(r['shards'])} "
+          f"shards\n  {r['snapshot']}")
     if r["synthetic"]:
         print(f"  SYNTHETIC: {r['synthetic']}")
     print(f"\n  {'shard':36} {'header B':>10} {'tensors':>8} {'data B':>15} {'file B':>15}")
@@ -27,7 +27,8 @@ def print_inspect(r: dict) -> None:
         print(f"    {k:48} {shape}")
     print("  tags: " + ", ".join(f"{t}={i}" for t, i in r["embodiment_tags"].items()))
     if r.get("trained_embodiments"):
-        slots = f": slots {', '.join(map(str, r['trained_slots']))}, by {r['embodiment_map']}" if r["trained_slots"] else ""
+        slots = (f": slots {', '.join(map(str, r['trained_slots']))}, by {r['embodiment_map']}"
+                 if r["trained_slots"] else "")
         print(f"  trained for {', '.join(r['trained_embodiments'])} ({r['trained_from']}){slots}")
     for note in r.get("notes", []):
         print(f"  note: {note}")
