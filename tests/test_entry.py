@@ -101,7 +101,7 @@ def test_a_manifest_may_name_only_objects_of_the_store_and_may_be_gzipped(tmp_pa
     for bad in ("../../../etc/passwd", "objects/" + "a" * 63, "objects/" + "A" * 64):
         doc["arrays"]["t"]["chunks"]["all"]["object"] = bad
         path.write_text(json.dumps(doc))
-        refused = rf"manifest names '{re.escape(bad)}'.*not an object under objects/; convert"
+        refused = rf"manifest records array 't', which names '{re.escape(bad)}'.*not an object under objects/; convert"
         with pytest.raises(CacheError, match=refused):
             fmt.open_entry(LocalStore(tmp_path), NAME)
     doc["arrays"]["t"]["chunks"]["all"]["object"] = names.object_key("a" * 64)

@@ -325,6 +325,40 @@ def test_bad_cache_entry(published, tmp_path, capsys, case, damage, expected):
     TABLE.append((case, err.strip()[len("error: "):].replace(str(tmp_path), "<cache>")))
 
 
+@pytest.mark.parametrize("case,edit,expected", [
+    ("bank flag gone", lambda a: a["attributes"].pop("embodiment_bank"),
+     "has attributes of the wrong type (embodiment_bank, device_dtype, device_layout, transform, dtype)"),
+    ("shape not a list", lambda a: a["attributes"].update(logical_shape=7), "has the logical shape 7, not a list of sizes"),
+    ("chunk record gone", lambda a: a.update(chunks={}), "has no chunk, not its whole array"),
+])
+def test_a_manifest_damaged_inside_is_one_sentence_and_a_broken_entry_for_every_command(published, tmp_path, capsys,
+                                                                                          case, edit, expected):
+    """A manifest that parses but whose records are torn or edited (found by mutating one: KeyError and TypeError
+    tracebacks from `cache ls`, `verify`, `gc` and `load`): refused where it is read, named by file and array."""
+    manifest, array = published / "MANIFEST.json", _chunk(published).parent.name
+    doc = json.loads(manifest.read_text())
+    edit(doc["arrays"][array])
+    manifest.write_text(json.dumps(doc))
+    rc = main(["load", "--version", "n16", "--cache", str(tmp_path), "--embodiment", "gr1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{manifest}: manifest records array '{array}', which {expected}; convert again with --force" in err
+    assert main(["cache", "ls", "--cache", str(tmp_path), "--json"]) == 0
+    assert [r["state"] for r in json.loads(capsys.readouterr().out)["entries"]] == ["broken"]
+    assert main(["cache", "verify", "--cache", str(tmp_path)]) == 2  # it was exit 0 for an entry it could not read
+    assert "1 entry(ies) failed verification (1 with no valid manifest" in capsys.readouterr().err
+    assert main(["cache", "gc", "--cache", str(tmp_path), "--dry-run", "--json"]) == 0
+    assert [r["entry"] for r in json.loads(capsys.readouterr().out)["removed"]] == [published.name]
+
+
+def test_a_ref_that_names_no_entry_is_one_sentence(published, tmp_path, capsys):
+    ref = next((tmp_path / "refs").glob("*.json"))
+    ref.write_text("-1")
+    rc = main(["load", "--version", "n16", "--cache", str(tmp_path), "--embodiment", "gr1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"{ref}: is not a ref (an object naming an entry" in err, err
+
+
 # ---- faults -------------------------------------------------------------------------------------------------------
 
 def _entry_chunks(entry: Path) -> dict[str, bytes]:

@@ -19,7 +19,7 @@ import xxhash
 from tasks import precision
 from tasks.file_blocks import each_read
 from tasks.entries.names import (CACHE_FORMAT, CONTENT_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, is_object_key,
-                                 slot_of)
+                                 slot_of, WHOLE)
 from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
 from tasks.plan import Plan, Target
 from tasks.source import checked_against
@@ -88,6 +88,10 @@ class ChunkRecord(FileRecord):
     @classmethod
     def from_json(cls, doc: Mapping) -> "ChunkRecord":
         packed = doc.get("tensorbin")
+        for record in (doc, packed) if packed is not None else (doc,):
+            if not isinstance(record, dict) or not _is_size(record.get("nbytes")) or \
+                    not isinstance(record.get("xxh3"), str):
+                raise ValueError("has a chunk record without its size and xxh3")
         return cls(doc["nbytes"], doc["xxh3"], doc.get("max_abs_err", 0.0), doc.get("pcc", 1.0),
                    FileRecord(packed["nbytes"], packed["xxh3"], object=_object(packed)) if packed else None,
                    object=_object(doc))
@@ -143,9 +147,38 @@ class ArrayRecord:
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "ArrayRecord":
-        return cls(shape=doc["shape"], chunk_shape=doc["chunk_shape"], attributes=doc["attributes"],
+        """Checked as it is read, every field the properties above and a load rely on: a manifest edited by hand or
+        torn is refused here, once, and never fails later inside a load, a verify or a gc."""
+        attributes, chunks = doc["attributes"], doc["chunks"]
+        if not isinstance(attributes, dict) or not isinstance(chunks, dict):
+            raise ValueError("has attributes or chunks that are not objects")
+        for what, shape in (("shape", doc["shape"]), ("chunk shape", doc["chunk_shape"]),
+                            ("logical shape", attributes.get("logical_shape"))):
+            if not isinstance(shape, list) or not all(_is_size(n) for n in shape):
+                raise ValueError(f"has the {what} {str(shape)[:40]}, not a list of sizes")
+        if not isinstance(attributes.get("embodiment_bank"), bool) or not all(
+                isinstance(attributes.get(k), str) for k in ("device_dtype", "device_layout", "transform")) or \
+                str(attributes.get("dtype", "bfloat16")) not in DATA_TYPES:
+            raise ValueError("has attributes of the wrong type (embodiment_bank, device_dtype, device_layout, "
+                             "transform, dtype)")
+        bank = attributes["embodiment_bank"]
+        if not chunks or not all(_is_slot(k, doc["shape"]) if bank else k == WHOLE for k in chunks):
+            raise ValueError(f"has {'chunks ' + ', '.join(map(str, list(chunks)[:3])) if chunks else 'no chunk'}, "
+                             f"not {'slots of its bank' if bank else 'its whole array'}")
+        return cls(shape=doc["shape"], chunk_shape=doc["chunk_shape"], attributes=attributes,
                    source_xxh3=doc.get("source_xxh3", {}), content_id=doc.get("content_id", ""),
-                   chunks={slot_of(k): ChunkRecord.from_json(c) for k, c in doc["chunks"].items()})
+                   chunks={slot_of(k): ChunkRecord.from_json(c) for k, c in chunks.items()})
+
+
+MAX_SIZE = 1 << 40  # no dimension or file of a GR00T entry comes near it; a larger one is a damaged record
+
+
+def _is_size(value: object) -> bool:
+    return type(value) is int and 0 <= value < MAX_SIZE
+
+
+def _is_slot(key: object, shape: list[int]) -> bool:
+    return isinstance(key, str) and key.isdigit() and bool(shape) and int(key) < shape[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,9 +262,14 @@ class Manifest(Identity):
                    recipes_sha256=doc.get("recipes_sha256", ""), slots=doc.get("slots", []),
                    source=doc.get("source", {}), source_shapes=doc.get("source_shapes", {}),
                    published_unix=doc.get("published_unix", 0.0),
-                   arrays={n: ArrayRecord.from_json(a) for n, a in doc["arrays"].items()},
+                   arrays={n: _array(n, a) for n, a in doc["arrays"].items()},
                    bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0),
                    shards_sha256=doc.get("shards_sha256", {}))  # absent in entries written before 2026-12-04
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slots, list) or not all(_is_size(s) for s in self.slots) or \
+                not all(isinstance(v, dict) for v in (self.source, self.source_shapes, self.shards)):
+            raise ValueError("has slots, source or shards of the wrong type")
 
     def encoded(self) -> bytes:
         """`MANIFEST.json` as an object store keeps it: compact and gzipped (1.28 MB -> a quarter of it for a tiny
@@ -256,6 +294,15 @@ class Manifest(Identity):
             if arr.bank and any(s not in arr.chunks for s in wanted):
                 return False
         return True
+
+
+def _array(name: str, doc: object) -> ArrayRecord:
+    if not isinstance(doc, dict):
+        raise ValueError(f"records array {name!r} as {type(doc).__name__}, not an object")
+    try:
+        return ArrayRecord.from_json(doc)
+    except ValueError as e:
+        raise ValueError(f"records array {name!r}, which {e}") from None
 
 
 GZIP_MAGIC = b"\x1f\x8b"  # never the first bytes of JSON

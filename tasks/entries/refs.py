@@ -14,8 +14,12 @@ from tasks.entries.store import Store
 
 
 def read_ref(store: Store, version: str, layout: str, profile: str, synthetic: bool = False) -> str | None:
-    ref = store.get_json(ref_key(version, layout, profile, synthetic))
-    return None if ref is None else ref.get("entry")
+    key = ref_key(version, layout, profile, synthetic)
+    ref = store.get_json(key)
+    if ref is not None and not (isinstance(ref, dict) and isinstance(ref.get("entry"), str)):
+        raise CacheError(f"{store.describe(key)}: is not a ref (an object naming an entry: {{\"entry\": NAME}}); "
+                         "convert again to write it anew, or load with --entry NAME")
+    return None if ref is None else ref["entry"]
 
 
 def write_ref(store: Store, version: str, layout: str, profile: str, name: str, synthetic: bool = False) -> None:
