@@ -494,6 +494,28 @@ def test_inspect_finds_the_version_and_says_what_a_lerobot_folder_was_trained_fo
     assert "  note: not read: policy_preprocessor_step_2_groot_n1_7_pack_inputs_v1.safetensors" in text
 
 
+def test_a_recorded_tie_to_a_table_of_another_shape_is_refused(tmp_path):
+    """LeRobot records the dropped embed_tokens in `__metadata__` as tied to lm_head. A record naming a table of
+    another shape was taken as it was: the entry was published with an embed_tokens of that table's shape."""
+    folder = _rebuilt("pretrained_model-my_robot", tmp_path)
+    path = folder / "model.safetensors"
+    raw = path.read_bytes()
+    size = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + size])
+    embed, wrong = (f"{LEROBOT_PREFIX}backbone.model.model.language_model.embed_tokens.weight",
+                    f"{LEROBOT_PREFIX}action_head.state_encoder.layer1.b")
+    assert header["__metadata__"][embed] == f"{LEROBOT_PREFIX}backbone.model.lm_head.weight"  # as LeRobot wrote it
+    assert header[wrong]["shape"] != header[f"{LEROBOT_PREFIX}backbone.model.lm_head.weight"]["shape"]
+    header["__metadata__"][embed] = wrong
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + size:])
+    msg = _refused(["--snapshot", str(folder), "--embodiments", "trained"], tmp_path / "c")
+    assert msg.startswith(f"error: {path}, key 'backbone.model.model.language_model.embed_tokens.weight': is read from "
+                          f"'{wrong[len(LEROBOT_PREFIX):]}', which the file's records tie it to"), msg
+    assert "the tie names another table" in msg
+
+
 def test_a_broken_lerobot_pack_step_is_one_sentence(tmp_path):
     folder = _rebuilt("pretrained_model-my_robot", tmp_path)
     doc = json.loads((folder / "policy_preprocessor.json").read_text())

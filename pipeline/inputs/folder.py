@@ -135,6 +135,8 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
     ties = tie_tables(ck, cfg)
     for key, twin in (ties.value if ties else {}).items():  # in order: recorded ties first, then embed_tokens'
         ck.tie(key, twin)
+    if ties:
+        check_shapes(ck, cfg)  # a table read from its twin has the twin's shape, which must be its own
     pack = lerobot_pack(ck.dir)
     tag_map, overridden, map_note = embodiment_map(ck.dir, cfg, pack)
     return Folder(checkpoint=ck, version=found, version_found=version is None,
@@ -223,9 +225,15 @@ def check_shapes(ck: Checkpoint, cfg: VersionConfig) -> None:
     specs = {s.key: s.shape for s in tensor_specs(cfg.version, scale_of(cfg, shapes))}
     for key in ck.keys():
         if key in specs and shapes[key] != specs[key]:
-            raise CheckpointError(ck.shard_path(ck.shard_of(key)), f"{ck.dtype(key)} tensor of shape {list(shapes[key])}"
-                                  f", where GR00T {cfg.version} has {list(specs[key])}: the file was saved wrongly or "
-                                  "is not this model's", key)
+            where = ck.shard_path(ck.shard_of(key))
+            if key in ck.tied:  # a dropped table read from its twin: the record that tied them is what is wrong
+                raise CheckpointError(where, f"is read from {ck.tied[key]!r}, which the file's records tie it to, and "
+                                             f"that is of shape {list(shapes[key])}, where GR00T {cfg.version} has "
+                                             f"{list(specs[key])}: the tie names another table; save the fine-tune "
+                                             "with its embeddings", key)
+            raise CheckpointError(where, f"{ck.dtype(key)} tensor of shape {list(shapes[key])}, where GR00T "
+                                         f"{cfg.version} has {list(specs[key])}: the file was saved wrongly or is not "
+                                         "this model's", key)
 
 
 # -- tied tables ----------------------------------------------------------------------------------------------------
