@@ -240,17 +240,23 @@ def _stderr_once_exited(proc: subprocess.Popen, timeout: float) -> str:
 
 
 def _ctrl_c_during_load(root: Path) -> None:
-    for attempt in range(5):
-        during = _interrupt(["load", "--version", "n17", "--embodiment", "0", "--cache", str(root)], 2.0 + attempt)
-        if during.returncode == 130 and "while starting" in during.stderr:  # still importing (a loaded machine):
-            _one_sentence(during, "interrupted while starting: nothing was changed", 130)  # right, but too early
-            continue
-        if during.returncode == 130:
-            err = _one_sentence(during, "interrupted: nothing was changed", 130)
-            assert "resume" not in err
-            TABLE.append(("Ctrl-C during load", err, 130))
-            return
-    pytest.skip("load finished before Ctrl-C landed five times")
+    """Interrupted while it reads the entry: the signal is sent once the child's lease on the entry is there (it
+    holds one from its first read to its last), not after a fixed delay, which an idle machine's load outran."""
+    for _ in range(5):
+        proc = _start_as_from_a_terminal([sys.executable, "-m", "pipeline", "load", "--version", "n17", "--embodiment",
+                                          "0", "--cache", str(root)])
+        while proc.poll() is None and not list((root / "leases").glob(f"*@{proc.pid}-*")):
+            time.sleep(0.0005)
+        proc.send_signal(signal.SIGINT)
+        during = subprocess.CompletedProcess(proc.args, None, "", _stderr_once_exited(proc, 120))
+        during.returncode = proc.returncode
+        if during.returncode == 0:
+            continue  # it had read everything before the signal landed
+        err = _one_sentence(during, "interrupted: nothing was changed", 130)
+        assert "resume" not in err and "while starting" not in err
+        TABLE.append(("Ctrl-C during load", err, 130))
+        return
+    pytest.skip("load finished before Ctrl-C landed, five times")
 
 
 def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
