@@ -254,6 +254,26 @@ def test_isaac_config_yaml_is_read_without_importing_its_classes(snapshots, tmp_
     assert f"error: {folder / 'experiment_cfg' / 'config.yaml'}: is not YAML the trainer could have written" in msg
 
 
+def test_isaac_run_configs_that_disagree_on_the_tag_are_said_and_conf_yaml_stands(snapshots, tmp_path):
+    """Isaac-GR00T writes conf.yaml and config.yaml from one run config; config.yaml edited to a tag the
+    checkpoint's map puts at another slot moves nothing, and the convert says the two differ."""
+    folder = _trainer_folder(snapshots, tmp_path, "n16", "checkpoint")
+    slots = json.loads((folder / "embodiment_id.json").read_text())
+    other = next(tag for tag, slot in slots.items() if slot != slots[TRAINED_TAG])
+    config = folder / "experiment_cfg" / "config.yaml"
+    assert config.read_text().count(f"embodiment_tag: {TRAINED_TAG}\n") == 1
+    before = convert(ConvertOptions(None, embodiments="trained", snapshot=folder, cache_root=tmp_path / "c",
+                                    progress=False))
+    assert not any("differs" in n for n in before["notes"])
+    config.write_text(config.read_text().replace(f"embodiment_tag: {TRAINED_TAG}\n", f"embodiment_tag: {other}\n"))
+    after = convert(ConvertOptions(None, embodiments="trained", snapshot=folder, cache_root=tmp_path / "c",
+                                   progress=False))
+    assert after["slots"] == before["slots"] == [slots[TRAINED_TAG]]
+    conf = folder / "experiment_cfg" / "conf.yaml"
+    assert (f"embodiment_tag {other} in {config} differs from {TRAINED_TAG} in {conf}, which is read first: using "
+            f"{TRAINED_TAG}") in after["notes"]
+
+
 def test_a_relabelled_tensor_is_named_with_its_dtype(snapshots, tmp_path):
     """One DiT weight relabelled F32 with its shape halved (the file still valid): the refusal names it."""
     tensors, shard_of = _read_all(snapshots["n17"])

@@ -142,7 +142,7 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
     return Folder(checkpoint=ck, version=found, version_found=version is None,
                   left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained_tags(ck.dir, pack),
                   tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note,
-                  trained_note=_config_disagreeing(ck.dir, pack))
+                  trained_note=_records_disagreeing(ck.dir, pack))
 
 
 def snapshot_revision(snapshot: Path) -> str | None:
@@ -357,17 +357,27 @@ def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Read | None:
     return None
 
 
-def _config_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
-    """LeRobot writes its pack step's tag from `config.json`'s: the two differ only where one was edited. The pack
-    step packed the batches (and packs them again at inference), so its tag stands; the difference is said."""
+def _records_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
+    """A trainer writes its records of the trained tag from one value: LeRobot its pack step's and `config.json`'s,
+    Isaac-GR00T `conf.yaml` and `config.yaml`. They differ only where one was edited; the one read first stands
+    (LeRobot's pack step packed the batches, and packs them again at inference), and the difference is said."""
+    if pack is not None:
+        first, other = Read((pack.tag,), f"the pack step of {pack.path}"), folder / "config.json"
+        read_other = _lerobot_tag
+    else:
+        place = next((p for p in _places(folder) if all((p / n).is_file() for n in ISAAC_CONFIGS)), None)
+        if place is None:
+            return None
+        first, other, read_other = _isaac_tags(place / ISAAC_CONFIGS[0]), place / ISAAC_CONFIGS[1], _isaac_tags
     try:
-        config = _lerobot_tag(folder / "config.json") if pack is not None else None
-    except CheckpointError:  # a config.json whose tag is unreadable: the pack step alone says it
+        said = read_other(other)
+    except CheckpointError:  # the other record unreadable: the one read first says it alone
         return None
-    if config is None or config.value == (pack.tag,):
+    if said is None or said.value == first.value:
         return None
-    return (f"embodiment_tag {config.value[0]} in {config.source} differs from {pack.tag} in the pack step of "
-            f"{pack.path}, which packed the batches the policy trained on: using {pack.tag}")
+    return (f"embodiment_tag {', '.join(said.value)} in {said.source} differs from {', '.join(first.value)} in "
+            f"{first.source}, which {'packed the batches the policy trained on' if pack else 'is read first'}: using "
+            f"{', '.join(first.value)}")
 
 
 def _lerobot_tag(path: Path) -> Read | None:
