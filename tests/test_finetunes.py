@@ -274,6 +274,20 @@ def test_isaac_run_configs_that_disagree_on_the_tag_are_said_and_conf_yaml_stand
             f"{TRAINED_TAG}") in after["notes"]
 
 
+def test_a_trained_tag_record_that_cannot_be_read_stops_only_embodiments_trained(snapshots, tmp_path):
+    """Its refusal says "pass --embodiments with tags or slot ids instead", and a slot id was refused the same way:
+    now it converts that slot, says the record cannot be read, and records no trained tag."""
+    folder = _trainer_folder(snapshots, tmp_path, "n16", "checkpoint")
+    conf = folder / "experiment_cfg" / "conf.yaml"
+    conf.write_text("data: {datasets: [")
+    msg = _refused(["--snapshot", str(folder), "--embodiments", "trained"], tmp_path / "c1")
+    assert msg.startswith(f"error: {conf}: is not YAML the trainer could have written") and \
+        msg.endswith("; pass --embodiments with tags or slot ids instead")
+    done = convert(ConvertOptions(None, embodiments="10", snapshot=folder, cache_root=tmp_path / "c2", progress=False))
+    assert done["slots"] == [10] and done["source"]["trained_embodiments"] is None
+    assert any(n.startswith(f"the trained embodiment is not recorded: {conf}: is not YAML") for n in done["notes"])
+
+
 def test_a_relabelled_tensor_is_named_with_its_dtype(snapshots, tmp_path):
     """One DiT weight relabelled F32 with its shape halved (the file still valid): the refusal names it."""
     tensors, shard_of = _read_all(snapshots["n17"])
@@ -544,6 +558,13 @@ def test_a_broken_lerobot_pack_step_is_one_sentence(tmp_path):
     (folder / "policy_preprocessor.json").write_text(json.dumps(doc))
     msg = _refused(["--snapshot", str(folder), "--embodiments", "trained"], tmp_path / "c")
     assert msg.startswith(f"error: {folder / 'policy_preprocessor.json'}") and "embodiment_mapping" in msg
+    # the remedy, as said (it said "or pass --embodiments with slot ids", which were refused the same way)
+    assert msg.endswith("; fix it, or remove it to convert with the trainer's default map")
+    assert _refused(["--snapshot", str(folder), "--embodiments", "0"], tmp_path / "c") == msg
+    (folder / "policy_preprocessor.json").unlink()
+    done = convert(ConvertOptions(None, embodiments="trained", snapshot=folder, cache_root=tmp_path / "c2",
+                                  progress=False))
+    assert done["slots"] == [0] and any(n.startswith("LeRobot saved its tag -> slot map only in") for n in done["notes"])
 
 
 def test_isaac_forms_are_cut_as_the_hf_trainer_cuts_them():

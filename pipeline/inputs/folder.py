@@ -25,7 +25,7 @@ from typing import Mapping
 
 import yaml
 
-from pipeline.inputs.embodiments import Embodiments, TagMap
+from pipeline.inputs.embodiments import TRAINED, Embodiments, TagMap
 from pipeline.model.state_dict import scale_of, tensor_specs
 from pipeline.model.versions import VERSIONS, VersionConfig, load_config
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
@@ -70,6 +70,7 @@ class Folder:
     ties: Read | None = None                # {key read from its twin: twin}, and who said they are tied
     map_note: str | None = None             # what to say of a map that was not recorded but assumed
     trained_note: str | None = None         # what to say of a trainer's records that disagree on the tag
+    trained_error: CheckpointError | None = None  # why the trained tags cannot be read: said when they are asked for
 
     @property
     def config(self) -> VersionConfig:
@@ -83,6 +84,8 @@ class Folder:
 
     def chosen(self, embodiments: Embodiments) -> Embodiments:
         """The selection with `trained` replaced by the tags the trainer recorded."""
+        if self.trained_error is not None and TRAINED in embodiments.items:
+            raise self.trained_error
         missing = (f"--embodiments trained: {self.checkpoint.dir} records no trained embodiment (looked for "
                    f"{', '.join(_trained_places(self.checkpoint.dir))}); pass tags or slot ids")
         return embodiments.with_trained(self.trained.value if self.trained else None, missing)
@@ -114,6 +117,8 @@ class Folder:
         lines += [f"embodiment {tag}: slot {theirs} by {self.tag_map.source}, not {ours} as in {table}: using the "
                   "checkpoint's" for tag, (ours, theirs) in self.overridden.items()]
         lines += [note for note in (self.map_note, self.trained_note) if note]
+        if self.trained_error is not None:  # given the embodiments, the convert does without the record
+            lines.append(f"the trained embodiment is not recorded: {str(self.trained_error).removesuffix(_UNREAD)}")
         unknown = self.tag_map.unknown_slot
         for tag in self.chosen(embodiments).outside(self.tag_map) if unknown is not None else ():
             ours = f", not {builtin[tag]} as in {table}" if tag in builtin and builtin[tag] != unknown else ""
@@ -139,8 +144,12 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
         check_shapes(ck, cfg)  # a table read from its twin has the twin's shape, which must be its own
     pack = lerobot_pack(ck.dir)
     tag_map, overridden, map_note = embodiment_map(ck.dir, cfg, pack)
+    try:
+        trained, unreadable = trained_tags(ck.dir, pack), None
+    except CheckpointError as e:  # needed only for --embodiments trained: tags and slot ids do without it
+        trained, unreadable = None, e
     return Folder(checkpoint=ck, version=found, version_found=version is None,
-                  left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained_tags(ck.dir, pack),
+                  left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained, trained_error=unreadable,
                   tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note,
                   trained_note=_records_disagreeing(ck.dir, pack))
 
@@ -308,7 +317,7 @@ def lerobot_pack(folder: Path) -> LeRobotPack | None:
     path = folder / LEROBOT_PREPROCESSOR
     if not path.is_file():
         return None
-    remedy = "fix or remove it, or pass --embodiments with slot ids"
+    remedy = _MAP_REMEDY
     doc = _small_json(path, remedy)
     steps = doc.get("steps") if isinstance(doc, dict) else None
     if not isinstance(steps, list):
@@ -336,6 +345,13 @@ def _is_tag_table(doc: object) -> bool:
     return isinstance(doc, dict) and all(isinstance(k, str) and type(v) is int and 0 <= v for k, v in doc.items())
 
 
+_REMEDY = "pass --embodiments with tags or slot ids instead"  # a trained-tag record that cannot be read
+# A map that cannot be read is refused whatever is selected: the entry records the map, and a later load by tag
+# reads its slot there. Without the file the trainer's own default applies (and the convert says which).
+_MAP_REMEDY = "fix it, or remove it to convert with the trainer's default map"
+_UNREAD = "; " + _REMEDY
+
+
 def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Read | None:
     """The embodiment tags the fine-tune was trained for, as its trainer recorded them, or None. LeRobot's pack
     step (`pack`, read from `folder`) is what packed the batches, so it comes before LeRobot's `config.json`."""
@@ -349,7 +365,7 @@ def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Read | None:
             if (place / name).is_file():
                 return _isaac_tags(place / name)
         if (place / N15_METADATA).is_file():
-            doc = _small_json(place / N15_METADATA, "pass --embodiments with tags or slot ids instead")
+            doc = _small_json(place / N15_METADATA, _REMEDY)
             if not isinstance(doc, dict) or not doc:
                 raise CheckpointError(place / N15_METADATA, "must be an object keyed by embodiment tag; pass "
                                                             "--embodiments with tags or slot ids instead")
@@ -361,17 +377,15 @@ def _records_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
     """A trainer writes its records of the trained tag from one value: LeRobot its pack step's and `config.json`'s,
     Isaac-GR00T `conf.yaml` and `config.yaml`. They differ only where one was edited; the one read first stands
     (LeRobot's pack step packed the batches, and packs them again at inference), and the difference is said."""
-    if pack is not None:
-        first, other = Read((pack.tag,), f"the pack step of {pack.path}"), folder / "config.json"
-        read_other = _lerobot_tag
-    else:
-        place = next((p for p in _places(folder) if all((p / n).is_file() for n in ISAAC_CONFIGS)), None)
-        if place is None:
-            return None
-        first, other, read_other = _isaac_tags(place / ISAAC_CONFIGS[0]), place / ISAAC_CONFIGS[1], _isaac_tags
     try:
-        said = read_other(other)
-    except CheckpointError:  # the other record unreadable: the one read first says it alone
+        if pack is not None:
+            first, said = Read((pack.tag,), f"the pack step of {pack.path}"), _lerobot_tag(folder / "config.json")
+        else:
+            place = next((p for p in _places(folder) if all((p / n).is_file() for n in ISAAC_CONFIGS)), None)
+            if place is None:
+                return None
+            first, said = _isaac_tags(place / ISAAC_CONFIGS[0]), _isaac_tags(place / ISAAC_CONFIGS[1])
+    except CheckpointError:  # a record that cannot be read: said where the trained tags are asked for
         return None
     if said is None or said.value == first.value:
         return None
@@ -384,7 +398,7 @@ def _lerobot_tag(path: Path) -> Read | None:
     """The tag in LeRobot's `config.json` (`"type": "groot"`), or None for any other config."""
     if not path.is_file():
         return None
-    doc = _small_json(path, "pass --embodiments with tags or slot ids instead")
+    doc = _small_json(path, _REMEDY)
     if not isinstance(doc, dict) or doc.get("type") != "groot" or "embodiment_tag" not in doc:
         return None
     tag = doc["embodiment_tag"]
@@ -411,7 +425,7 @@ _TrainerYaml.add_multi_constructor("tag:yaml.org,2002:python/", _plain)
 
 
 def _isaac_tags(path: Path) -> Read:
-    remedy = "pass --embodiments with tags or slot ids instead"
+    remedy = _REMEDY
     try:
         doc = yaml.load(_small_text(path, remedy), Loader=_TrainerYaml)
     except (yaml.YAMLError, RecursionError) as e:
@@ -452,10 +466,9 @@ def embodiment_map(folder: Path, cfg: VersionConfig, pack: LeRobotPack | None = 
             path = place / name
             if not path.is_file():
                 continue
-            doc = _small_json(path, "fix or remove it, or pass --embodiments with slot ids")
+            doc = _small_json(path, _MAP_REMEDY)
             if not _is_tag_table(doc):
-                raise CheckpointError(path, "must be an object of embodiment tag -> slot id; fix or remove it, or "
-                                            "pass --embodiments with slot ids")
+                raise CheckpointError(path, f"must be an object of embodiment tag -> slot id; {_MAP_REMEDY}")
             return TagMap({**builtin, **doc}, str(path)), differing(doc), None
     if _lerobot_tag(folder / "config.json") is not None and lerobot:
         release = cfg.lerobot.get("release", "?")
