@@ -226,6 +226,7 @@ def test_an_hf_cache_given_as_a_url_is_one_sentence_and_no_local_folder(tmp_path
         main([*command, "--hf-cache", "s3://team-weights/hf", "--cache", str(tmp_path / "cache")])
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.count("\n") == 1, err
+    TABLE.append((f"{command[0]} --hf-cache s3://…", err.strip()[len("error: "):]))
     assert "argument --hf-cache: s3://team-weights/hf: the Hugging Face cache is a folder on this machine, not a URL" in err
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "cache" / "entries").exists()
     with pytest.raises(ConfigError, match="the Hugging Face cache is a folder on this machine"):  # from Python too
@@ -343,6 +344,7 @@ def test_a_manifest_damaged_inside_is_one_sentence_and_a_broken_entry_for_every_
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert f"{manifest}: manifest records array '{array}', which {expected}; convert again with --force" in err
+    TABLE.append((f"manifest: {case}", err.strip()[len("error: "):].replace(str(tmp_path), "<cache>")))
     assert main(["cache", "ls", "--cache", str(tmp_path), "--json"]) == 0
     assert [r["state"] for r in json.loads(capsys.readouterr().out)["entries"]] == ["broken"]
     assert main(["cache", "verify", "--cache", str(tmp_path)]) == 2  # it was exit 0 for an entry it could not read
@@ -357,6 +359,7 @@ def test_a_ref_that_names_no_entry_is_one_sentence(published, tmp_path, capsys):
     rc = main(["load", "--version", "n16", "--cache", str(tmp_path), "--embodiment", "gr1"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and f"{ref}: is not a ref (an object naming an entry" in err, err
+    TABLE.append(("ref naming no entry", err.strip()[len("error: "):].replace(str(tmp_path), "<cache>")))
 
 
 # ---- faults -------------------------------------------------------------------------------------------------------
