@@ -149,11 +149,12 @@ def cmd_cache(a: argparse.Namespace) -> dict:
     rows = cache.entry_rows(store, getattr(a, "entry", None), verify=a.action == "verify", totals=totals)
     if not a.json:
         print_cache_rows(rows, totals, store.describe("entries"), sources=a.action == "verify")
-    corrupt = sum(r["state"].startswith("CORRUPT") for r in rows) if a.action == "verify" else 0
-    broken = sum(r["state"].startswith("broken") for r in rows) if a.action == "verify" else 0  # no valid manifest
-    if corrupt or broken:
-        raise PipelineError(f"cache {root}: {corrupt + broken} entry(ies) failed verification"
-                            + (f" ({broken} with no valid manifest: `cache gc` removes those)" if broken else ""))
+    if a.action == "verify":
+        corrupt = sum(r["state"].startswith("CORRUPT") for r in rows)
+        broken = sum(r["state"].startswith("broken") for r in rows)  # no valid manifest
+        if corrupt or broken:
+            raise PipelineError(f"cache {root}: {corrupt + broken} entry(ies) failed verification"
+                                + (f" ({broken} with no valid manifest: `cache gc` removes those)" if broken else ""))
     return {"root": root, "entries": rows}
 
 

@@ -367,8 +367,7 @@ def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Read | None:
         if (place / N15_METADATA).is_file():
             doc = _small_json(place / N15_METADATA, _REMEDY)
             if not isinstance(doc, dict) or not doc:
-                raise CheckpointError(place / N15_METADATA, "must be an object keyed by embodiment tag; pass "
-                                                            "--embodiments with tags or slot ids instead")
+                raise CheckpointError(place / N15_METADATA, f"must be an object keyed by embodiment tag; {_REMEDY}")
             return Read(tuple(sorted(doc)), str(place / N15_METADATA))
     return None
 
@@ -403,8 +402,7 @@ def _lerobot_tag(path: Path) -> Read | None:
         return None
     tag = doc["embodiment_tag"]
     if not isinstance(tag, str) or not tag:
-        raise CheckpointError(path, f"embodiment_tag must be a tag name, found {tag!r}; pass --embodiments with tags "
-                                    "or slot ids instead")
+        raise CheckpointError(path, f"embodiment_tag must be a tag name, found {tag!r}; {_REMEDY}")
     return Read((tag,), str(path))
 
 

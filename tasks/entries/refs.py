@@ -16,10 +16,15 @@ from tasks.entries.store import Store
 def read_ref(store: Store, version: str, layout: str, profile: str, synthetic: bool = False) -> str | None:
     key = ref_key(version, layout, profile, synthetic)
     ref = store.get_json(key)
-    if ref is not None and not (isinstance(ref, dict) and isinstance(ref.get("entry"), str)):
+    if ref is not None and not _names_entry(ref):
         raise CacheError(f"{store.describe(key)}: is not a ref (an object naming an entry: {{\"entry\": NAME}}); "
                          "convert again to write it anew, or load with --entry NAME")
     return None if ref is None else ref["entry"]
+
+
+def _names_entry(ref: object) -> bool:
+    """A ref as `write_ref` writes it: an object naming an entry."""
+    return isinstance(ref, dict) and isinstance(ref.get("entry"), str)
 
 
 def write_ref(store: Store, version: str, layout: str, profile: str, name: str, synthetic: bool = False) -> None:
@@ -43,7 +48,7 @@ def refs(store: Store) -> dict[str, list[str]]:
             ref = store.get_json(key)
         except CacheError:
             ref = None
-        if isinstance(ref, dict) and isinstance(ref.get("entry"), str):
+        if _names_entry(ref):
             out.setdefault(ref["entry"], []).append(stem)
             continue
         names = store.children(ENTRIES) if names is None else names
