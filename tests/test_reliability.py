@@ -288,6 +288,10 @@ def _assert_nothing_published(root: Path) -> None:
     ("unknown version", ["--version", "n99"], "unknown version 'n99': expected one of n15, n16, n17"),
     ("unknown embodiment tag", ["--version", "n16", "--embodiments", "robot9"], "unknown embodiment tag 'robot9' for n16"),
     ("slot index out of range", ["--version", "n16", "--embodiments", "32"], "embodiment slot 32 is out of range for this n16 checkpoint"),
+    # '²' passes str.isdigit and int() refuses it: a ValueError traceback before
+    ("a digit that is no slot id", ["--version", "n16", "--embodiments", "²"], "unknown embodiment tag '²' for n16"),
+    ("'all' beside other items", ["--version", "n16", "--embodiments", "all,0"],
+     "embodiments 'all,0': 'all' selects every slot and stands alone"),
     ("unknown profile", ["--version", "n16", "--profile", "fp4"], "unknown profile 'fp4'"),
 ])
 def test_bad_request(hf_cache, tmp_path, capsys, case, args, expected):
@@ -331,6 +335,9 @@ def test_bad_cache_entry(published, tmp_path, capsys, case, damage, expected):
      "has attributes of the wrong type (embodiment_bank, device_dtype, device_layout, transform, dtype)"),
     ("shape not a list", lambda a: a["attributes"].update(logical_shape=7), "has the logical shape 7, not a list of sizes"),
     ("chunk record gone", lambda a: a.update(chunks={}), "has no chunk, not its whole array"),
+    ("slot '²'", lambda a: a.update(attributes={**a["attributes"], "embodiment_bank": True},
+                                      chunks={"²": next(iter(a["chunks"].values()))}),
+     "has chunks ², not slots of its bank"),
 ])
 def test_a_manifest_damaged_inside_is_one_sentence_and_a_broken_entry_for_every_command(published, tmp_path, capsys,
                                                                                           case, edit, expected):

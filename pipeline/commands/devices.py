@@ -23,7 +23,7 @@ def opened_device(choice: str):
     if not tt.device_present():
         raise PipelineError(f"--device {choice}: no Tenstorrent device on this machine (/dev/tenstorrent is absent "
                             f"and {tt.SIMULATOR_ENV} is not set); use --device none or auto")
-    if choice != "auto" and not choice.isdigit():
+    if choice != "auto" and not (choice.isascii() and choice.isdigit()):
         raise PipelineError(f"--device {choice!r} is not none, auto or a device id (0, 1, ...)")
     try:
         dev = tt.open_device(None if choice == "auto" else int(choice))

@@ -56,7 +56,7 @@ def unit_summary(graph: dict) -> dict[str, dict]:
 
 def _natural(name: str) -> list:
     """Numbers as numbers: blocks.2 before blocks.10."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    return [int(part) if part.isdecimal() else part for part in re.split(r"(\d+)", name)]
 
 
 OUT_SUFFIXES = (".svg", ".png", ".pdf", ".dot", ".json")

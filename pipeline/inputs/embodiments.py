@@ -15,6 +15,11 @@ EVERY = "all"
 TRAINED = "trained"  # --embodiments trained: the slots of the tags the fine-tune was trained for
 
 
+def is_slot_id(item: str) -> bool:
+    """A slot id is ASCII digits. (`str.isdigit` also takes '²', which `int` refuses, and '０'.)"""
+    return item.isascii() and item.isdigit()
+
+
 @dataclass(frozen=True)
 class TagMap:
     """A tag -> slot map, where it was read, and the slot its trainer gives a tag outside it: LeRobot packs
@@ -43,7 +48,11 @@ class Embodiments:
             return cls()
         if not text:
             raise ConfigError("no embodiment selected (an empty list): pass 'all', tags or slot ids")
-        return cls(tuple(item.strip() for item in text.split(",")))
+        items = tuple(item.strip() for item in text.split(","))
+        if EVERY in items:
+            raise ConfigError(f"embodiments {text!r}: 'all' selects every slot and stands alone; pass 'all', or "
+                              "tags and slot ids")
+        return cls(items)
 
     @property
     def every(self) -> bool:
@@ -70,7 +79,7 @@ class Embodiments:
         tags = tags or TagMap.builtin(cfg)
         ids: set[int] = set()
         for item in self.items:
-            if item.isdigit():
+            if is_slot_id(item):
                 slot = int(item)
             elif item in tags.ids:
                 slot = tags.ids[item]
@@ -80,19 +89,19 @@ class Embodiments:
                 raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} ({tags.source} knows: "
                                   f"{', '.join(sorted(tags.ids))}); pass a tag or a slot id 0..{n - 1}")
             if not 0 <= slot < n:
-                which = f"slot {slot}" if item.isdigit() else f"{item} (slot {slot}, as {tags.source} maps it)"
+                which = f"slot {slot}" if is_slot_id(item) else f"{item} (slot {slot}, as {tags.source} maps it)"
                 raise ConfigError(f"embodiment {which} is out of range for this {cfg.version} checkpoint: its banks "
-                                  f"have slots 0..{n - 1}" + ("" if item.isdigit() else f"; pass a slot id 0..{n - 1}"))
+                                  f"have slots 0..{n - 1}" + ("" if is_slot_id(item) else f"; pass a slot id 0..{n - 1}"))
             ids.add(slot)
         return tuple(sorted(ids))
 
     def one_tag(self) -> str | None:
         """The tag, when the selection is one tag (not a slot id); else None."""
-        return self.items[0] if len(self.items) == 1 and not self.items[0].isdigit() else None
+        return self.items[0] if len(self.items) == 1 and not is_slot_id(self.items[0]) else None
 
     def outside(self, tags: TagMap) -> tuple[str, ...]:
         """The tags named that `tags` does not hold (each gets its trainer's slot for such a tag, or is refused)."""
-        return tuple(item for item in self.items if not item.isdigit() and item not in tags.ids)
+        return tuple(item for item in self.items if not is_slot_id(item) and item not in tags.ids)
 
     def one(self, cfg: VersionConfig, what: str) -> int | None:
         """One slot id, or None for every slot: for a reader that takes one embodiment or all (`what` says which)."""

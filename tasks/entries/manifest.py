@@ -178,7 +178,7 @@ def _is_size(value: object) -> bool:
 
 
 def _is_slot(key: object, shape: list[int]) -> bool:
-    return isinstance(key, str) and key.isdigit() and bool(shape) and int(key) < shape[0]
+    return isinstance(key, str) and key.isascii() and key.isdigit() and bool(shape) and int(key) < shape[0]
 
 
 @dataclass(frozen=True, kw_only=True)
