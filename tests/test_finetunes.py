@@ -286,6 +286,10 @@ def test_a_trained_tag_record_that_cannot_be_read_stops_only_embodiments_trained
     done = convert(ConvertOptions(None, embodiments="10", snapshot=folder, cache_root=tmp_path / "c2", progress=False))
     assert done["slots"] == [10] and done["source"]["trained_embodiments"] is None
     assert any(n.startswith(f"the trained embodiment is not recorded: {conf}: is not YAML") for n in done["notes"])
+    for text, said in (("- 1\n- 2\n", "holds list"), ("", "holds nothing"), ("just words\n", "holds str")):
+        conf.write_text(text)  # YAML, but not the run config's mapping: it said "names no embodiment_tag"
+        msg = _refused(["--snapshot", str(folder), "--embodiments", "trained"], tmp_path / "c1")
+        assert msg.startswith(f"error: {conf}: {said}, not the mapping the trainer writes; pass --embodiments"), msg
 
 
 def test_a_relabelled_tensor_is_named_with_its_dtype(snapshots, tmp_path):

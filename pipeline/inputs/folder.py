@@ -428,7 +428,10 @@ def _isaac_tags(path: Path) -> Read:
         doc = yaml.load(_small_text(path, remedy), Loader=_TrainerYaml)
     except (yaml.YAMLError, RecursionError) as e:
         raise CheckpointError(path, f"is not YAML the trainer could have written ({str(e).splitlines()[0]}); {remedy}") from None
-    datasets = doc.get("data", {}).get("datasets") if isinstance(doc, dict) and isinstance(doc.get("data"), dict) else None
+    if not isinstance(doc, dict):  # a list, a string, nothing: not the run config the trainer dumps
+        raise CheckpointError(path, f"holds {type(doc).__name__ if doc is not None else 'nothing'}, not the mapping "
+                                    f"the trainer writes; {remedy}")
+    datasets = doc.get("data", {}).get("datasets") if isinstance(doc.get("data"), dict) else None
     tags: list[str] = []
     for ds in datasets if isinstance(datasets, list) else []:
         tag = ds.get("embodiment_tag") if isinstance(ds, dict) else None
