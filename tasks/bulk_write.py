@@ -207,13 +207,17 @@ class _HandedOff:
     """The writes handed off per folder, the first error of each, and the bytes they hold until written."""
 
     def __init__(self) -> None:
-        self.room = threading.Condition()
+        # Entered as the lock itself, never as the Condition: a Ctrl-C can land inside the Condition's Python-level
+        # __enter__ once it holds the lock, leaving it held (the sync scheduler hands writes off on the main
+        # thread), and the writer threads then wait for it forever. A C lock's __enter__ gives it no such moment.
+        self.lock = threading.RLock()
+        self.room = threading.Condition(self.lock)
         self.held = 0
         self.writes: dict[str, list[Future]] = {}
         self.failed: dict[str, BaseException] = {}
 
     def add(self, folder: str, nbytes: int, write: Callable[[], None]) -> Future:
-        with self.room:
+        with self.lock:
             if folder in self.failed:  # a full disk stops the run at its next write, not at the publish
                 raise self.failed[folder]
             self.room.wait_for(lambda: self.held == 0 or self.held + nbytes <= BEHIND_BYTES)
@@ -224,17 +228,17 @@ class _HandedOff:
         return future
 
     def _written(self, folder: str, nbytes: int, done: Future) -> None:
-        with self.room:
+        with self.lock:
             self.held -= nbytes
             if done.exception() is not None:
                 self.failed.setdefault(folder, done.exception())
             self.room.notify_all()
 
     def finish(self, folder: str) -> None:
-        with self.room:
+        with self.lock:
             futures = self.writes.pop(folder, [])
         wait(futures)
-        with self.room:
+        with self.lock:
             failed = self.failed.pop(folder, None)
         if failed is not None:
             raise failed

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -280,6 +281,22 @@ def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
         assert resumed["resumed_chunks"] >= 20
         return
     pytest.fail("three runs finished before Ctrl-C could interrupt them")
+
+
+def test_no_write_is_handed_off_from_the_main_thread(hf_cache, tmp_path, monkeypatch):
+    """The sync scheduler runs every task on the main thread. Handing its writes off there, a Ctrl-C that landed
+    inside a lock the hand-off takes (Python's Condition, in ThreadPoolExecutor.submit too) once it held it left
+    it held, and the cleanup waited forever (a `make test` run's Ctrl-C test hung so): it writes them itself."""
+    from tasks import stage
+
+    handed, real = [], stage.write_behind
+    monkeypatch.setattr(stage, "write_behind", lambda *a: handed.append(threading.current_thread()) or real(*a))
+    for scheduler in ("sync", "threads"):
+        handed.clear()
+        convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", scheduler=scheduler,
+                               cache_root=tmp_path / scheduler, progress=False))
+        assert threading.main_thread() not in handed
+        assert bool(handed) == (scheduler == "threads")  # the threads scheduler's tasks still hand theirs off
 
 
 def test_an_error_raised_while_ctrl_c_is_handled_is_the_interrupt(monkeypatch, capsys):
