@@ -208,8 +208,8 @@ class _HandedOff:
 
     def __init__(self) -> None:
         # Entered as the lock itself, never as the Condition: a Ctrl-C can land inside the Condition's Python-level
-        # __enter__ once it holds the lock, leaving it held (the sync scheduler hands writes off on the main
-        # thread), and the writer threads then wait for it forever. A C lock's __enter__ gives it no such moment.
+        # __enter__ once it holds the lock, leaving it held (on the main thread: a failed build's cleanup waits
+        # here), and the writer threads then wait for it forever. A C lock's __enter__ gives it no such moment.
         self.lock = threading.RLock()
         self.room = threading.Condition(self.lock)
         self.held = 0

@@ -91,7 +91,8 @@ class Embodiments:
             if not 0 <= slot < n:
                 which = f"slot {slot}" if is_slot_id(item) else f"{item} (slot {slot}, as {tags.source} maps it)"
                 raise ConfigError(f"embodiment {which} is out of range for this {cfg.version} checkpoint: its banks "
-                                  f"have slots 0..{n - 1}" + ("" if is_slot_id(item) else f"; pass a slot id 0..{n - 1}"))
+                                  f"have slots 0..{n - 1}"
+                                  + ("" if is_slot_id(item) else f"; pass a slot id 0..{n - 1}"))
             ids.add(slot)
         return tuple(sorted(ids))
 

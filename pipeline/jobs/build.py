@@ -62,9 +62,10 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
         graph = build_graph(GraphInputs(
             plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards), done=done, identity=ident,
             arrays=arrays, documents_from=documents_from, check_bf16=opts.check_bf16, known=reused.verified,
-            identified=prep.identified, record_sha256=opts.sha256, device=opts.device, replace=opts.force, entry_tmp=tmp,
-            entry_final=cache.entries_dir(prep.root) / name, write_behind=_hands_writes_off(opts.scheduler),
-            store_url=store.describe("") if in_store else None, present=present, fresh_after=fresh_after))
+            identified=prep.identified, record_sha256=opts.sha256, device=opts.device, replace=opts.force,
+            entry_tmp=tmp, entry_final=cache.entries_dir(prep.root) / name,
+            write_behind=_hands_writes_off(opts.scheduler), store_url=store.describe("") if in_store else None,
+            present=present, fresh_after=fresh_after))
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp))
     except BaseException as e:
         # A kill -9 never gets here and Ctrl-C is let through, so their directory stays for the next run to

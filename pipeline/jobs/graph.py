@@ -161,7 +161,8 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
                                DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified)
     else:
         graph[PUBLISH] = _task(PUBLISH, publish_entry, TaskRef(ARRAYS), str(inputs.entry_final),
-                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified, inputs.replace)
+                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified,
+                               inputs.replace)
     return graph
 
 
