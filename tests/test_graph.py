@@ -12,7 +12,7 @@ from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.model.recipe import build_plan
 from tasks import file_blocks
 from tasks.checkpoint import Checkpoint
-from pipeline.jobs.graph import ARRAYS, PUBLISH, ancestors
+from pipeline.jobs.graph import PUBLISH, ancestors
 from tasks.plan import work_units
 from pipeline.model.state_dict import straddling_unit
 from pipeline.commands.render import graph_for, graph_json, unit_summary
@@ -77,18 +77,6 @@ def test_json_export_lists_every_task_with_its_dependencies(hf_cache, cache_root
     summary = unit_summary(graph)
     assert summary["action_head.model.transformer_blocks.18"]["shards"] == ["model-00001-of-00002.safetensors",
                                                                              "model-00002-of-00002.safetensors"]
-
-
-def test_the_array_documents_are_made_beside_the_conversion_before_any_chunk_is_written(hf_cache, cache_root):
-    """Made before the graph, the documents held a fine-tune's convert for 0.3 s; in it, they wait for no read,
-    and no stage task writes a chunk before its array's folder exists."""
-    graph = _graph(hf_cache, cache_root, "n16")
-    assert not graph[ARRAYS].dependencies
-    stages = [k for k in graph if k[0] == "stage"]
-    assert stages and all(ARRAYS in graph[k].dependencies for k in stages)
-    assert ARRAYS in graph[PUBLISH].dependencies
-    reads = [k for k in graph if k[0] in ("read", "slot")]
-    assert reads and not any(ARRAYS in ancestors(graph, k) for k in reads[:50])
 
 
 def test_with_an_open_device_each_target_uploads_right_after_staging(hf_cache, cache_root):

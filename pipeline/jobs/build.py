@@ -24,6 +24,7 @@ from pipeline.jobs.reuse import Reuse, plan_reuse
 from pipeline.jobs.run import run, shared_folders
 from pipeline.jobs.summary import peak_rss_bytes, source_bytes_read
 from tasks.bulk_write import writes_finished
+from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import array_documents
 from tasks.entries.names import FRESH_FOR, entry_key, scratch_name
@@ -55,17 +56,15 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
             building, plan, slots, ck, dict(ident.shards), into=key, identified=prep.identified, present=present,
             array_attrs={n: doc["attributes"] for n, doc in arrays.items()}, fresh_after=fresh_after)
         done = dict(reused.records)
-        documents_from = ()
         if tmp is not None:
+            create_arrays(tmp, arrays, like=[building.path(entry_key(e)) for e in reused.holders])
             done = adopt_staged(tmp, plan.targets, slots, reused.records)
-            documents_from = tuple(building.path(entry_key(e)) for e in reused.holders)
         graph = build_graph(GraphInputs(
             plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards), done=done, identity=ident,
-            arrays=arrays, documents_from=documents_from, check_bf16=opts.check_bf16, known=reused.verified,
-            identified=prep.identified, record_sha256=opts.sha256, device=opts.device, replace=opts.force,
-            entry_tmp=tmp, entry_final=cache.entries_dir(prep.root) / name,
-            write_behind=_hands_writes_off(opts.scheduler), store_url=store.describe("") if in_store else None,
-            present=present, fresh_after=fresh_after))
+            arrays=arrays, check_bf16=opts.check_bf16, known=reused.verified, identified=prep.identified,
+            record_sha256=opts.sha256, device=opts.device, replace=opts.force, entry_tmp=tmp,
+            entry_final=cache.entries_dir(prep.root) / name, write_behind=_hands_writes_off(opts.scheduler),
+            store_url=store.describe("") if in_store else None, present=present, fresh_after=fresh_after))
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp))
     except BaseException as e:
         # A kill -9 never gets here and Ctrl-C is let through, so their directory stays for the next run to

@@ -3,7 +3,6 @@
     ("index", shard) -> ("read", key) | ("slot", key, e) -> ("transform", target[, e]) -> ("convert", target[, e])
       -> ("stage", target[, e]) [-> ("upload", target[, e]) when a device is open] -> ("unit", unit) -> ("publish",)
     ("index", shard) -> ("verify", shard) -> ("unit", unit)   for every shard the unit reads from, and ("publish",)
-    ("arrays",) -> every ("stage", …) and ("publish",)   in a local folder: the arrays' folders and documents
 
 Every read depends on the index task of the shard holding *that key*, and every unit on the verify tasks of the
 shards its keys live in: a unit cut by a shard boundary depends on two shards, every other unit on one. Hashing
@@ -31,7 +30,6 @@ from tasks.checkpoint import Checkpoint
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
-from tasks.entries.chunks import create_arrays
 from tasks.entries.objects import Present
 from tasks.entries.publish import publish_entry, publish_into_store, unit_done
 from tasks.source import VerifiedShard, index_shard, read_weight, read_weight_slot, verify_shard
@@ -42,7 +40,6 @@ from tasks.transforms import apply
 Key = tuple
 PUBLISH: Key = ("publish",)
 PRESENT: Key = ("present",)  # what an object store held when the convert began
-ARRAYS: Key = ("arrays",)    # the array folders and documents of an entry built in a local folder
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,9 +52,7 @@ class GraphInputs:
     expected_identity: Mapping[str, str | None]   # shard -> identity to verify against: HF blob sha256, or content id
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
     identity: Identity                             # what the publish step records the entry as
-    arrays: Mapping[str, dict]                     # target -> its `zarr.json` document
-    # published entries' folders whose identical array documents the entry being built links (jobs/reuse.py)
-    documents_from: tuple[Path, ...] = ()
+    arrays: Mapping[str, dict]                     # target -> its `zarr.json` document (created before the run)
     check_bf16: bool = False                       # also round-trip bf16 targets through ttnn
     # shard -> its tensors' hashes, as an earlier entry of the same shard identity recorded them (jobs/reuse.py)
     known: Mapping[str, VerifiedShard] = field(default_factory=dict)
@@ -95,7 +90,7 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
         graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, TaskRef(convert_key), TaskRef(PRESENT),
                                  inputs.fresh_after)
     else:
-        graph[stage_key] = _task(stage_key, stage_target, TaskRef(ARRAYS), TaskRef(convert_key),
+        graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key),
                                  inputs.write_behind)
     if inputs.device is None or t.host:  # host-only targets are never uploaded
         return stage_key
@@ -120,10 +115,6 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     ck, graph = inputs.checkpoint, {}
     if inputs.store_url:  # one node, so a worker is sent the store's listing once, not with every stage task
         graph[PRESENT] = DataNode(PRESENT, dict(inputs.present))
-    else:  # the entry's array folders and documents, made while the first targets convert (0.3 s before, for a
-        # fine-tune: 506 new inodes), before the first stage task writes a chunk into them
-        graph[ARRAYS] = _task(ARRAYS, create_arrays, str(inputs.entry_tmp), dict(inputs.arrays),
-                              [str(p) for p in inputs.documents_from])
     units: dict[str, list[TaskRef]] = {}
     unit_shards: dict[str, set[str]] = {}
     read_from: set[str] = set()  # the shards something is converted from
@@ -160,9 +151,8 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
         graph[PUBLISH] = _task(PUBLISH, publish_into_store, inputs.store_url, inputs.identity.name,
                                DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified)
     else:
-        graph[PUBLISH] = _task(PUBLISH, publish_entry, TaskRef(ARRAYS), str(inputs.entry_final),
-                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified,
-                               inputs.replace)
+        graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
+                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified, inputs.replace)
     return graph
 
 

@@ -14,13 +14,12 @@ from tasks.entries.names import chunk_coords
 from tasks.entries.zarr_v3 import chunk_path, create_array, write_chunk as _write_chunk
 
 
-def create_arrays(tmp: Path | str, arrays: Mapping[str, dict], like: Sequence[Path | str] = ()) -> str:
-    """Every target's array folder and document (idempotent, so a resumed run can repeat it); returns the entry's
-    folder, for the stage tasks, which then write their chunks into folders that exist. A document some entry of
-    `like` (published entries' folders) holds with the same bytes is linked from it, not written again."""
+def create_arrays(tmp: Path, arrays: Mapping[str, dict], like: Sequence[Path] = ()) -> None:
+    """Every target's array folder and document (idempotent, so a resumed run can repeat it): the stage tasks
+    then write their chunks into folders that exist. A document some entry of `like` (published entries' folders)
+    holds with the same bytes is linked from it, not written again."""
     for name, meta in arrays.items():
-        create_array(Path(tmp) / name, meta, [Path(entry) / name for entry in like])
-    return str(tmp)
+        create_array(tmp / name, meta, [entry / name for entry in like])
 
 
 def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> None:
