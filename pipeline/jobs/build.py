@@ -63,7 +63,9 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
             plan=plan, checkpoint=ck, slots=slots, expected_identity=dict(ident.shards), done=done, identity=ident,
             arrays=arrays, check_bf16=opts.check_bf16, known=reused.verified, identified=prep.identified,
             record_sha256=opts.sha256, device=opts.device, replace=opts.force, entry_tmp=tmp,
-            entry_final=cache.entries_dir(prep.root) / name, write_behind=_hands_writes_off(opts.scheduler),
+            # writes handed to writer threads only from the threads scheduler's: on the main thread (sync), a Ctrl-C
+            # landing inside a Condition's __enter__ once it holds its lock leaves it held, and the run hangs
+            entry_final=cache.entries_dir(prep.root) / name, write_behind=opts.scheduler == "threads",
             store_url=store.describe("") if in_store else None, present=present, fresh_after=fresh_after))
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp))
     except BaseException as e:
@@ -95,15 +97,6 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
                 device_tensors=result["device_tensors"], shards_sha256=result["shards_sha256"],
                 numerics=sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"])),
                 pushed_bytes=pushed, local_build=local_build)
-
-
-def _hands_writes_off(scheduler: str) -> bool:
-    """Whether the stage tasks hand their writes to writer threads (tasks/bulk_write.py `write_behind`): only where
-    they run on threads of this process. The sync scheduler runs them on the main thread, where a Ctrl-C can land
-    inside a lock the hand-off takes (Python's Condition, in ThreadPoolExecutor.submit too) once it holds it, and
-    leave it held: the writer threads, and the cleanup waiting for them, then wait forever (a `make test` run's
-    Ctrl-C test hung so)."""
-    return scheduler == "threads"
 
 
 def _checked(existing: Entry, opts: ConvertOptions, prep: Prepared, store: Store) -> dict:
