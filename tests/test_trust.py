@@ -260,12 +260,12 @@ def _ctrl_c_during_load(root: Path) -> None:
     pytest.skip("load finished before Ctrl-C landed, five times")
 
 
-def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
+def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path, scheduler: str) -> None:
     """Interrupted while staging: one line, nothing published, the staged work kept, and the next run resumes it."""
     for attempt in range(3):  # on a loaded machine the run may finish before the signal lands: try again
-        root = tmp_path / f"attempt{attempt}"
+        root = tmp_path / f"{scheduler}-attempt{attempt}"
         cmd = [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache",
-               str(hf_cache), "--cache", str(root), "--scheduler", "sync"]
+               str(hf_cache), "--cache", str(root), "--scheduler", scheduler]
         proc = _start_as_from_a_terminal(cmd)
         staged = wait_until_staged(proc, root, 20, poll=0.002)
         proc.send_signal(signal.SIGINT)
@@ -275,12 +275,25 @@ def _ctrl_c_during_convert(hf_cache: Path, tmp_path: Path) -> None:
             continue  # it had already published: nothing was interrupted
         assert staged >= 20
         said = _one_sentence(subprocess.CompletedProcess(cmd, proc.returncode, "", err), "interrupted: nothing was published", 130)
-        TABLE.append(("Ctrl-C during convert", said, 130))
+        TABLE.append((f"Ctrl-C during convert (--scheduler {scheduler})", said, 130))
         assert building and not [p for p in (root / "entries").iterdir() if ".tmp-" not in p.name]  # kept, unpublished
         resumed = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=root, progress=False))
         assert resumed["resumed_chunks"] >= 20
         return
     pytest.fail("three runs finished before Ctrl-C could interrupt them")
+
+
+def test_the_threads_scheduler_waits_for_its_tasks_off_the_main_thread(hf_cache, tmp_path, monkeypatch):
+    """Ctrl-C is raised in the main thread. Waiting there for finished tasks (Dask's `queue.get`), a Ctrl-C that
+    landed inside the queue's Condition once it held its lock would leave it held, and every task thread would then
+    wait forever to report back: the threads scheduler's loop runs on a thread of its own."""
+    import dask.local
+
+    waited, real = [], dask.local.queue_get
+    monkeypatch.setattr(dask.local, "queue_get", lambda q: waited.append(threading.current_thread()) or real(q))
+    convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+                           progress=False))
+    assert waited and threading.main_thread() not in waited
 
 
 def test_no_write_is_handed_off_from_the_main_thread(hf_cache, tmp_path, monkeypatch):
@@ -331,7 +344,8 @@ def test_ctrl_c_is_one_line_at_start_up_during_load_and_during_convert_which_res
     root, _, _ = two_entries
     early = _interrupt(["cache", "ls", "--cache", str(root)], 0.3)  # while torch/dask still import
     TABLE.append(("Ctrl-C in the first second", _one_sentence(early, "interrupted", 130), 130))
-    _ctrl_c_during_convert(hf_cache, tmp_path)
+    for scheduler in ("sync", "threads"):  # threads: the default, its loop off the main thread
+        _ctrl_c_during_convert(hf_cache, tmp_path, scheduler)
     _ctrl_c_during_load(root)
 
 

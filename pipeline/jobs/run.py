@@ -11,11 +11,12 @@ import contextlib
 import gc
 import os
 import sys
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Hashable, Mapping
+from typing import Callable, Hashable, Mapping
 
 import dask
 import dask.threaded
@@ -70,6 +71,48 @@ class LogProgress(Callback):
         if not errored and time.perf_counter() - self.t0 >= self.every:
             print(f"progress: {self.done:,}/{self.total:,} tasks done in {time.perf_counter() - self.t0:.0f} s",
                   file=sys.stderr, flush=True)
+
+
+class _StopWhenAsked(Callback):
+    """Starts no further task once `asked` is set (by a Ctrl-C in the main thread: `_off_the_main_thread`)."""
+
+    def __init__(self, asked: threading.Event) -> None:
+        super().__init__()
+        self.asked = asked
+
+    def _pretask(self, key, dsk, state) -> None:
+        if self.asked.is_set():
+            raise KeyboardInterrupt
+
+
+def _off_the_main_thread(scheduler_loop: Callable[[], object]) -> object:
+    """Run the threads scheduler's loop on a thread of its own, the main thread waiting in `Thread.join`, which
+    cleans up after a Ctrl-C. In the loop's own wait (`queue.get`), a Ctrl-C that landed inside the queue's
+    Condition once it held its lock left it held, and every task thread then waited forever to report back. On
+    Ctrl-C no further task starts, and the interrupt is raised once the loop has stopped; had it finished, its
+    result stands (what it published is published)."""
+    outcome: dict[str, object] = {}
+    asked_to_stop = threading.Event()
+
+    def loop() -> None:
+        try:
+            outcome["result"] = scheduler_loop()
+        except BaseException as e:  # handed to the main thread, which raises it
+            outcome["error"] = e
+
+    helper = threading.Thread(target=loop, name="dask-scheduler-loop", daemon=True)
+    with _StopWhenAsked(asked_to_stop):  # registered before the loop starts: Dask reads its callbacks then
+        helper.start()
+        try:
+            helper.join()
+        except KeyboardInterrupt:
+            asked_to_stop.set()
+            helper.join()
+            if "result" not in outcome:
+                raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _distributed_stage_seconds(task_stream: list[dict]) -> tuple[dict, dict]:
@@ -135,7 +178,8 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
                 pool = ThreadPoolExecutor(workers)
                 gc.freeze()  # what lives through the run (graph, plan, headers): not walked again by every collection
                 try:
-                    result = dask.threaded.get(dict(graph), key, num_workers=workers, pool=pool)
+                    result = _off_the_main_thread(
+                        lambda: dask.threaded.get(dict(graph), key, num_workers=workers, pool=pool))
                 finally:
                     gc.unfreeze()
                     # On an error Dask raises at once while other tasks still run: wait for those (and drop the queued
