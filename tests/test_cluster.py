@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cache import roots
+from pipeline.inputs.synth import fine_tune_form
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
@@ -202,7 +203,8 @@ def test_the_readmes_cluster_lines_run_as_written(cluster, s3_url, hf_cache, tmp
     snapshot = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
     shared = tmp_path / "shared" / "GR00T-N1.6-3B"  # a folder every worker reads at the same path
     shutil.copytree(snapshot, shared)
-    upload(shared, f"{s3_url}-readme-sources/my-finetune")  # the same files, as a trainer synced them to the bucket
+    # a fine-tune of it, as a trainer synced it to the bucket: converted (not the first line's entry again)
+    upload(fine_tune_form(snapshot, "n16", "mixed", tmp_path / "my-finetune"), f"{s3_url}-readme-sources/my-finetune")
     env = {**os.environ, "GR00T_CACHE": str(hidden / "readme-cache"), "HF_HUB_OFFLINE": "1"}
     for line in lines:
         cmd = (line.replace("python -m pipeline", f"{sys.executable} -m pipeline", 1)
@@ -212,4 +214,4 @@ def test_the_readmes_cluster_lines_run_as_written(cluster, s3_url, hf_cache, tmp
         proc = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0, (line, proc.stderr[-2000:])
     assert "loaded" in proc.stdout or "tensors" in proc.stdout, proc.stdout[-1000:]
-    assert open_store(f"{s3_url}-readme").children("entries")
+    assert len(open_store(f"{s3_url}-readme").children("entries")) == 2  # the release's entry and the fine-tune's
