@@ -87,8 +87,8 @@ class _StopWhenAsked(Callback):
 
 def _off_the_main_thread(scheduler_loop: Callable[[], object]) -> object:
     """Run the threads scheduler's loop on a thread of its own, the main thread waiting in `Thread.join`, which
-    cleans up after a Ctrl-C. In the loop's own wait (`queue.get`), a Ctrl-C that landed inside the queue's
-    Condition once it held its lock left it held, and every task thread then waited forever to report back. On
+    cleans up after a Ctrl-C. In the loop's own wait (`queue.get`), a Ctrl-C that lands inside the queue's
+    Condition once it holds its lock leaves it held, and every task thread then waits forever to report back. On
     Ctrl-C no further task starts, and the interrupt is raised once the loop has stopped; had it finished, its
     result stands (what it published is published)."""
     outcome: dict[str, object] = {}
