@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.jobs.convert import ConvertOptions, convert
         from pipeline.model.state_dict import tensor_specs
         from pipeline.inputs.synth import synthesize
-        from tasks.entries.store import FsspecStore, open_store
+        from tasks.entries.store import S3Store, open_store
 
         boto3.client("s3").create_bucket(Bucket="gr00t")
         head = frozenset(s.key for s in tensor_specs("n16", scale) if s.key.startswith("action_head."))
@@ -162,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         synthesize("n16", release_hf, scale, seed=7)
         synthesize("n16", tuned_hf, scale, seed=7, mutate=head)
         sent: list[int] = []
-        put, put_many = FsspecStore.put, FsspecStore.put_many
-        FsspecStore.put = lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1]
-        FsspecStore.put_many = lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1]
+        put, put_many = S3Store.put, S3Store.put_many
+        S3Store.put = lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1]
+        S3Store.put_many = lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1]
         bucket = "s3://gr00t/cache"
         store = open_store(bucket)
 

@@ -7,6 +7,18 @@ class PipelineError(Exception):
     """Base of every error this project raises on purpose; the CLI prints it and exits 2."""
 
 
+def crosses_plainly(fn, *args):
+    """`fn(*args)`, its PipelineError stripped of the library errors it was raised from: a Dask worker's error
+    reaches the client pickled with the exceptions beneath it (distributed uses tblib), and botocore's do not
+    unpickle, so the client would receive `Exception("CacheError(...)")` in its place, under a traceback. The
+    client's CLI then prints the worker's sentence as its own (pipeline/jobs/graph.py wraps every task)."""
+    try:
+        return fn(*args)
+    except PipelineError as e:
+        e.__cause__ = e.__context__ = None
+        raise
+
+
 class ConfigError(PipelineError, ValueError):
     """A version, embodiment, profile or option that does not exist."""
 

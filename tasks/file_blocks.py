@@ -1,7 +1,8 @@
 """Reading files: a byte range into a caller's buffer (`read_into`, `open_at`), or a whole file block by block for
 the passes that hash or convert every byte (`each_block`, `each_read`). A checkpoint may also be in an object store
 (`--snapshot s3://bucket/prefix`): `source_path` makes such a URL a path (universal_pathlib's UPath over fsspec),
-and `open_at` / `each_block` read it by ranged GETs, so a worker reads only its own tasks' byte ranges.
+and `open_at` / `each_block` / `open_binary` read it by ranged GETs, so a worker reads only its own tasks' byte ranges,
+each retried through a network that fails (tasks/network.py).
 
 `each_block` reads a local file in blocks, two ways, each where it wins.
 
@@ -24,6 +25,7 @@ mapped on two or four. A 4 MiB buffer stays in the cache between the copy and th
 from __future__ import annotations
 
 import errno
+import io
 import mmap
 import os
 import threading
@@ -33,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from tasks.errors import CheckpointError
+from tasks.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, with_retries
 
 BLOCK = 16 << 20
 MADV_POPULATE_READ = 22  # <linux/mman.h>; Python's mmap module does not name it
@@ -65,8 +68,9 @@ def source_path(where: str | os.PathLike) -> Path:
 
 
 def open_binary(path: Path | str):
-    """The file for reading from its start (a stream): a local file, or an object in a store."""
-    return path.open("rb") if is_remote(path) else open(path, "rb")
+    """The file for reading from its start (a stream that seeks): a local file, or an object in a store read by
+    ranged GETs, each retried through a network that fails (`_RemoteFile`)."""
+    return io.BufferedReader(_RemoteStream(path), 8 << 20) if is_remote(path) else open(path, "rb")
 
 
 _PREADV_MAX = 0x7FFFF000  # Linux caps one read at this many bytes
@@ -95,24 +99,99 @@ class _LocalFile:
 
 
 class _RemoteFile:
-    """An object read by byte range: one ranged GET per read, straight from the store."""
+    """An object read by byte range: one ranged GET per read, straight from the store. Each read goes through
+    tasks/network.py `with_retries`: a cut connection, a timeout or a throttled store is read again, and said in
+    one sentence when it outlasts the retries; an object that holds fewer bytes than asked is a truncated file.
+    On S3 the bytes go through boto3's client (its timeouts, no retries of its own), from the socket into `out`."""
     def __init__(self, path):
         self.path = path
+        self.s3 = path.protocol in ("s3", "s3a") or "s3" in getattr(path.fs, "protocol", ())
+        self.bucket, _, self.key = str(path.path).partition("/")
+
+    def size(self) -> int:
+        def head() -> int:
+            if self.s3:
+                return int(shared_s3_client(stall_seconds()).head_object(Bucket=self.bucket, Key=self.key)["ContentLength"])
+            return int(self.path.fs.size(self.path.path))
+        return self._retried(head)
 
     def read_into(self, offset: int, out: np.ndarray) -> None:
-        view = out.reshape(-1).view(np.uint8)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        if len(view):
+            self._retried(lambda: self._read(offset, view))
+
+    def _read(self, offset: int, view: memoryview) -> None:
+        end = offset + len(view)
+        if self.s3:
+            try:
+                response = shared_s3_client(stall_seconds()).get_object(Bucket=self.bucket, Key=self.key,
+                                                                       Range=f"bytes={offset}-{end - 1}")
+            except Exception as e:
+                if "InvalidRange" not in str(e):
+                    raise
+                self._truncated(0, view, offset)
+            if response["ContentLength"] < len(view):
+                self._truncated(response["ContentLength"], view, offset)
+            with response["Body"] as body:
+                filled = read_full(body, view)
+            if filled < len(view):
+                raise ShortBody(f"the response ended after {filled} of {len(view)} bytes")
+            return
+        data = self.path.fs.cat_file(self.path.path, start=offset, end=end)
+        if len(data) != len(view):
+            self._truncated(len(data), view, offset)
+        view[:] = data
+
+    def _truncated(self, got: int, view: memoryview, offset: int):
+        raise CheckpointError(self.path, f"object ended after {got} of {len(view)} bytes at offset {offset}: truncated")
+
+    def _retried(self, call):
         try:
-            data = self.path.fs.cat_file(self.path.path, start=offset, end=offset + view.size)
+            return with_retries(str(self.path), call)
+        except (CheckpointError, NetworkError):
+            raise
         except OSError as e:
-            raise CheckpointError(self.path, f"could not be read ({e}); check the object store and its "
-                                             "credentials (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID)") from None
-        if len(data) != view.size:
-            raise CheckpointError(self.path, f"object ended after {len(data)} of {view.size} bytes at offset {offset}: "
-                                             "truncated")
-        view[:] = np.frombuffer(data, np.uint8)
+            said = f"could not be read ({e})"
+        except Exception as e:
+            if type(e).__name__ not in ("ClientError", "NoCredentialsError"):
+                raise
+            said = f"could not be read ({e})"
+        raise CheckpointError(self.path, f"{said}; check the object store and its credentials (AWS_ENDPOINT_URL, "
+                                         "AWS_ACCESS_KEY_ID)")
 
     def close(self) -> None:
         pass
+
+
+class _RemoteStream(io.RawIOBase):
+    """An object in a store as a file that seeks, read by ranged GETs (`_RemoteFile`): a header, a digest."""
+    def __init__(self, path):
+        self.file, self.pos, self.end = _RemoteFile(path), 0, None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def _size(self) -> int:
+        if self.end is None:
+            self.end = self.file.size()
+        return self.end
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: None}[whence]
+        self.pos = (self._size() if base is None else base) + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        want = max(0, min(len(buffer), self._size() - self.pos))
+        self.file.read_into(self.pos, np.frombuffer(buffer, np.uint8, want) if want else np.empty(0, np.uint8))
+        self.pos += want
+        return want
 
 
 class open_at:
@@ -132,15 +211,13 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                span: tuple[int, int] | None = None) -> int:
     """`consume(bytes, offset)` for each block of the file in order; returns the file's size (with `span`, the
     span's end). A view is valid only during its call. Raises OSError if the file cannot be read (or shrinks while
-    it is read). An object in a store is streamed in blocks of `block` bytes, or, for a span, read by one ranged
-    GET a block (opening it would first ask the store its size). `span` (start, end): only those bytes, in blocks
+    it is read). An object in a store is read by one ranged GET a block (each retried: tasks/network.py). `span` (start, end): only those bytes, in blocks
     from `start` (so a consumer that takes values of a size dividing `block` never sees one cut in two)."""
     global _mapping_works
     if is_remote(path):
         if span is not None:
             return _ranged(path, span[0], span[1], consume, block)
-        with path.open("rb", block_size=block) as fh:
-            return _read(fh, consume, block, path.stat().st_size)
+        return _ranged(path, 0, _RemoteFile(path).size(), consume, block)
     with open(path, "rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
         start, end = span or (0, None)

@@ -75,12 +75,13 @@ def _staged(converted: Converted, nbytes: int, xxh3: str) -> Staged:
                                                               device_file))
 
 
-def stage_into_store(store_url: str, converted: Converted, present: Present, fresh_after: float) -> Staged:
+def stage_into_store(store_url: str, stall: float, converted: Converted, present: Present,
+                     fresh_after: float) -> Staged:
     """Put one target (or one slot of a bank) into the object store at `store_url`, from whichever worker runs
     this: its chunk, and its `.tensorbin` for packed device dtypes, each under `objects/` by its sha256 (which the
     record names). `present`: key -> (size, when written) of the objects the store held when the convert began;
     one of those is not sent again, only freshened if written before `fresh_after` (so that `cache gc` cannot take
-    it before the manifest that names it is published)."""
+    it before the manifest that names it is published). `stall`: the client's stall limit (tasks/network.py)."""
     data = converted.array
     if isinstance(data, HostTable):  # whole here: an object is put in one piece
         table, data = data, np.empty(data.shape, np.float32)
@@ -97,7 +98,7 @@ def stage_into_store(store_url: str, converted: Converted, present: Present, fre
         key = object_key(hashlib.sha256(packed).hexdigest(), PACKED_SUFFIX)
         objects[key] = memoryview(packed)
         device_file = FileRecord(len(packed), checksum(packed), object=key)
-    store = store_at(store_url)
+    store = store_at(store_url, stall)
     held = still_held(store, {k: len(v) for k, v in objects.items()}, present, fresh_after)
     store.put_many({k: v for k, v in objects.items() if k not in held})
     return Staged(converted.name, converted.slot, ChunkRecord(len(raw), checksum(raw), converted.max_abs_err,

@@ -19,8 +19,11 @@ def md5s(store, prefix: str, keys) -> dict[str, str | None]:
     """The MD5 of each of `keys`: in the bucket, the ETag S3 computed when the object was put whole (one listing,
     not a GET per object); in a folder, hashlib's of the file."""
     if store.local_path(prefix) is None:
-        listed = store.fs.find(store.describe(prefix), detail=True)
-        found = {k[len(store.base) + 1:]: info["ETag"].strip('"') for k, info in listed.items()}
+        import fsspec
+
+        fs, base = fsspec.core.url_to_fs(store.describe(""))  # s3fs's listing: not the store under test
+        listed = fs.find(f"{base}/{prefix}", detail=True)
+        found = {k[len(base) + 1:]: info["ETag"].strip('"') for k, info in listed.items()}
         return {k: found.get(k) for k in keys}
     return {k: hashlib.md5(store.local_path(k).read_bytes()).hexdigest() for k in keys}
 

@@ -199,7 +199,7 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     import pipeline.jobs.build
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
-    from tasks.entries.store import FsspecStore
+    from tasks.entries.store import S3Store
 
     head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
     tuned_hf = tmp_path / "tuned-hf"
@@ -212,12 +212,12 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     release = store.written("")
     time.sleep(1.1)  # S3 keeps LastModified to the second
     monkeypatch.setattr(pipeline.jobs.build, "FRESH_FOR", 0.5)  # the release's objects count as old
-    sent, put, put_many = [], FsspecStore.put, FsspecStore.put_many
-    monkeypatch.setattr(FsspecStore, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
-    monkeypatch.setattr(FsspecStore, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])
+    sent, put, put_many = [], S3Store.put, S3Store.put_many
+    monkeypatch.setattr(S3Store, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
+    monkeypatch.setattr(S3Store, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])
     tuned = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=bucket, **opts))
-    monkeypatch.setattr(FsspecStore, "put", put)
-    monkeypatch.setattr(FsspecStore, "put_many", put_many)
+    monkeypatch.setattr(S3Store, "put", put)
+    monkeypatch.setattr(S3Store, "put_many", put_many)
     cold = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=tmp_path / "cold", reuse=False, **opts))
     assert tuned["fingerprint"] == cold["fingerprint"] and tuned["reused_chunks"] > 0
     name = cold["cache_path"].rsplit("/", 1)[1]
@@ -296,12 +296,13 @@ def test_a_bucket_that_cannot_be_used_is_one_sentence_and_exit_2(case, s3_url, h
     r = run_cli("convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--embodiments",
                 "gr1", "--cache", url, env=env, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith(f"error: {url}: {said}"), r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {url}") and f": {said}" in last and "--force" not in last, r.stderr[-2000:]
 
 
 def test_access_denied_is_one_sentence(s3_url, monkeypatch):
-    """What S3 answers a request it refuses (botocore's ClientError AccessDenied, for a GET or a PUT; s3fs's
-    PermissionError for a listing) is one sentence."""
+    """What S3 answers a request it refuses (botocore's ClientError AccessDenied, for a GET, a PUT or a listing)
+    is one sentence, at once: a refusal is not retried."""
     from botocore.exceptions import ClientError
 
     store = open_store(f"{s3_url}/denied")
@@ -309,17 +310,17 @@ def test_access_denied_is_one_sentence(s3_url, monkeypatch):
     def refuse(*_a, **_k):
         raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
 
-    def refuse_listing(*_a, **_k):
-        raise PermissionError("Access Denied")
+    from tasks.network import retries_so_far
 
-    monkeypatch.setattr(store._s3, "get_object", refuse)
-    monkeypatch.setattr(store._s3, "put_object", refuse)
-    monkeypatch.setattr(store.fs, "find", refuse_listing)
+    for request in ("get_object", "put_object", "list_objects_v2"):
+        monkeypatch.setattr(store._client, request, refuse)
+    before = retries_so_far()
     said = rf"^{s3_url}/denied: access denied by the object store; check the credentials"
     for call in (lambda: store.get("refs/x.json"), lambda: store.put("a", b"1"), lambda: store.put_many({"a": b"1", "b": b"2"}),
                  lambda: store.sizes("entries")):
         with pytest.raises(CacheError, match=said):
             call()
+    assert retries_so_far() == before
 
 
 def _closed_port() -> int:
@@ -335,7 +336,7 @@ def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differ
     fetched is counted at the store interface; the tensors equal a load of the same entry from a local folder."""
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
-    from tasks.entries.store import FsspecStore
+    from tasks.entries.store import S3Store
 
     changed = frozenset(s.key for s in tensor_specs("n16", "tiny")
                         if s.key.startswith("action_head.model.transformer_blocks.0."))
@@ -347,9 +348,9 @@ def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differ
     first = convert(ConvertOptions("n16", hf_cache=tuned_hf, cache_root=bucket, **opts))
     second = convert(ConvertOptions("n16", hf_cache=hf_cache, cache_root=bucket, **opts))
     assert first["fingerprint"] != second["fingerprint"]
-    fetched, cat_file, read_into = [], FsspecStore.get, FsspecStore.read_into
-    monkeypatch.setattr(FsspecStore, "get", lambda self, k: (lambda d: (fetched.append((k, len(d or b""))), d)[1])(cat_file(self, k)))
-    monkeypatch.setattr(FsspecStore, "read_into",
+    fetched, cat_file, read_into = [], S3Store.get, S3Store.read_into
+    monkeypatch.setattr(S3Store, "get", lambda self, k: (lambda d: (fetched.append((k, len(d or b""))), d)[1])(cat_file(self, k)))
+    monkeypatch.setattr(S3Store, "read_into",
                         lambda self, k, out: (read_into(self, k, out), fetched.append((k, out.nbytes))))
     names = [s["cache_path"].rsplit("/", 1)[1] for s in (first, second)]
     one = load("n16", bucket, "new_embodiment", layout="generic", entry=names[0])

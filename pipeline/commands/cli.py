@@ -23,7 +23,7 @@ from pipeline.commands.devices import opened_device
 from pipeline.inputs.folder import TRAINED_RECORDS
 from pipeline.commands.inspection import inspect_report
 from pipeline.jobs.load import TRANSFERS, load
-from pipeline.commands.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed
+from pipeline.commands.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed, retries_text
 from pipeline.commands.render import write_graph
 from pipeline.cache import synthetic_hf_cache
 from pipeline.inputs.snapshot import default_hf_cache, hf_cache_folder
@@ -31,6 +31,7 @@ from tasks.file_blocks import source_path
 from pipeline.inputs.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
 from pipeline.model.versions import SCALES, VERSIONS
 from tasks.errors import CacheError, ConfigError, PipelineError
+from tasks.network import STALL_ENV, STALL_SECONDS
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
                "that port's conventions, family by family), tt-n16-fused (n16, the port revision that fuses DiT q|k|v) "
@@ -113,8 +114,9 @@ def cmd_load(a: argparse.Namespace) -> dict:
             print(f"SYNTHETIC weights: {loaded.source['synthetic']}")
         fetched = (f"; fetched {mb(result['bytes_fetched'])}, {mb(result['bytes_kept_here'])} kept here by an "
                    "earlier load" if "bytes_fetched" in result else "")
+        retried = retries_text(result.get("store_retries"))
         print(f"loaded {result['tensors']} tensors ({mb(result['bytes_read'])}{fetched}) from {loaded.entry} "
-              f"in {result['seconds']:.3f} s")
+              f"in {result['seconds']:.3f} s" + (f"; {retried}" if retried else ""))
     return result
 
 
@@ -210,6 +212,16 @@ def _hf_cache_place(text: str) -> Path:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} seconds: pass a number of seconds above 0")
+    return value
+
+
 def _positive(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
@@ -253,6 +265,9 @@ def _output_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     sp.add_argument("--cache", help=f"cache root: a folder, or an s3://bucket/prefix URL (default $GR00T_CACHE, "
                                     f"else {cache.DEFAULT_ROOT})")
+    sp.add_argument("--stall-seconds", type=_positive_seconds,
+                    help="an object-store request that moves no byte for this long is abandoned and tried again "
+                         f"(default ${STALL_ENV}, else {STALL_SECONDS:g}); a cluster's workers take the client's")
 
 
 def _source_args(sp: argparse.ArgumentParser, verb: str) -> None:
@@ -302,7 +317,8 @@ def _convert_parser(sub) -> None:
     sp = _command(sub, "convert", cmd_convert, "convert a snapshot into a cache entry", found=True)
     _source_args(sp, "convert")
     _target_args(sp)
-    sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | tcp://host:port")
+    sp.add_argument("--scheduler", default="threads", help="threads | sync | processes | a running cluster's "
+                    "tls://host:port (certificates from dask's configuration) or tcp://host:port")
     sp.add_argument("--force", action="store_true", help="convert even if a published entry exists")
     sp.add_argument("--device", default="none", help="none (default) | auto | a device id: upload as staged")
     sp.add_argument("--check-against-cache", action="store_true",
@@ -427,6 +443,8 @@ def _reader_left(*streams) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "stall_seconds", None):  # read where each store is made (tasks/network.py), here and below
+        os.environ[STALL_ENV] = f"{args.stall_seconds:g}"
     out = sys.stdout
     try:
         out = _json_channel() if args.json and argv is None else sys.stdout

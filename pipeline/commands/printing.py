@@ -6,6 +6,14 @@ from __future__ import annotations
 from pipeline.jobs.summary import ConvertSummary
 
 
+def retries_text(retries: dict | None) -> str:
+    """`store_retries` as words: 'requests tried again: 3 (connection cut 2, throttled 1)', or '' for none."""
+    if not retries:
+        return ""
+    return (f"requests tried again: {sum(retries.values())} ("
+            + ", ".join(f"{fault} {n}" for fault, n in retries.items()) + ")")
+
+
 def mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -58,6 +66,8 @@ def print_convert(s: ConvertSummary) -> None:
     for note in s.get("notes", []):
         print(f"  note          {note}")
     print(f"  cache entry   {s['cache_path']}")
+    if s.get("store_retries"):
+        print(f"  network       {retries_text(s['store_retries'])}")
     print(f"  targets       {s['targets']} (+{len(s['skipped'])} source keys skipped by recipe), slots {len(s['slots'])}")
     if s["cache_hit"]:
         return

@@ -33,6 +33,7 @@ from tasks.entries.progress import adopt_staged
 from tasks.entries.publish import push
 from tasks.entries.store import Store
 from tasks.errors import CacheError
+from tasks.network import stall_seconds
 
 
 def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None = None,
@@ -66,8 +67,10 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
             # writes handed to writer threads only from the threads scheduler's: on the main thread (sync), a Ctrl-C
             # landing inside a Condition's __enter__ once it holds its lock leaves it held, and the run hangs
             entry_final=cache.entries_dir(prep.root) / name, write_behind=opts.scheduler == "threads",
-            store_url=store.describe("") if in_store else None, present=present, fresh_after=fresh_after))
-        result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp))
+            store_url=store.describe("") if in_store else None, stall=stall_seconds(), present=present,
+            fresh_after=fresh_after))
+        result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp),
+                              store.describe("") if in_store else None)
     except BaseException as e:
         # A kill -9 never gets here and Ctrl-C is let through, so their directory stays for the next run to
         # resume; an error must not leave a half-built directory behind (nor a write handed off make it again).
@@ -96,7 +99,7 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
                 peak_rss_bytes=peak_rss_bytes(), published_here=result["published_here"],
                 device_tensors=result["device_tensors"], shards_sha256=result["shards_sha256"],
                 numerics=sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"])),
-                pushed_bytes=pushed, local_build=local_build)
+                pushed_bytes=pushed, local_build=local_build, worker_retries=timings.get("worker_retries", {}))
 
 
 def _checked(existing: Entry, opts: ConvertOptions, prep: Prepared, store: Store) -> dict:

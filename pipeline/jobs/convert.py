@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from pipeline.jobs.summary import ConvertSummary
 from tasks.entries.names import entry_key
 from tasks.entries.refs import write_ref
 from tasks.errors import CacheError, ConfigError
+from tasks.file_blocks import is_remote
+from tasks.network import retries_since, retries_so_far
 
 __all__ = ["ConvertOptions", "convert", "writable_folder"]
 
@@ -44,7 +47,7 @@ def convert(opts: ConvertOptions) -> ConvertSummary:
     if opts.device is not None and opts.scheduler not in IN_PROCESS:
         raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                           f"{opts.scheduler} workers)")
-    t0 = time.perf_counter()
+    t0, retried_before = time.perf_counter(), retries_so_far()
     store = cache.cache_store(opts.cache_root)
     root = cache.build_root(store)
     writable_folder(root, "cache")
@@ -66,4 +69,7 @@ def convert(opts: ConvertOptions) -> ConvertSummary:
             went = build(opts, prep, store, against=existing)
     if not opts.check_against_cache:
         write_ref(store, plan.version, plan.layout, plan.profile, prep.name, bool(ident.synthetic))
-    return replace(asked, **went, seconds=time.perf_counter() - t0)
+    remote = store.local_path("") is None or is_remote(prep.checkpoint.dir)
+    workers = Counter(went.pop("worker_retries", {}))  # a cluster's workers' requests
+    retried = dict(sorted((Counter(retries_since(retried_before)) + workers).items())) if remote else None
+    return replace(asked, **went, seconds=time.perf_counter() - t0, store_retries=retried)

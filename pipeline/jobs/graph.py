@@ -27,6 +27,7 @@ from typing import Callable, Hashable, Mapping
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
 
 from tasks.checkpoint import Checkpoint
+from tasks.errors import crosses_plainly
 from tasks.convert import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device import upload_staged
@@ -63,12 +64,14 @@ class GraphInputs:
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
     write_behind: bool = False                     # the publish runs in this process: stage tasks hand writes off
     store_url: str | None = None                   # an object store the workers put the entry into themselves
+    stall: float | None = None                     # its stall limit, the client's (a worker has its own environment)
     present: Present = field(default_factory=dict)  # its objects when the convert began: key -> (size, written)
     fresh_after: float = 0.0                       # an object there written before this is freshened, not trusted
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
-    return Task(key, fn, *args)
+    # crosses_plainly: a worker's PipelineError reaches the client as itself, one sentence (tasks/errors.py)
+    return Task(key, crosses_plainly, fn, *args)
 
 
 def _origin(ck: Checkpoint, t: Target) -> str:
@@ -87,8 +90,8 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), DataNode(None, t), slot,  # the Target as one opaque value
                                inputs.check_bf16, _origin(inputs.checkpoint, t))
     if inputs.store_url:
-        graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, TaskRef(convert_key), TaskRef(PRESENT),
-                                 inputs.fresh_after)
+        graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, inputs.stall, TaskRef(convert_key),
+                                 TaskRef(PRESENT), inputs.fresh_after)
     else:
         graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key),
                                  inputs.write_behind)
@@ -148,7 +151,7 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     unit_refs = List(*(TaskRef(("unit", u)) for u in units))
     verified = List(*(TaskRef(("verify", s)) for s in sorted(ck.headers)))
     if inputs.store_url:
-        graph[PUBLISH] = _task(PUBLISH, publish_into_store, inputs.store_url, inputs.identity.name,
+        graph[PUBLISH] = _task(PUBLISH, publish_into_store, inputs.store_url, inputs.stall, inputs.identity.name,
                                DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified)
     else:
         graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),

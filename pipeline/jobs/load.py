@@ -21,6 +21,7 @@ from tasks.entries.fetched import Fetched
 from tasks.entries.names import FETCHED
 from tasks.errors import CacheError, ConfigError
 from tasks.entries.store import IN_FLIGHT, Store
+from tasks.network import retries_since, retries_so_far
 
 READ_THREADS = 4  # chunk reads and checks overlap on a small pool (I/O waits and hashing release the GIL)
 TRANSFERS = IN_FLIGHT  # requests in flight from an object store (each waits on the network, not on a core)
@@ -74,7 +75,7 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     conversion of a release always wins over a synthetic one; a synthetic entry, when it is all there is, comes
     with a `SyntheticWeightsWarning` unless `synthetic=True` says the caller knows (`Loaded.synthetic` says it
     either way)."""
-    t0 = time.perf_counter()
+    t0, retried_before = time.perf_counter(), retries_so_far()
     if isinstance(into, str) and into not in FORMS:
         raise ConfigError(f"load(into={into!r}): expected one of {', '.join(FORMS)}, or an open device")
     cfg = load_config(version)
@@ -113,8 +114,9 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
             None if isinstance(into, str) else into))
     with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
         tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, transfers=transfers)
-    if opened.fetched is not None:
-        fetched = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept}
+    if opened.fetched is not None:  # and how often a request to the store was tried again (tasks/network.py)
+        fetched = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept,
+                   "store_retries": retries_since(retried_before)}
     return Loaded(tensors=tensors, entry=opened.name, slot=slot,
                   stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
                          "chunks": len(chunks), **fetched},

@@ -2,7 +2,7 @@
 
 `sync` runs in this thread (plain tracebacks, pdb works), `threads` (default) uses Dask's threaded scheduler (the
 heavy work — preadv, numpy copies, ttnn packing — releases the GIL), `processes` starts a local dask.distributed
-cluster, and a `tcp://host:port` address uses an existing one.
+cluster, and a `tls://host:port` (or `tcp://host:port`) address uses an existing one.
 """
 
 from __future__ import annotations
@@ -23,10 +23,17 @@ import dask.threaded
 from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
-from tasks.errors import CacheError, ConfigError
+from tasks.errors import CacheError, ConfigError, PipelineError
 from tasks.file_blocks import is_remote
+from tasks.network import retries_so_far, stall_seconds
 
 IN_PROCESS = ("threads", "sync")  # the schedulers that run every task in this process
+# A running cluster's scheduler: tls:// takes its certificates from dask's own configuration (distributed.comm.tls.*,
+# or DASK_DISTRIBUTED__COMM__TLS__* in the environment), as `dask scheduler --tls-*` does; tcp:// lets anyone who
+# reaches the address run code on the workers
+CLUSTER_SCHEMES = ("tcp://", "tls://")
+TLS_SETTINGS = ("ca-file", "client.cert", "client.key")
+EXPECTED = "expected threads, sync, processes, or a running cluster's tls://host:port (or tcp://host:port) address"
 
 
 class StageTimer(Callback):
@@ -127,6 +134,16 @@ def _distributed_stage_seconds(task_stream: list[dict]) -> tuple[dict, dict]:
     return dict(seconds), dict(counts)
 
 
+def _worker_retries(client, before: Mapping[str, dict]) -> dict[str, int]:
+    """The requests a cluster's workers tried again since `before` (each worker's `retries_so_far`), summed; a
+    worker that died meanwhile took its count with it."""
+    total: dict[str, int] = defaultdict(int)
+    for worker, counts in client.run(retries_so_far).items():
+        for fault, n in counts.items():
+            total[fault] += n - before.get(worker, {}).get(fault, 0)
+    return {k: n for k, n in sorted(total.items()) if n > 0}
+
+
 def _missing_here(paths: list[str]) -> list[str]:
     """On a worker: which of the client's folders it cannot see."""
     return [p for p in paths if not os.path.isdir(p)]
@@ -145,6 +162,31 @@ def shared_folders(source: Path, entry: Path | None = None) -> dict[str, str]:
     return shared
 
 
+def _cannot_reach(url: str, stall: float) -> str | None:
+    """On a worker: why it cannot use the object store at `url` with the credentials it has, or None. One listing
+    of a single key (retried as every request is: tasks/network.py)."""
+    from tasks.entries.store import store_at
+
+    try:
+        store_at(url, stall).children("refs")
+    except PipelineError as e:
+        return str(e)
+    return None
+
+
+def check_workers_reach(client, scheduler: str, store_url: str, stall: float) -> None:
+    """Every worker of a cluster must reach the object store the entry goes into, with its own credentials (a
+    worker has its own environment: credentials exported in the client's shell are not there); one sentence
+    naming the worker before any task runs, never a worker's error under a traceback."""
+    failing = {worker: said for worker, said in client.run(_cannot_reach, store_url, stall).items() if said}
+    if failing:
+        worker, said = sorted(failing.items())[0]
+        raise CacheError(f"the Dask worker {worker} of {scheduler} cannot use {store_url} ({len(failing)} of the "
+                         f"workers cannot): {said.removeprefix(store_url + ': ')}; give every worker the store's "
+                         "credentials and endpoint in its own environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                         "AWS_ENDPOINT_URL) and start it again")
+
+
 def check_workers_see(client, scheduler: str, shared: Mapping[str, str]) -> None:
     """Every worker of a cluster must see the folders the graph names (`shared`: folder -> what to say when one
     cannot: the remedy); one sentence before any task runs, never a worker's FileNotFoundError."""
@@ -156,10 +198,12 @@ def check_workers_see(client, scheduler: str, shared: Mapping[str, str]) -> None
 
 
 def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int | None = None,
-        progress: bool = True, shared: Mapping[str, str] | None = None) -> tuple[object, dict]:
+        progress: bool = True, shared: Mapping[str, str] | None = None,
+        store_url: str | None = None) -> tuple[object, dict]:
     """Compute `key` of `graph`; returns (result, {"stage_seconds", "stage_tasks"}). `shared`: folders every worker
-    of a `tcp://` cluster must see, each with the remedy to name when one cannot. (Over 50 lines: one branch per
-    scheduler, each with its own progress output and its own way to fail, kept side by side to be compared.)"""
+    of a cluster must see, each with the remedy to name when one cannot; `store_url`: the object store every worker
+    must reach. (Over 50 lines: one branch per scheduler, each with its own progress output and its own way to fail,
+    kept side by side to be compared.)"""
     # One thread more than the cores: a stage task mostly waited for the disk (O_DIRECT writes), and with one thread
     # per core a core idled meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
     # (4: 10.5 s, more RSS). Measured before stage tasks handed their writes off (tasks/bulk_write.py
@@ -186,7 +230,7 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
                     # ones), so that the caller's cleanup of the entry being built never races a task writing into it.
                     pool.shutdown(wait=True, cancel_futures=True)
         return result, {"stage_seconds": dict(timer.seconds), "stage_tasks": dict(timer.counts)}
-    if scheduler == "processes" or scheduler.startswith("tcp://"):
+    if scheduler == "processes" or scheduler.startswith(CLUSTER_SCHEMES):
         # lazy: distributed takes ~1 s to import, and only these two schedulers use it
         from distributed import Client, LocalCluster, get_task_stream, progress as dist_progress
 
@@ -200,6 +244,9 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
         try:
             if cluster is None and shared:
                 check_workers_see(client, scheduler, shared)
+            if cluster is None and store_url:
+                check_workers_reach(client, scheduler, store_url, stall_seconds())
+            retried_before = client.run(retries_so_far)
             with get_task_stream(client) as stream:
                 future = client.get(dict(graph), key, sync=False)
                 if progress and sys.stderr.isatty():
@@ -215,22 +262,32 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
                             time.sleep(0.8)
                 result = client.gather(future)
             seconds, counts = _distributed_stage_seconds(stream.data)
-            return result, {"stage_seconds": seconds, "stage_tasks": counts}
+            return result, {"stage_seconds": seconds, "stage_tasks": counts,
+                            "worker_retries": _worker_retries(client, retried_before)}
         finally:
             client.close()
             if cluster is not None:
                 cluster.close()
-    raise ConfigError(f"unknown scheduler {scheduler!r}: expected threads, sync, processes or a tcp://host:port address")
+    raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
 
 
 def check_scheduler(scheduler: str) -> None:
     """Refuse an unknown scheduler before anything is read, built or replaced."""
-    if scheduler not in (*IN_PROCESS, "processes") and not scheduler.startswith("tcp://"):
-        raise ConfigError(f"unknown scheduler {scheduler!r}: expected threads, sync, processes or a tcp://host:port address")
-    if scheduler.startswith("tcp://"):  # say now, not after distributed's 30 s connect timeout
+    if scheduler not in (*IN_PROCESS, "processes") and not scheduler.startswith(CLUSTER_SCHEMES):
+        raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
+    if scheduler.startswith("tls://"):  # say now, not as distributed's TypeError about an ssl_context
+        import distributed.config  # noqa: F401 (its defaults, under the configuration read from the environment)
+
+        unset = [k for k in TLS_SETTINGS if not dask.config.get(f"distributed.comm.tls.{k}", None)]
+        if unset:
+            raise ConfigError(f"--scheduler {scheduler}: dask's configuration names no TLS certificates "
+                              f"(distributed.comm.tls.{unset[0]} is not set); set DASK_DISTRIBUTED__COMM__TLS__CA_FILE, "
+                              "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT and DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY "
+                              "(or the same in ~/.config/dask/), the files `dask scheduler --tls-*` was given")
+    if scheduler.startswith(CLUSTER_SCHEMES):  # say now, not after distributed's 30 s connect timeout
         import socket
 
-        host, _, port = scheduler[len("tcp://"):].rpartition(":")
+        host, _, port = scheduler.partition("://")[2].rpartition(":")
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=3).close()
         except (OSError, ValueError) as e:

@@ -49,6 +49,9 @@ class ConvertSummary(Mapping):
     published_here: bool | None = None  # False: another process published the same entry first
     numerics: list[dict] | None = None  # every chunk's pcc and max error, worst first
     pushed_bytes: int | None = None     # an object-store cache: bytes sent
+    # an object store (the cache or the source): requests tried again, by what happened (tasks/network.py), on
+    # this machine and on a cluster's workers
+    store_retries: dict[str, int] | None = None
     local_build: str | None = None      # an object-store cache with a device open: the folder built in
     # --check-against-cache only
     checked_against_fresh_conversion: bool | None = None

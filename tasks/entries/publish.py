@@ -111,13 +111,13 @@ def _result(where: str, won: bool, manifest: Manifest, staged: Sequence[Staged],
             "numerics": [s.numerics() for s in staged], "device_tensors": {k: v for u in units for k, v in u.device.items()}}
 
 
-def publish_into_store(store_url: str, name: str, identity: Identity, array_meta: Mapping[str, dict],
+def publish_into_store(store_url: str, stall: float, name: str, identity: Identity, array_meta: Mapping[str, dict],
                        units: Sequence[UnitDone], verified: Sequence[VerifiedShard]) -> dict:
     """Publish an entry whose objects the workers put into an object store themselves (tasks/stage.py
     `stage_into_store`) or an earlier entry holds: its `MANIFEST.json`, which names every one, once each is there
     (a reader never sees half an entry, and `cache gc` cannot have taken one meanwhile unnoticed). Runs on whichever
-    worker the scheduler picks: it needs the store, not a folder."""
-    store, entry = store_at(store_url), entry_key(name)
+    worker the scheduler picks: it needs the store, not a folder (`stall`: the client's stall limit)."""
+    store, entry = store_at(store_url, stall), entry_key(name)
     manifest, staged = _manifest(identity, array_meta, units, verified, store.describe(entry))
     check_objects_there(store, manifest, entry)
     encoded = manifest.encoded()

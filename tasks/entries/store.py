@@ -20,7 +20,6 @@ Everything else — listing, reading a chunk into a caller's buffer, verifying �
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
@@ -36,8 +35,9 @@ from typing import Mapping
 import numpy as np
 
 from tasks.bulk_write import nbytes, write_bytes_atomic
-from tasks.errors import CacheError
+from tasks.errors import CacheError, PipelineError
 from tasks.file_blocks import is_url, read_full, read_into  # is_url: callers ask the store
+from tasks.network import ShortBody, fault_of, shared_s3_client, stall_seconds, with_retries
 
 _DOWNLOADS_MADE = threading.Lock()
 IN_FLIGHT = 16  # requests to an object store at once: freshenings, and a load's fetches (`--transfers`)
@@ -299,28 +299,28 @@ class LocalStore(Store):
         return self.path(key) if self.path(key).is_file() else None
 
 
-def _as_os_error(e: BaseException) -> BaseException:
-    """A boto3 error as the Python exception s3fs would have raised for it (FileNotFoundError for a missing key or
-    bucket, PermissionError for a refusal), so that one set of rules (`object_store_failure`) says what it means."""
-    if "ClientError" not in {c.__name__ for c in type(e).__mro__}:  # (NoSuchKey and the like are ClientErrors)
-        return e
-    from s3fs.errors import translate_boto_error
+_MISSING = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled", "ExpiredToken",
+           "InvalidToken", "AccountProblem"}
 
-    return translate_boto_error(e)
+
+def _s3_code(e: BaseException) -> str:
+    """The error code of an S3 answer (botocore's ClientError), or ''."""
+    response = getattr(e, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 def object_store_failure(e: BaseException, instead: str = "pass a local folder as --cache") -> str | None:
     """What the user should hear when an object store refuses or cannot be reached, or None for anything else
     (`instead`: what to do without the store). Named by class, not imported: the store may be any fsspec
-    backend, and botocore is s3fs's."""
+    backend, and botocore is s3fs's. (A network fault that outlasted its retries is a NetworkError already.)"""
     names = {c.__name__ for c in type(e).__mro__}
-    if isinstance(e, PermissionError):
+    if isinstance(e, PermissionError) or _s3_code(e) in _DENIED:
         return ("access denied by the object store; check the credentials (AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, or ~/.aws) and that they may read and write this bucket")
     if "NoCredentialsError" in names:
         return "no credentials for the object store; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws)"
-    if names & {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ClientConnectorError",
-                "ServerDisconnectedError", "ConnectionRefusedError"}:
+    if fault_of(e) is not None:
         return f"the object store cannot be reached ({e}); check AWS_ENDPOINT_URL and the network, or {instead}"
     return None
 
@@ -329,177 +329,272 @@ WRITES = ("put", "put_many")  # where a missing object can only mean a missing b
 
 
 def _speaks(method):
-    """An object-store call whose refusal or unreachable endpoint becomes one sentence (CacheError), never a
-    traceback; every other error passes through as it is."""
+    """An object-store call whose refusal becomes one sentence (CacheError), never a traceback; a network fault
+    arrives here as a NetworkError (tasks/network.py), which already is one; every other error passes through."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
+        except PipelineError:
+            raise
         except Exception as e:
             said = object_store_failure(e)
-            if said is None and isinstance(e, FileNotFoundError) and method.__name__ in WRITES:
-                bucket = f"{self.url.split('://')[0]}://{self.base.split('/')[0]}"
+            missing = isinstance(e, FileNotFoundError) or _s3_code(e) in _MISSING
+            if said is None and missing and method.__name__ in WRITES:
+                bucket = f"{self.url.split('://')[0]}://{self.bucket}"
                 said = f"the bucket {bucket} does not exist; create it (for S3: `aws s3 mb {bucket}`) or name one that does"
             if said is None:
                 raise
-            raise CacheError(f"{self.url}: {said}") from None
+        raise CacheError(f"{self.url}: {said}")  # outside the handler: pickles without the library's error beneath
     return call
 
 
-class FsspecStore(Store):
-    """An object store through fsspec (s3fs for `s3://`; the endpoint comes from AWS_ENDPOINT_URL when set). A
-    refusal or an unreachable endpoint is one sentence naming the URL (`_speaks`); a bucket that does not exist
-    reads as empty and refuses writes in one sentence."""
+class _ObjectStore(Store):
+    """What an object store's two backends share: a URL `scheme://bucket/prefix`, keys under the prefix, and
+    whole objects (no rename, no links: every entry's bytes are shared objects, `pooled`)."""
 
     pooled = True
 
     def __init__(self, url: str):
-        import fsspec  # lazy: only object-store caches need it (with s3fs, ~0.3 s to import)
-
         scheme, _, place = url.partition("://")
         if not place.strip("/"):
             raise CacheError(f"{url}: names no bucket; pass {scheme}://BUCKET or {scheme}://BUCKET/PREFIX")
         self.url = url.rstrip("/")
+        self.bucket, _, self.prefix = place.strip("/").partition("/")
+
+    def _key(self, key: str) -> str:
+        """The object's key in its bucket."""
+        return "/".join(part for part in (self.prefix, key) if part)
+
+    def describe(self, key: str) -> str:
+        return f"{self.url}/{key}" if key else self.url
+
+
+class S3Store(_ObjectStore):
+    """An S3 bucket (any S3 API: the endpoint comes from AWS_ENDPOINT_URL when set), through boto3's client, whose
+    requests run on as many threads as ask: 2.5 GB in 100 objects from moto, 16 in flight, took 1.7-1.9 s through
+    boto3 and 3.5-4.3 s through s3fs. Every request goes through `with_retries` (tasks/network.py): a network
+    fault is retried, and said in one sentence when it outlasts them; a refusal is one sentence (`_speaks`); a
+    bucket that does not exist reads as empty and refuses writes in one sentence. Every request may run twice: a
+    PUT writes a whole object whose bytes do not change between tries (one under `objects/` is named by its
+    sha256; a manifest or a ref is the same document), a DELETE of what is gone is no error, and the rest read."""
+
+    def __init__(self, url: str, stall: float | None = None):
+        super().__init__(url)
+        self._client = shared_s3_client(stall or stall_seconds())
+
+    def _retried(self, key: str, call):
+        return with_retries(self.describe(key), call)
+
+    def _get_object(self, key: str) -> dict | None:
+        """boto3's response to a GET of `key`; None when there is no such key, or no such bucket (it reads as
+        empty)."""
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as e:
+            if _s3_code(e) in _MISSING:
+                return None
+            raise
+
+    @_speaks
+    def get(self, key: str) -> bytes | None:
+        def fetch() -> bytes | None:
+            response = self._get_object(key)
+            return None if response is None else response["Body"].read()  # botocore checks the length it read
+        return self._retried(key, fetch)
+
+    @_speaks
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        """The response is read straight into `out`: no whole copy of the object first (a one-embodiment load
+        fetches 6.2 GB of a full N1.6, on two cores shared with whatever serves it). An object of another size
+        than the record's is a damaged entry; a body that ends early is a cut connection, and is read again."""
+        if not out.flags.c_contiguous:
+            return super().read_into(key, out)
+
+        def fetch() -> None:
+            response = self._get_object(key)
+            _check_size(self, key, None if response is None else response["ContentLength"], out.nbytes)
+            with response["Body"] as body:
+                filled = _read_body_into(body, memoryview(out.reshape(-1).view(np.uint8)))
+            if filled != out.nbytes:
+                raise ShortBody(f"the response ended after {filled} of {out.nbytes} bytes")
+        self._retried(key, fetch)
+
+    @_speaks
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self._put(key, data)
+
+    @_speaks
+    def put_many(self, objects: Mapping[str, bytes]) -> None:
+        if len(objects) <= 1:
+            for key, data in objects.items():
+                self._put(key, data)
+            return
+        with ThreadPoolExecutor(min(IN_FLIGHT, len(objects))) as pool:
+            list(pool.map(lambda kv: self._put(*kv), objects.items()))
+
+    def _put(self, key: str, data: bytes | memoryview) -> None:
+        body = bytes(data)  # one PUT: atomic per object; the same bytes on every try
+        self._retried(key, lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body))
+
+    def _listed(self, prefix: str, delimiter: str = "") -> tuple[list[dict], list[str]]:
+        """Every object under `prefix` (a folder: the key itself, or keys below it, never `prefix` + more) and,
+        with a delimiter, the folders directly under it; one request a thousand keys, each retried."""
+        full = self._key(prefix)
+        asked = f"{full}/" if delimiter and full else full
+        found, folders, token = [], [], None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": asked, **({"Delimiter": delimiter} if delimiter else {}),
+                      **({"ContinuationToken": token} if token else {})}
+
+            def page() -> dict:
+                try:
+                    return self._client.list_objects_v2(**kwargs)
+                except Exception as e:
+                    if _s3_code(e) in _MISSING:
+                        return {}
+                    raise
+            response = self._retried(prefix, page)
+            found += [o for o in response.get("Contents", ()) if not full or o["Key"] == full
+                      or o["Key"].startswith(f"{full}/")]
+            folders += [p["Prefix"] for p in response.get("CommonPrefixes", ())]
+            token = response.get("NextContinuationToken")
+            if not response.get("IsTruncated") or not token:
+                return found, folders
+
+    def _relative(self, key: str) -> str:
+        return key[len(self.prefix) + 1:] if self.prefix else key
+
+    @_speaks
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return {self._relative(o["Key"]): int(o["Size"]) for o in sorted(self._listed(prefix)[0], key=lambda o: o["Key"])}
+
+    @_speaks
+    def written(self, prefix: str) -> dict[str, float]:
+        return {self._relative(o["Key"]): o["LastModified"].timestamp()
+                for o in sorted(self._listed(prefix)[0], key=lambda o: o["Key"])}
+
+    @_speaks
+    def children(self, prefix: str) -> list[str]:
+        objects, folders = self._listed(prefix, "/")
+        return sorted({k.rstrip("/").rsplit("/", 1)[-1] for k in [o["Key"] for o in objects] + folders})
+
+    @_speaks
+    def freshen(self, keys: list[str]) -> set[str]:
+        def touch(key: str) -> str | None:
+            where = {"Bucket": self.bucket, "Key": self._key(key)}
+
+            def copy() -> bool:
+                # CopyObject onto itself: a new LastModified, no bytes sent (S3 refuses such a copy unless the
+                # metadata is replaced)
+                try:
+                    self._client.copy_object(**where, CopySource=dict(where), MetadataDirective="REPLACE")
+                except Exception as e:
+                    if _s3_code(e) in _MISSING:
+                        return False
+                    raise
+                return True
+            return key if self._retried(key, copy) else None
+
+        if not keys:
+            return set()
+        with ThreadPoolExecutor(min(IN_FLIGHT, len(keys))) as pool:
+            return {key for key in pool.map(touch, keys) if key is not None}
+
+    @_speaks
+    def delete(self, prefix: str) -> None:
+        self.delete_many(list(self.sizes(prefix)))
+
+    @_speaks
+    def delete_many(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):  # S3 DeleteObjects: a thousand keys a request
+            batch = {"Objects": [{"Key": self._key(k)} for k in keys[start:start + 1000]], "Quiet": True}
+            response = self._retried(keys[start], lambda: self._client.delete_objects(Bucket=self.bucket, Delete=batch))
+            failed = [e for e in response.get("Errors", ()) if e.get("Code") not in _MISSING]
+            if failed:
+                raise CacheError(f"{self.url}/{self._relative(failed[0]['Key'])}: could not be removed "
+                                 f"({failed[0].get('Code')}: {failed[0].get('Message')}); check the credentials' "
+                                 "permissions on the bucket")
+
+
+class FsspecStore(_ObjectStore):
+    """Any other object store fsspec knows (`gs://`, `memory://`, …), through its filesystem; each request goes
+    through the same retries as S3's (tasks/network.py), and a refusal is one sentence (`_speaks`)."""
+
+    def __init__(self, url: str):
+        import fsspec  # lazy: only object-store caches need it
+
+        super().__init__(url)
         self.fs, self.base = fsspec.core.url_to_fs(self.url)
 
     def _path(self, key: str) -> str:
         return f"{self.base}/{key}" if key else self.base
 
-    @functools.cached_property
-    def _s3(self):
-        """boto3's client for the bytes (GET and PUT) of an S3 store, None for another store. Its requests run on
-        as many threads as ask, where s3fs's all wait on one event loop: 2.5 GB in 100 objects from moto, 16 in
-        flight, took 1.7-1.9 s through boto3 and 3.5-4.3 s through s3fs (the listings stay s3fs's)."""
-        if "s3" not in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
-            return None
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client("s3", config=Config(max_pool_connections=64))
-
-    def _bucket_key(self, key: str) -> tuple[str, str]:
-        bucket, _, path = self._path(key).partition("/")
-        return bucket, path
+    def _retried(self, key: str, call):
+        return with_retries(self.describe(key), call)
 
     @_speaks
     def get(self, key: str) -> bytes | None:
-        if self._s3 is None:
+        def fetch() -> bytes | None:
             try:
                 return self.fs.cat_file(self._path(key))
             except FileNotFoundError:
                 return None
-        response = self._get_object(key)
-        return None if response is None else response["Body"].read()
+        return self._retried(key, fetch)
 
     @_speaks
     def put(self, key: str, data: bytes | memoryview) -> None:
-        if self._s3 is None:
-            self.fs.pipe_file(self._path(key), bytes(data))  # one PUT: atomic per object
-        else:
-            self._put_object(key, data)
+        body = bytes(data)
+        self._retried(key, lambda: self.fs.pipe_file(self._path(key), body))  # one PUT: atomic per object
 
-    @_speaks
-    def put_many(self, objects: Mapping[str, bytes]) -> None:
-        if self._s3 is None:
-            self.fs.pipe({self._path(k): bytes(v) for k, v in objects.items()})  # the PUTs run concurrently
-        elif len(objects) == 1:
-            self._put_object(*next(iter(objects.items())))
-        elif objects:
-            with ThreadPoolExecutor(min(IN_FLIGHT, len(objects))) as pool:
-                list(pool.map(lambda kv: self._put_object(*kv), objects.items()))
-
-    @_speaks
-    def read_into(self, key: str, out: np.ndarray) -> None:
-        """From S3, the response is read straight into `out`: no whole copy of the object first (a one-embodiment
-        load fetches 6.2 GB of a full N1.6, on two cores shared with whatever serves it)."""
-        if self._s3 is None or not out.flags.c_contiguous:
-            return super().read_into(key, out)
-        response = self._get_object(key)
-        _check_size(self, key, None if response is None else response["ContentLength"], out.nbytes)
-        with response["Body"] as body:
-            filled = _read_body_into(body, memoryview(out.reshape(-1).view(np.uint8)))
-        _check_size(self, key, filled, out.nbytes)
-
-    def _get_object(self, key: str) -> dict | None:
-        """boto3's response to a GET of `key`; None when there is no such key, or no such bucket (it reads as
-        empty)."""
-        bucket, path = self._bucket_key(key)
-        try:
-            return self._s3.get_object(Bucket=bucket, Key=path)
-        except Exception as e:
-            error = _as_os_error(e)
-            if isinstance(error, FileNotFoundError):
-                return None
-            raise error from e
-
-    def _put_object(self, key: str, data: bytes | memoryview) -> None:
-        bucket, path = self._bucket_key(key)
-        try:
-            self._s3.put_object(Bucket=bucket, Key=path, Body=bytes(data))  # one PUT: atomic per object
-        except Exception as e:
-            raise _as_os_error(e) from e
-
-    @_speaks
-    def freshen(self, keys: list[str]) -> set[str]:
-        from fsspec.asyn import sync  # lazy, as fsspec itself
-
-        async def every() -> list[str | None]:
-            in_flight = asyncio.Semaphore(IN_FLIGHT)
-
-            async def touch(key: str) -> str | None:
-                bucket, path, _ = self.fs.split_path(self._path(key))
-                async with in_flight:
-                    # CopyObject onto itself: a new LastModified, no bytes sent (S3 refuses such a copy unless
-                    # the metadata is replaced)
-                    try:
-                        await self.fs._call_s3("copy_object", Bucket=bucket, Key=path,
-                                               CopySource={"Bucket": bucket, "Key": path}, MetadataDirective="REPLACE")
-                    except FileNotFoundError:
-                        return None
-                return key
-
-            return await asyncio.gather(*(touch(key) for key in keys))
-
-        return {key for key in sync(self.fs.loop, every) if key is not None} if keys else set()
+    def _found(self, prefix: str) -> dict[str, dict]:
+        def find() -> dict[str, dict]:
+            try:
+                return self.fs.find(self._path(prefix), detail=True)
+            except FileNotFoundError:
+                return {}
+        return self._retried(prefix, find)
 
     @_speaks
     def sizes(self, prefix: str) -> dict[str, int]:
-        try:
-            found = self.fs.find(self._path(prefix), detail=True)
-        except FileNotFoundError:
-            return {}
-        return {p[len(self.base) + 1:]: int(info.get("size") or 0) for p, info in sorted(found.items())}
+        return {p[len(self.base) + 1:]: int(info.get("size") or 0) for p, info in sorted(self._found(prefix).items())}
 
     @_speaks
     def written(self, prefix: str) -> dict[str, float]:
-        try:
-            found = self.fs.find(self._path(prefix), detail=True)
-        except FileNotFoundError:
-            return {}
-        return {p[len(self.base) + 1:]: info["LastModified"].timestamp() for p, info in sorted(found.items())
-                if info.get("LastModified")}
+        out = {}
+        for p, info in sorted(self._found(prefix).items()):
+            when = info.get("LastModified") or info.get("mtime") or info.get("created")
+            if when is not None:
+                out[p[len(self.base) + 1:]] = when.timestamp() if hasattr(when, "timestamp") else float(when)
+        return out
+
+    @_speaks
+    def freshen(self, keys: list[str]) -> set[str]:
+        done = set()
+        for key in keys:  # written again with its own bytes: the one write every backend has
+            data = self.get(key)
+            if data is not None:
+                self.put(key, data)
+                done.add(key)
+        return done
 
     @_speaks
     def children(self, prefix: str) -> list[str]:
-        try:
-            found = self.fs.ls(self._path(prefix), detail=False, refresh=True)
-        except FileNotFoundError:
-            return []
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
+        def listing() -> list[str]:
+            try:
+                return self.fs.ls(self._path(prefix), detail=False, refresh=True)
+            except FileNotFoundError:
+                return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self._retried(prefix, listing))
 
     @_speaks
     def delete(self, prefix: str) -> None:
-        paths = self.fs.find(self._path(prefix))
-        if paths:
-            self.fs.rm(paths)
+        self.delete_many(list(self.sizes(prefix)))
 
     @_speaks
     def delete_many(self, keys: list[str]) -> None:
         if keys:
-            self.fs.rm([self._path(k) for k in keys])  # S3 DeleteObjects: a thousand keys a request
-
-    def describe(self, key: str) -> str:
-        return f"{self.url}/{key}" if key else self.url
+            self._retried(keys[0], lambda: self.fs.rm([self._path(k) for k in keys]))
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -515,14 +610,18 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
 
 
-def open_store(root: Store | Path | str) -> Store:
-    """A store for a cache root: a local folder, or an object-store URL (`s3://bucket/prefix`)."""
+def open_store(root: Store | Path | str, stall: float | None = None) -> Store:
+    """A store for a cache root: a local folder, or an object-store URL (`s3://bucket/prefix`; `stall`: its stall
+    limit, default tasks/network.py `stall_seconds()`)."""
     if isinstance(root, Store):
         return root
-    return FsspecStore(root) if is_url(root) else LocalStore(Path(root))
+    if not is_url(root):
+        return LocalStore(Path(root))
+    return S3Store(root, stall) if root.startswith(("s3://", "s3a://")) else FsspecStore(root)
 
 
 @functools.cache
-def store_at(url: str) -> Store:
-    """The store at an object-store URL, one per process: a Dask worker's tasks reuse its client and connections."""
-    return open_store(url)
+def store_at(url: str, stall: float | None = None) -> Store:
+    """The store at an object-store URL, one per process and stall limit: a Dask worker's tasks reuse its client
+    and connections, and keep the stall limit the client was given (a worker has its own environment)."""
+    return open_store(url, stall)

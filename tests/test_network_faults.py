@@ -1,0 +1,191 @@
+"""The object store through a network that fails (issue 63): moto's S3 server behind tests/faulty_network.py's
+proxy, which cuts connections mid-request and mid-response, answers 503 SlowDown and stalls, at rates of its own.
+
+Each command either gives what it gives on a good network (an entry byte for byte a fault-free convert's, the same
+tensors, exit 0) or, once the retries run out, one sentence that calls it a network fault, exit 2, nothing
+published. A hang fails its test: every test here has a watchdog (pytest-timeout), as every test of the suite does.
+The tests of a cluster's workers through the same proxy are in tests/test_cluster.py."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from pipeline.jobs.convert import ConvertOptions, convert
+from pipeline.jobs.load import load
+from tasks.entries.store import LocalStore, open_store
+from tasks.network import STALL_ENV
+from tests.buckets import entry_md5s, manifest_doc, upload
+from tests.conftest import run_cli
+from tests.faulty_network import FaultyProxy
+
+# 2% of requests cut mid-request, 2% cut mid-response, 2% throttled, 0.5% stalled past the stall limit
+BAD = dict(cut_request=0.02, cut_response=0.02, slowdown=0.02, stall=0.005)
+STALL = "1"  # seconds: the proxy stalls for 3
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def bad_network(s3_url, monkeypatch):
+    """The proxy in front of moto, every request of this process through it, with a stall limit of 1 s."""
+    moto = os.environ["AWS_ENDPOINT_URL"]
+    proxy = FaultyProxy(int(moto.rsplit(":", 1)[1]), seed=63)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv(STALL_ENV, STALL)
+    proxy.moto = moto
+    yield proxy
+    proxy.close()
+
+
+def _through(proxy: FaultyProxy, **env: str) -> dict:
+    """The environment a command through the proxy runs in (run_cli)."""
+    return {**os.environ, "AWS_ENDPOINT_URL": proxy.url, STALL_ENV: STALL, **env}
+
+
+@pytest.mark.timeout(60)
+def test_a_put_is_sent_without_waiting_for_an_interim_response_that_can_be_cut(bad_network):
+    """botocore asks S3 for `100 Continue` before a PUT's body, and loops forever when the connection closes in
+    the middle of that interim response (the hang of issue 63). A PUT here never asks: with every interim
+    response cut, the objects still go in, whole."""
+    bad_network.set(cut_interim=1.0)
+    store = open_store("s3://team-weights/interim")
+    data = {f"objects/{i}": os.urandom(40_000 + i) for i in range(8)}
+    store.put_many(data)
+    store.put("refs/one.json", b"{}")
+    assert bad_network.asked_to_continue == 0 and bad_network.requests >= 9
+    bad_network.set()
+    assert {k: store.get(k) for k in data} == data
+
+
+def test_convert_load_verify_and_gc_through_a_bad_network_give_what_a_good_one_does(bad_network, s3_url, hf_cache,
+                                                                                    tmp_path, monkeypatch):
+    """Into the bucket through 2% cuts each way, 2% SlowDown and stalls: the entry is byte for byte a local
+    convert's, the summary counts the retries, a load gives the same tensors, and `cache verify` and `cache gc`
+    through the same network exit 0 and remove nothing."""
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "client"))
+    opts = dict(layout="generic", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+                progress=False)
+    url = f"{s3_url}-faults"
+    bad_network.set(**BAD)
+    done = convert(ConvertOptions("n16", cache_root=url, **opts))
+    assert not done["cache_hit"] and sum(done["store_retries"].values()) > 0, done.get("store_retries")
+    local = convert(ConvertOptions("n16", cache_root=tmp_path / "local", **opts))
+    name = local["cache_path"].rsplit("/", 1)[1]
+    assert done["fingerprint"] == local["fingerprint"]
+    bad_network.set()
+    bucket = open_store(url)
+    assert entry_md5s(bucket, name) == entry_md5s(LocalStore(tmp_path / "local"), name)
+    bad_network.set(**BAD)
+    faults_before = sum(bad_network.counts.values())
+    remote = load("n16", url, "new_embodiment", layout="generic", entry=name)
+    want = load("n16", tmp_path / "local", "new_embodiment", layout="generic", entry=name)
+    assert remote.tensors.keys() == want.tensors.keys()
+    for tensor, t in want.tensors.items():
+        assert torch.equal(remote.tensors[tensor].view(torch.int16), t.view(torch.int16)), tensor
+    assert sum(bad_network.counts.values()) > faults_before and "store_retries" in remote.stats
+    env = _through(bad_network, GR00T_CACHE=str(tmp_path / "client"))
+    verified = run_cli("cache", "verify", name, "--cache", url, env=env, timeout=240)
+    assert verified.returncode == 0 and "Traceback" not in verified.stderr, verified.stderr[-2000:]
+    collected = run_cli("cache", "gc", "--grace-hours", "0", "--cache", url, env=env, timeout=240)
+    assert collected.returncode == 0 and "Traceback" not in collected.stderr, collected.stderr[-2000:]
+    bad_network.set()
+    assert entry_md5s(bucket, name) == entry_md5s(LocalStore(tmp_path / "local"), name)  # nothing removed
+
+
+def test_a_checkpoint_in_the_bucket_converts_through_a_bad_network(bad_network, s3_url, snapshots, tmp_path):
+    """`--snapshot s3://…`: its headers, index and ranged reads of its tensors through the same faults; the entry
+    is the same, file for file, as the same files' from a folder."""
+    import shutil
+
+    plain = tmp_path / "plain"
+    shutil.copytree(snapshots["n16"], plain)
+    source = f"{s3_url}-fault-sources/n16"
+    upload(plain, source)
+    common = ("--embodiments", "gr1", "--layout", "generic", "--json")
+    bad_network.set(**BAD)
+    remote = run_cli("convert", "--snapshot", source, "--cache", str(tmp_path / "a"), *common,
+                     env=_through(bad_network), timeout=240)
+    assert remote.returncode == 0 and "Traceback" not in remote.stderr, remote.stderr[-3000:]
+    here = run_cli("convert", "--snapshot", str(plain), "--cache", str(tmp_path / "b"), *common)
+    assert here.returncode == 0, here.stderr[-3000:]
+    import json
+
+    got, want = json.loads(remote.stdout), json.loads(here.stdout)
+    assert got["fingerprint"] == want["fingerprint"] and sum(got["store_retries"].values()) > 0
+    a, b = LocalStore(tmp_path / "a"), LocalStore(tmp_path / "b")
+    prefix = f"entries/{got['cache_path'].rsplit('/', 1)[1]}"
+    files = [k for k in b.sizes(prefix) if not k.endswith(("MANIFEST.json", "/zarr.json")) or k.count("/") > 2]
+    assert len(files) > 100 and all(a.get(k) == b.get(k) for k in files)
+
+
+@pytest.mark.parametrize("fault,said", [("cut_response", "the connection was cut"),
+                                        ("slowdown", "the store answered 503 SlowDown (throttled)"),
+                                        ("stall", "no byte moved within the stall limit of 1 s")])
+def test_a_network_that_never_lets_a_request_through_is_one_sentence_and_nothing_is_published(
+        bad_network, s3_url, hf_cache, tmp_path, fault, said):
+    """Every request cut, throttled or stalled: the convert, a load of an entry that is there and `cache verify`
+    each end in one sentence naming the object and what happened, exit 2; never 'corrupt', never --force; and
+    the convert published nothing."""
+    url = f"{s3_url}-never-{fault}"
+    env = _through(bad_network, GR00T_CACHE=str(tmp_path / "client"))
+    common = ("--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--layout", "generic")
+    made = run_cli("convert", *common, "--embodiments", "gr1", "--cache", url, env=env)
+    assert made.returncode == 0, made.stderr[-2000:]
+    entry = json_of(run_cli("cache", "ls", "--cache", url, "--json", env=env))["entries"][0]["entry"]
+    bad_network.set(**{fault: 1.0})
+    runs = {"convert": run_cli("convert", *common, "--embodiments", "new_embodiment", "--cache", url, env=env),
+            "load": run_cli("load", "--version", "n16", "--layout", "generic", "--embodiment", "gr1", "--cache", url,
+                            env=env),
+            "verify": run_cli("cache", "verify", entry, "--cache", url, env=env)}
+    for command, proc in runs.items():
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr[-2000:])
+        assert lines[-1].startswith(f"error: {url}/") and said in lines[-1], (command, lines[-1])
+        assert "corrupt" not in lines[-1] and "--force" not in lines[-1] and "network fault" in lines[-1]
+        assert len([line for line in lines if line.startswith("error:")]) == 1
+    bad_network.set()
+    bucket = open_store(url)
+    assert len(bucket.children("entries")) == 1  # the new_embodiment entry was not published
+    assert manifest_doc(bucket, entry) is not None
+
+
+def json_of(proc) -> dict:
+    import json
+
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_a_workers_error_reaches_the_client_as_the_same_sentence():
+    """A worker's error crosses to the client pickled, with tblib's help, as distributed sends it: the error an
+    object store's refusal becomes (raised while botocore's own is handled) arrives as itself, the one sentence,
+    not as `Exception("CacheError(...)")`."""
+    import tblib.pickling_support
+    from botocore.exceptions import NoCredentialsError
+
+    from tasks.errors import CacheError, CheckpointError, crosses_plainly
+
+    def refused():
+        try:
+            raise NoCredentialsError()
+        except NoCredentialsError:
+            raise CacheError("s3://b/x: no credentials for the object store; set AWS_ACCESS_KEY_ID")
+
+    def truncated():
+        try:
+            raise NoCredentialsError()
+        except NoCredentialsError as e:
+            raise CheckpointError("s3://b/model.safetensors", "could not be read", key="a.weight") from e
+
+    for task, kind in ((refused, CacheError), (truncated, CheckpointError)):
+        try:
+            crosses_plainly(task)
+        except kind as e:
+            raised = e
+        tblib.pickling_support.install(raised)
+        back = pickle.loads(pickle.dumps(raised))
+        assert type(back) is kind and str(back) == str(raised)
