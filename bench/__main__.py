@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold", action="store_true", help="drop the page cache before every run (needs root)")
     p.add_argument("--port-tree", "--tt-metal", dest="port_tree", type=Path, help="the tt-metal tree whose GR00T N1.6 port the handoff rows run "
                                                   "(default: the pinned copy, ../shared/consumers/tt-metal)")
-    p.add_argument("--only", choices=("port", "generic", "zarr", "handoff", "versions", "finetune", "f32"),
+    p.add_argument("--only", choices=("port", "generic", "zarr", "handoff", "versions", "finetune", "f32", "network"),
                    help="port: only the tt-n16 rows against the port's own path (bench/port-results.*); "
                         "generic: only the generic-layout rows (bench/results.*); "
                         "zarr: zarr-python against our Zarr writer and reader (bench/zarr-results.json); "
@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(bench/handoff-results.*); versions: each version's default convert and reload, "
                         "side by side (bench/versions-results.*); finetune: a mixed-precision N1.6 fine-tune "
                         "converted after the release and cold (bench/finetune-results.*); f32: an all-F32 N1.7 "
-                        "fine-tune, one file and 5 GB shards, against the bf16 release (bench/f32-results.*)")
+                        "fine-tune, one file and 5 GB shards, against the bf16 release (bench/f32-results.*); "
+                        "network: a convert into the bucket and a load from it through 1%% cuts and 1%% 503s, "
+                        "against the same network without them (bench/network-faults*-results.json)")
     a = p.parse_args(argv)
     if a.cold:
         from bench.harness import DROP_CACHES, drop_caches
@@ -78,6 +80,10 @@ def _run(a: argparse.Namespace) -> int:
         return run_versions(a.scale, a.runs, a.cold)
     if a.only == "finetune":
         return run_finetune(a.scale, a.runs, a.cold)
+    if a.only == "network":
+        from bench.network_faults import run as run_network
+
+        return run_network(a.scale, min(a.runs, 2))
     if a.only == "f32":
         return run_f32(a.scale, a.runs, a.cold)
     return (run_all(a.scale, a.runs, a.cold) or run_port(a.scale, a.runs, a.cold) or run_handoff(a.scale, a.runs, a.cold, a.port_tree)

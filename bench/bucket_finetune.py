@@ -42,6 +42,22 @@ def _moto() -> subprocess.Popen:
     raise SystemExit("moto's server did not start")
 
 
+def check_disk(work: Path, scale: str, copies: float) -> None:
+    """Refuse to start, in one sentence naming what is needed and where, unless the disk holds `copies` times a
+    synthetic N1.6 of `scale` with a tenth to spare, in `work` and in the temporary folder moto spools large
+    objects to: a disk that fills during a run costs the loads their kept bytes (and then their figures), silently."""
+    from pipeline.model.state_dict import tensor_specs
+
+    checkpoint = sum(s.nbytes for s in tensor_specs("n16", scale))
+    need = int(copies * checkpoint * 1.1)
+    for where in {work, Path(tempfile.gettempdir())}:
+        free = shutil.disk_usage(where).free
+        if free < need:
+            raise SystemExit(f"{where}: {free / 1e9:.1f} GB free, and this bench needs {need / 1e9:.1f} GB there "
+                             f"({copies:g} copies of a {scale} N1.6 of {checkpoint / 1e9:.2f} GB: its inputs, moto's "
+                             "copies, the entries and what the loads keep); free space, or set TMPDIR to a larger disk")
+
+
 def _loads(store, bucket: str, names: list[str], work: Path) -> dict:
     """One embodiment (new_embodiment) of the release, then of its fine-tune, loaded from the bucket into a machine
     whose local cache starts empty; beside each, the floor: the same chunk objects fetched by boto3 with as many
@@ -74,6 +90,8 @@ def _loads(store, bucket: str, names: list[str], work: Path) -> dict:
         floor = time.perf_counter() - t0
         out[f"load {what} from the bucket"] = {"wall_s": round(wall, 2), "bytes_read": got.stats["bytes_read"],
                                                 "bytes_fetched": got.stats["bytes_fetched"],
+                                                "bytes_not_kept": got.stats.get("bytes_not_kept", 0),
+                                                "not_kept_because": got.stats.get("not_kept_because"),
                                                 "floor_boto3_s": round(floor, 2), "floor_bytes": fetched,
                                                 "wall_over_floor": round(wall / floor, 2)}
         slot = got.slot
@@ -146,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = ap.parse_args(argv).scale
     out = OUT if scale == "tiny" else OUT.with_name("bucket-finetune-full-results.json")
     work = Path(tempfile.mkdtemp(prefix="bench-bucket-"))
+    check_disk(work, scale, copies=8)  # two inputs, moto's entries and floor, two local entries, the loads' kept bytes
     os.environ["GR00T_CACHE"] = str(work / "client")  # the client's own folder: the source memo only
     server = _moto()
     try:
@@ -203,8 +222,18 @@ def main(argv: list[str] | None = None) -> int:
                   "bytes_sent_over_changed": round(rows["fine-tune into the bucket"]["bytes_sent"] / changed, 3),
                   "objects_added_beyond_changed": rows["fine-tune into the bucket"]["objects_added"] - changed_objects}
         result["scale"] = scale
+        tuned_load, differ = loads["load fine-tune from the bucket"], loads["bytes in which the two differ"]
+        result["fine_tune_load_fetched_over_differ"] = round(tuned_load["bytes_fetched"] / differ, 3)
+        result["verdicts"] = {
+            "the fine-tune's load fetches <= 1.05x the bytes in which the two entries differ":
+                result["fine_tune_load_fetched_over_differ"] <= 1.05,
+            "the disk had room: every load kept what it fetched":
+                all(row["bytes_not_kept"] == 0 for key, row in loads.items() if key.startswith("load ")),
+            "the fine-tune sends <= 1.05x its changed targets' bytes": result["bytes_sent_over_changed"] <= 1.05}
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
+        for goal, met in result["verdicts"].items():
+            print(f"{'MET   ' if met else 'NOT MET'} {goal}")
     finally:
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)

@@ -138,12 +138,17 @@ def _read_until(sock: socket.socket, pending: bytes, marker: bytes) -> tuple[byt
 
 
 def _read_exactly(sock: socket.socket, pending: bytes, n: int) -> tuple[bytes, bytes]:
-    while len(pending) < n:
-        data = sock.recv(min(1 << 20, n - len(pending)))
-        if not data:
+    if len(pending) >= n:
+        return pending[:n], pending[n:]
+    out = bytearray(n)  # filled in place: a body of hundreds of MB is not copied once per receive
+    out[:len(pending)] = pending
+    view, filled = memoryview(out), len(pending)
+    while filled < n:
+        got = sock.recv_into(view[filled:], min(1 << 22, n - filled))
+        if not got:
             raise ConnectionError("the client closed mid-request")
-        pending += data
-    return pending[:n], pending[n:]
+        filled += got
+    return bytes(out), b""
 
 
 def _read_body(sock: socket.socket, pending: bytes, named: dict, length: int) -> tuple[bytes, bytes]:
@@ -167,7 +172,7 @@ def _exchange(upstream: tuple[str, int], request: bytes) -> bytes:
     with socket.create_connection(upstream, timeout=60) as sock:
         sock.sendall(request)
         parts = []
-        while data := sock.recv(1 << 20):
+        while data := sock.recv(1 << 22):
             parts.append(data)
     return b"".join(parts)
 

@@ -213,26 +213,33 @@ def test_a_local_cache_the_workers_cannot_see_is_one_sentence(cluster, hf_cache)
     assert not any(p for p in (cache / "entries").iterdir()), "nothing published, nothing left half-built"
 
 
-def test_the_readmes_cluster_lines_run_as_written(cluster, s3_url, hf_cache, tmp_path):
+def test_the_readmes_cluster_lines_run_as_written(tls_cluster, s3_url, hf_cache, tmp_path):
     """README "On a cluster whose workers share only the bucket": each `python -m pipeline` line, with this test's
-    scheduler, bucket and checkpoint in place of the README's; the `dask` lines are what the fixture runs."""
+    TLS scheduler, certificates, bucket and checkpoint in place of the README's; the `dask` lines are what the
+    fixture runs, and the `export` line's variables are set to the fixture's certificates."""
     import re
 
-    scheduler, hidden = cluster
+    scheduler, hidden, tls = tls_cluster
     block = re.search(r"### On a cluster whose workers share only the bucket\n.*?```sh\n(.*?)```",
                       (ROOT / "README.md").read_text(), re.S).group(1)
     lines = [line for line in block.splitlines() if line.startswith("python -m pipeline")]
     assert [line.split()[3] for line in lines] == ["convert", "convert", "load"]
-    assert any(line.startswith("dask worker tcp://scheduler-host:8786") for line in block.splitlines())
+    assert any(line.startswith("dask worker tls://scheduler-host:8786 --tls-ca-file") for line in block.splitlines())
+    exported = dict(item.split("=", 1) for line in block.splitlines() if line.startswith("export ")
+                    for item in line.split()[1:])
+    files = {"ca.pem": tls["ca-file"], "node.pem": tls["cert"], "node.key": tls["key"]}
+    assert set(exported) == {"DASK_DISTRIBUTED__COMM__TLS__CA_FILE", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT",
+                             "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY"}
     snapshot = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
     shared = tmp_path / "shared" / "GR00T-N1.6-3B"  # a folder every worker reads at the same path
     shutil.copytree(snapshot, shared)
     # a fine-tune of it, as a trainer synced it to the bucket: converted (not the first line's entry again)
     upload(fine_tune_form(snapshot, "n16", "mixed", tmp_path / "my-finetune"), f"{s3_url}-readme-sources/my-finetune")
-    env = {**os.environ, "GR00T_CACHE": str(hidden / "readme-cache"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "GR00T_CACHE": str(hidden / "readme-cache"), "HF_HUB_OFFLINE": "1",
+           **{k: files[v] for k, v in exported.items()}}
     for line in lines:
         cmd = (line.replace("python -m pipeline", f"{sys.executable} -m pipeline", 1)
-               .replace("tcp://scheduler-host:8786", scheduler).replace("s3://team-weights/gr00t", f"{s3_url}-readme")
+               .replace("tls://scheduler-host:8786", scheduler).replace("s3://team-weights/gr00t", f"{s3_url}-readme")
                .replace("s3://team-weights/checkpoints", f"{s3_url}-readme-sources")
                .replace("/shared/GR00T-N1.6-3B", str(shared)))
         proc = subprocess.run(cmd, shell=True, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)

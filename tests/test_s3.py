@@ -441,3 +441,24 @@ def test_a_checkpoint_in_the_bucket_converts_as_the_same_folder_on_disk_does(s3_
     gone = run_cli("convert", "--snapshot", f"{s3_url}-sources/runs/nothing-here", "--cache", str(tmp_path / "c"))
     assert gone.returncode == 2 and "Traceback" not in gone.stderr, gone.stderr[-2000:]
     assert gone.stderr.strip().splitlines() == [gone.stderr.strip()] and "nothing-here: does not exist" in gone.stderr
+
+
+def test_a_load_that_cannot_keep_what_it_fetched_says_so(s3_url, hf_cache, tmp_path):
+    """Keeping fetched bytes is a courtesy, but a silent one cost a bench its figure (issue 63): a load whose local
+    folder cannot take them (here a file where the folder goes, as a full disk refuses them) still loads, and says
+    how many bytes it could not keep and why, in its line and its JSON."""
+    url, client = f"{s3_url}-not-kept", tmp_path / "client"
+    env = {**os.environ, "GR00T_CACHE": str(client)}
+    made = run_cli("convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--layout",
+                   "generic", "--embodiments", "gr1", "--cache", url, env=env)
+    assert made.returncode == 0, made.stderr[-2000:]
+    client.mkdir(exist_ok=True)
+    (client / "fetched").write_text("a file where the folder of kept bytes goes")
+    args = ("load", "--version", "n16", "--layout", "generic", "--embodiment", "gr1", "--cache", url)
+    loaded = run_cli(*args, "--json", env=env)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    stats = json.loads(loaded.stdout)
+    assert stats["bytes_not_kept"] == stats["bytes_fetched"] == stats["bytes_read"] > 0
+    assert str(client / "fetched") in stats["not_kept_because"]
+    said = run_cli(*args, env=env)
+    assert said.returncode == 0 and "could not be kept here for the next load" in said.stdout, said.stdout

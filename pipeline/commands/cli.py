@@ -115,6 +115,9 @@ def cmd_load(a: argparse.Namespace) -> dict:
         fetched = (f"; fetched {mb(result['bytes_fetched'])}, {mb(result['bytes_kept_here'])} kept here by an "
                    "earlier load" if "bytes_fetched" in result else "")
         retried = retries_text(result.get("store_retries"))
+        if result.get("bytes_not_kept"):
+            retried = "; ".join(filter(None, (retried, f"{mb(result['bytes_not_kept'])} could not be kept here for "
+                                                        f"the next load ({result['not_kept_because']})")))
         print(f"loaded {result['tensors']} tensors ({mb(result['bytes_read'])}{fetched}) from {loaded.entry} "
               f"in {result['seconds']:.3f} s" + (f"; {retried}" if retried else ""))
     return result

@@ -117,6 +117,9 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     if opened.fetched is not None:  # and how often a request to the store was tried again (tasks/network.py)
         fetched = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept,
                    "store_retries": retries_since(retried_before)}
+        not_kept = opened.fetched.not_kept
+        if not_kept["bytes"]:  # the next load fetches these again: say why
+            fetched |= {"bytes_not_kept": not_kept["bytes"], "not_kept_because": not_kept["why"]}
     return Loaded(tensors=tensors, entry=opened.name, slot=slot,
                   stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
                          "chunks": len(chunks), **fetched},

@@ -3,14 +3,16 @@ folder (`<local cache>/fetched/`), named by its content as the manifest records 
 for an entry of format 5 its xxh3 and size). Entries of
 one release and its fine-tunes share most of their bytes, so the next load of any of them fetches only what this
 machine lacks. A kept file is checked against the record like a fetched one; one that does not match is fetched
-again and replaced. Keeping is a courtesy: a folder that cannot be written costs a fetch next time, never a load.
+again and replaced. Keeping is a courtesy: a folder that cannot be written (a full disk) costs a fetch next time,
+never a load; what could not be kept, and why, is counted (`not_kept`) and said in the load's summary.
 `cache gc --older-than-days N` on the local cache removes kept files no load used for N days.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,9 @@ def _used(path: Path) -> None:
 @dataclass(frozen=True)
 class Fetched:
     folder: Path
+    # bytes that could not be kept, and the first reason (an OSError's words): a load says so
+    not_kept: dict = field(default_factory=lambda: {"bytes": 0, "why": None}, compare=False)
+    _counting: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def path(self, record: FileRecord, suffix: str = "") -> Path:
         """`suffix`: a device file's (PACKED_SUFFIX), which ttnn wants in the name it loads. Bytes the record
@@ -77,6 +82,9 @@ class Fetched:
         try:
             write_bytes_atomic(path, memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray)
                                else data)
-        except OSError:
+        except OSError as e:
+            with self._counting:
+                self.not_kept["bytes"] += record.nbytes
+                self.not_kept["why"] = self.not_kept["why"] or f"{e.strerror or e}: {self.folder}"
             return None
         return path
