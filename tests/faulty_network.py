@@ -92,9 +92,9 @@ class FaultyProxy:
                 expect = named.get("expect", "").lower() == "100-continue"
                 fault = self._draw(expect)
                 if expect:
-                    if fault == "cut_interim":
+                    if fault == "cut_interim":  # closed, not reset: botocore then reads b'' forever
                         client.sendall(b"HTTP/1.1 100 Continue\r\n")
-                        return _reset(client)
+                        return client.close()
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 length = int(named.get("content-length", "0") or 0)
                 if fault == "cut_request":

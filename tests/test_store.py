@@ -1,4 +1,4 @@
-"""The Store contract: a local folder and an object store (moto's S3 server) behave the same behind the interface,
+"""The Store contract: a local folder and the object stores (S3 on moto's server, and fsspec's) behave the same behind the interface,
 and an entry read through either gives the same manifest, chunks, device files and verification."""
 
 from __future__ import annotations
@@ -25,10 +25,14 @@ from tasks.entries.store import LocalStore, Store, open_store
 from tests.buckets import manifest_doc
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "fsspec"])
 def store(request, tmp_path) -> Store:
+    """Each backend the contract holds for: a folder, S3 (boto3, moto's server) and any other fsspec store (its
+    in-memory filesystem)."""
     if request.param == "local":
         return LocalStore(tmp_path / "store")
+    if request.param == "fsspec":
+        return open_store(f"memory://contract-{uuid.uuid4().hex[:8]}/cache")
     return open_store(f"{request.getfixturevalue('s3_url')}/contract-{uuid.uuid4().hex[:8]}")
 
 

@@ -593,8 +593,13 @@ class FsspecStore(_ObjectStore):
 
     @_speaks
     def delete_many(self, keys: list[str]) -> None:
-        if keys:
-            self._retried(keys[0], lambda: self.fs.rm([self._path(k) for k in keys]))
+        def remove(key: str) -> None:
+            try:
+                self.fs.rm_file(self._path(key))
+            except FileNotFoundError:
+                pass  # gone already: the caller's wish
+        for key in keys:
+            self._retried(key, lambda: remove(key))
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
