@@ -78,7 +78,7 @@ def _started_cluster(hidden: Path, worker_env: dict | None = None, tls: dict | N
             proc.terminate()
         for proc in procs:
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=5)  # a TLS worker asked to stop took 20 s, retrying its scheduler meanwhile
             except subprocess.TimeoutExpired:
                 proc.kill()
 
