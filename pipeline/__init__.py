@@ -1,5 +1,19 @@
-"""The converter above tasks/ (the stage functions, which know nothing of Dask or of this package), in rooms, each
-using only those listed after it:
+"""GR00T checkpoints into Tenstorrent device-ready weights.
+
+The stable API is what this package exports, and only that (CHANGELOG.md says when it changes, and a name that moves
+keeps working, with a DeprecationWarning, for one minor version):
+
+    from pipeline import convert, load, build_model
+    done = convert("n17", snapshot="path/to/checkpoint", embodiments="new_embodiment")
+    weights = load("n17", embodiment="new_embodiment")
+
+- `convert(version, **options)` or `convert(ConvertOptions(...))` -> `ConvertSummary`;
+- `load(version, cache_root=None, embodiment=None, *, into="torch", ...)` -> `Loaded`;
+- `build_model(...)` -> tt-metal's GR00T N1.6 port's own model, built from a cache entry;
+- the errors, all `PipelineError`s: `ConfigError`, `CheckpointError`, `RecipeError`, `CacheError`, `NetworkError`;
+- `__version__`.
+
+Everything else is internal and may move. The rooms beneath, each using only those listed after it:
 
 - `commands/`: what a person sees (the CLI, its reports, the demo);
 - `port_n16/`: tt-metal's GR00T N1.6 port built from a cache entry, and held to the port's own model;
@@ -8,3 +22,50 @@ using only those listed after it:
 - `cache/` and `model/`: the cache's policies over the entry format (tasks/entries/), and each GR00T version's
   state dict and target plan.
 """
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+import types
+
+try:
+    __version__ = importlib.metadata.version("gr00t-tt-weights")
+except importlib.metadata.PackageNotFoundError:  # a source tree on the path, not installed
+    __version__ = "0+unknown"
+
+# name -> the module it lives in: imported on first use, so that `import pipeline` stays light (the converter
+# brings Dask, torch and ttnn with it)
+_EXPORTS = {
+    "convert": "pipeline.jobs.convert", "ConvertOptions": "pipeline.jobs.options",
+    "ConvertSummary": "pipeline.jobs.summary", "load": "pipeline.jobs.load", "Loaded": "pipeline.jobs.load",
+    "build_model": "pipeline.port_n16", "PipelineError": "tasks.errors", "ConfigError": "tasks.errors",
+    "CheckpointError": "tasks.errors", "RecipeError": "tasks.errors", "CacheError": "tasks.errors",
+    "NetworkError": "tasks.network",
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: object) -> None:
+        # Importing an old path (pipeline/load.py, pipeline/convert.py: pipeline/deprecated.py) sets the package's
+        # attribute of that name to the module; `pipeline.load` stays the function `from pipeline import load` gives
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -43,7 +43,7 @@ CONNECT_SECONDS = 10.0    # a connection not made within this is a timeout
 STALL_ENV = "GR00T_STALL_SECONDS"
 
 UNREACHABLE, CUT, TIMEOUT, THROTTLED, SERVER = "unreachable", "connection cut", "timeout", "throttled", "server error"
-_RETRIED = {UNREACHABLE: "the object store cannot be reached", CUT: "the connection was cut",
+RETRIED = {UNREACHABLE: "the object store cannot be reached", CUT: "the connection was cut",
             TIMEOUT: "no byte moved within the stall limit", THROTTLED: "the store answered 503 SlowDown (throttled)",
             SERVER: "the store answered a server error"}
 
@@ -175,7 +175,7 @@ def with_retries(what: str, call: Callable[[], T], attempts: int = ATTEMPTS) -> 
 def _gave_up(what: str, fault: str, attempts: int, e: BaseException) -> str:
     detail = str(e).split("\n")[0][:160]
     limit = f" of {stall_seconds():g} s (--stall-seconds)" if fault == TIMEOUT else ""
-    return (f"{what}: {_RETRIED[fault]}{limit}, on each of {attempts} tries ({detail}); a network fault, not a "
+    return (f"{what}: {RETRIED[fault]}{limit}, on each of {attempts} tries ({detail}); a network fault, not a "
             "damaged entry: check the network and AWS_ENDPOINT_URL, then run the same command again")
 
 

@@ -108,6 +108,9 @@ def test_readme_examples_run_in_order_as_written(tmp_path):
     assert json.loads((tmp_path / "build" / "graph-n16.json").read_text())["tasks"]
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert len(blocks) >= 1  # (the port hand-off's block, fenced `python port`, runs in tests/test_port_handoff.py)
+    strict = ("import warnings\n"  # the README shows the stable API only: a deprecated name fails here
+              "warnings.filterwarnings('error', message='.*is deprecated and goes in', category=DeprecationWarning)\n")
     for block in blocks:
-        proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, env=env)
+        proc = subprocess.run([sys.executable, "-c", strict + block], cwd=ROOT, capture_output=True, text=True,
+                              env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -40,9 +40,19 @@ def writable_folder(root: Path, what: str) -> None:
                          f"({'--cache DIR or $GR00T_CACHE' if what == 'cache' else '--hf-cache DIR'})") from None
 
 
-def convert(opts: ConvertOptions) -> ConvertSummary:
+def convert(options: ConvertOptions | str | None = None, /, **keywords) -> ConvertSummary:
     """Convert (or reuse) one entry; returns what it did (pipeline/jobs/summary.py). The entry is built in a
-    local folder and published there by rename, or put into an object store by the workers, manifest last."""
+    local folder and published there by rename, or put into an object store by the workers, manifest last.
+
+    `convert("n17", snapshot=..., embodiments=...)`: the version (None, or left out with `snapshot` or `model`:
+    found from the keys) and `ConvertOptions`'s fields as keywords; or `convert(ConvertOptions(...))`."""
+    if isinstance(options, ConvertOptions):
+        if keywords:
+            raise TypeError(f"convert(ConvertOptions(...)) takes no keywords as well ({', '.join(keywords)}): put "
+                            "them in the ConvertOptions, or pass the version and every option as keywords")
+        opts = options
+    else:
+        opts = ConvertOptions(options, **keywords)
     check_scheduler(opts.scheduler)  # what can be refused is refused before anything is read or claimed
     if opts.device is not None and opts.scheduler not in IN_PROCESS:
         raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "

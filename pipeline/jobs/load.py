@@ -58,7 +58,7 @@ class Loaded:
 def load(version: str, cache_root: Store | Path | str | None = None, embodiment: str | int | None = None, *,
          into="torch", layout: str | None = None, profile: str | None = None, entry: str | None = None,
          revision: str | None = None, source: str | Path | None = None, synthetic: bool = False,
-         transfers: int = TRANSFERS) -> Loaded:
+         transfers: int = TRANSFERS, **deprecated) -> Loaded:
     """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
     its default profile), by target name; `.components()` groups them as the consumer does.
 
@@ -74,7 +74,8 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     entry that does (a base model and its fine-tune, or entries of different slots, can all be loaded). A
     conversion of a release always wins over a synthetic one; a synthetic entry, when it is all there is, comes
     with a `SyntheticWeightsWarning` unless `synthetic=True` says the caller knows (`Loaded.synthetic` says it
-    either way)."""
+    either way). The keywords of 0.1.0, `ttnn_host=True` and `device=D`, still work (deprecated: `into=`)."""
+    into = _into_of_old_keywords(into, deprecated)
     t0, retried_before = time.perf_counter(), retries_so_far()
     if isinstance(into, str) and into not in FORMS:
         raise ConfigError(f"load(into={into!r}): expected one of {', '.join(FORMS)}, or an open device")
@@ -126,6 +127,24 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
                   layout=opened.manifest.layout,
                   banks=tuple(n for n in tensors if slot is None and opened.manifest.arrays[n].bank),
                   source=dict(opened.manifest.source))
+
+
+def _into_of_old_keywords(into, deprecated: dict):
+    """`into` as 0.1.0's keywords said it: `ttnn_host=True` for "ttnn", `device=D` for D; with a warning."""
+    from pipeline.deprecated import warn_moved
+
+    unknown = set(deprecated) - {"ttnn_host", "device"}
+    if unknown:
+        raise TypeError(f"load() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if deprecated.get("device") is not None:
+        warn_moved("load(device=D)", "load(into=D)", stacklevel=4)
+        return deprecated["device"]
+    if deprecated.get("ttnn_host"):
+        warn_moved("load(ttnn_host=True)", 'load(into="ttnn")', stacklevel=4)
+        return "ttnn"
+    for name in deprecated:  # ttnn_host=False, device=None: what the default was
+        warn_moved(f"load({name}=...)", "load(into=...)", stacklevel=4)
+    return into
 
 
 def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool, transfers: int) -> tuple[dict, int]:

@@ -37,7 +37,7 @@ import numpy as np
 from tasks.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError, PipelineError
 from tasks.file_blocks import is_url, read_full, read_into  # is_url: callers ask the store
-from tasks.network import ShortBody, fault_of, shared_s3_client, stall_seconds, with_retries
+from tasks.network import RETRIED, UNREACHABLE, ShortBody, fault_of, shared_s3_client, stall_seconds, with_retries
 
 _DOWNLOADS_MADE = threading.Lock()
 IN_FLIGHT = 16  # requests to an object store at once: freshenings, and a load's fetches (`--transfers`)
@@ -320,8 +320,12 @@ def object_store_failure(e: BaseException, instead: str = "pass a local folder a
                 "AWS_SECRET_ACCESS_KEY, or ~/.aws) and that they may read and write this bucket")
     if "NoCredentialsError" in names:
         return "no credentials for the object store; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws)"
-    if fault_of(e) is not None:
+    fault = fault_of(e)
+    if fault == UNREACHABLE:
         return f"the object store cannot be reached ({e}); check AWS_ENDPOINT_URL and the network, or {instead}"
+    if fault is not None:  # what a library's own retries gave up on (s3fs reads a checkpoint's folder)
+        return (f"{RETRIED[fault]} ({str(e).splitlines()[0][:160]}); a network fault: check the network and "
+                f"AWS_ENDPOINT_URL, then run the same command again, or {instead}")
     return None
 
 
