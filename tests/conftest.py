@@ -20,6 +20,8 @@ from pipeline.model.versions import VERSIONS, load_config
 from tasks.device import configure_ttnn_env, device_present
 from devkit import simulator
 
+pytest_plugins = ("tests.required",)  # GR00T_TEST_REQUIRE: a skip for want of a required capability fails
+
 # Where a simulated device can be had (built from ../shared/vendor, or TT_METAL_SIMULATOR), the whole session
 # runs against it: ttnn fixes its runtime at import, so one process cannot switch from the mock cluster, or from
 # one architecture to another, later. GR00T_TEST_DEVICE picks it: `wh` (a Wormhole N150, the default) or `bh` (a
@@ -112,7 +114,8 @@ def simulated_device():
     """One simulated device (GR00T_TEST_DEVICE: a Wormhole N150, or a Blackhole P150), opened once per test run;
     skips (with the reason) only where none can be had."""
     if not SIMULATED:
-        pytest.skip(simulator.unavailable_reason(TEST_DEVICE) or "the simulator could not be built")
+        # tests/required.py `needs("simulator", …)`'s tag, written out: this module loads that plugin
+        pytest.skip(f"[simulator] {simulator.unavailable_reason(TEST_DEVICE) or 'the simulator could not be built'}")
     from tasks import device
 
     dev = device.open_device(0)

@@ -21,6 +21,7 @@ import pytest
 
 from devkit import simulator
 
+from tests.required import needs
 from tests.conftest import ROOT
 DEVICE_TESTS = ["tests/test_simulated_device.py",
                 "tests/test_port_handoff.py::test_the_whole_model_two_ways_on_the_simulated_device",
@@ -31,7 +32,7 @@ DESCRIPTORS = {"N150": ROOT / "configs" / "tt" / "wormhole_N150.yaml", "P150": R
 def test_the_device_tests_pass_on_a_simulated_blackhole(tmp_path):
     reason = simulator.unavailable_reason("bh")
     if reason or os.environ.get("GR00T_TEST_SIMULATOR") == "0":
-        pytest.skip(reason or "GR00T_TEST_SIMULATOR=0: the mock cluster only")
+        pytest.skip(needs("simulator", reason or "GR00T_TEST_SIMULATOR=0: the mock cluster only"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TT_METAL_", "PYTEST_XDIST"))}
     env["GR00T_TEST_DEVICE"] = "bh"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",

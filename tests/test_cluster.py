@@ -25,6 +25,7 @@ from pipeline.inputs.synth import fine_tune_form
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
+from tests.required import needs
 from tests.buckets import entry_md5s, named_objects, upload
 from tests.conftest import ROOT, _free_port, run_cli
 
@@ -32,8 +33,8 @@ from tests.conftest import ROOT, _free_port, run_cli
 VERSIONS_HERE = ["n15", "n16", "n17"] if os.environ.get("GR00T_CLUSTER_VERSIONS") == "all" else ["n16"]
 EMBODIMENT = {"n15": "gr1", "n16": "gr1", "n17": "new_embodiment"}
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="workers in mount namespaces of their own need root and unshare (CI has both)")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason=needs(
+    "cluster", "workers in mount namespaces of their own need root and unshare (CI has both)"))
 
 
 @contextlib.contextmanager

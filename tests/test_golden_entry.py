@@ -6,7 +6,8 @@ converter 3, which stores host tables as the float32 the port keeps).
 
 What legitimately varies between runs is normalized first: the publish time, the snapshot folder, the
 fingerprint and the recipes hash (the last two change whenever configs/recipes.toml does). A deliberate format
-change regenerates the copy with `GOLDEN_UPDATE=1 pytest tests/test_golden_entry.py` and says so in the commit.
+change regenerates the copy with `GOLDEN_UPDATE=1 pytest tests/test_golden_entry.py` (which then fails, having
+compared nothing) and says so in the commit.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+import pytest
 
 from pipeline.jobs.convert import ConvertOptions, convert
 
@@ -55,10 +58,12 @@ def test_a_tiny_entry_is_byte_for_byte_the_golden_copy(hf_cache, cache_root):
                                      embodiments="gr1", layout="tt-n16", profile="port", progress=False))
     files = _entry_files(Path(summary["cache_path"]))
     assert any(k.startswith("tensorbin/") for k in files), "the pinned bfloat8_b array must have its device file"
-    if os.environ.get("GOLDEN_UPDATE"):
+    if os.environ.get("GOLDEN_UPDATE"):  # writes the copy, and fails: a run that rewrites it proves nothing
         for rel, data in files.items():
             (GOLDEN / rel).parent.mkdir(parents=True, exist_ok=True)
             (GOLDEN / rel).write_bytes(data)
+        pytest.fail(f"GOLDEN_UPDATE=1: tests/golden/{GOLDEN.name} rewritten from this run ({len(files)} files); "
+                    "review `git diff tests/golden`, commit it with the format change, and run again without it")
     golden = {str(p.relative_to(GOLDEN)): p.read_bytes() for p in sorted(GOLDEN.rglob("*")) if p.is_file()}
     assert sorted(files) == sorted(golden)
     # A PCC is a measurement, not format: summed in float64 (the C kernel) or float32 blocks (numpy), it moves in

@@ -23,6 +23,7 @@ from pipeline.inputs.synth import synthesize
 from tasks.entries.manifest import checksum
 from tasks.entries.names import chunk_file, manifest_key
 from tasks.errors import CacheError, ConfigError, PipelineError
+from tests.required import needs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "consumers"
 PORT = SHARED / "tt-metal"
@@ -30,7 +31,7 @@ FUSED = SHARED / "variants" / "ttnn_dit_optimized.fused.py"
 PORT_DIT = "models/experimental/gr00t_n1_6/tt/ttnn_dit_optimized.py"
 
 pytestmark = pytest.mark.skipif(not (PORT / "models").is_dir(),
-                                reason=f"the port's pinned code ({PORT}) is not here")
+                                reason=needs("port", f"the port's pinned code ({PORT}) is not here"))
 
 
 def independent_config():

@@ -29,6 +29,7 @@ from tasks.checkpoint import INDEX_NAME
 from tasks.entries.entry import list_entries
 from tasks.errors import CheckpointError, ConfigError, PipelineError
 from tasks.entries.store import LocalStore
+from tests.required import needs
 from tests.progress import wait_until_staged
 
 from tests.conftest import ROOT
@@ -413,7 +414,7 @@ def test_disk_full_is_a_clean_error(hf_cache, tmp_path, capsys):
     mount = tmp_path / "small"
     mount.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here (needs root): disk-full not exercised")
+        pytest.skip(needs("root", "cannot mount a small tmpfs here: disk-full not exercised"))
     try:
         rc = main(["convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(mount), "--json"])
         err = capsys.readouterr().err
