@@ -25,6 +25,7 @@ from typing import Mapping
 import numpy as np
 
 from tasks.errors import CheckpointError
+from tasks.file_blocks import read_whole
 from tasks import source
 from tasks.safetensors_file import ShardHeader, TensorEntry, read_header
 
@@ -45,7 +46,7 @@ def _check_shard_name(index: Path, name: object) -> str:
 
 def _read_index(index: Path) -> tuple[dict[str, str], dict[str, object]]:
     try:
-        obj = json.loads(index.read_bytes())
+        obj = json.loads(read_whole(index))
     except FileNotFoundError:
         raise CheckpointError(index, "index file is missing: this folder is not a sharded safetensors snapshot") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, with_retries
+from tasks.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, whole, with_retries
 
 BLOCK = 16 << 20
 MADV_POPULATE_READ = 22  # <linux/mman.h>; Python's mmap module does not name it
@@ -65,6 +65,20 @@ def source_path(where: str | os.PathLike) -> Path:
                                          "saved the model in")
         return UPath(where)
     return where if is_remote(where) else Path(where)
+
+
+def read_whole(path: Path | str) -> bytes:
+    """A small file's bytes (an index, a trainer's config): of a file in an object store, read as its shards are
+    (`_RemoteFile`: retried, and never taken short)."""
+    if not is_remote(path):
+        return Path(path).read_bytes()
+    with open_binary(path) as fh:
+        return fh.read()
+
+
+def file_size(path: Path | str) -> int:
+    """A file's size; of one in an object store, asked as its shards' are (`_RemoteFile.size`)."""
+    return _RemoteFile(path).size() if is_remote(path) else os.stat(path).st_size
 
 
 def open_binary(path: Path | str):
@@ -111,7 +125,8 @@ class _RemoteFile:
     def size(self) -> int:
         def head() -> int:
             if self.s3:
-                return int(shared_s3_client(stall_seconds()).head_object(Bucket=self.bucket, Key=self.key)["ContentLength"])
+                response = shared_s3_client(stall_seconds()).head_object(Bucket=self.bucket, Key=self.key)
+                return int(whole(response, "ContentLength", "a HEAD")["ContentLength"])
             return int(self.path.fs.size(self.path.path))
         return self._retried(head)
 
@@ -130,7 +145,7 @@ class _RemoteFile:
                 if "InvalidRange" not in str(e):
                     raise
                 self._truncated(0, view, offset)
-            if response["ContentLength"] < len(view):
+            if whole(response, "ContentLength", "a ranged GET")["ContentLength"] < len(view):
                 self._truncated(response["ContentLength"], view, offset)
             with response["Body"] as body:
                 filled = read_full(body, view)

@@ -58,6 +58,15 @@ class ShortBody(ConnectionError):
     """A response body that ended before its Content-Length: the connection was cut, not the object."""
 
 
+def whole(response: dict, field: str, what: str) -> dict:
+    """`response` (boto3's) if it holds `field`, which every complete answer to its request does. A connection cut
+    inside the response's headers ends them early, and http.client reads that as a complete answer without them
+    (a GET or HEAD without its length, a listing without its body: an empty bucket); that is a cut (ShortBody)."""
+    if field not in response:
+        raise ShortBody(f"the answer to {what} ended before its {field}")
+    return response
+
+
 def stall_seconds() -> float:
     """The stall limit in force: `GR00T_STALL_SECONDS` (what `--stall-seconds` sets), else `STALL_SECONDS`."""
     text = os.environ.get(STALL_ENV, "")
@@ -175,8 +184,8 @@ def with_retries(what: str, call: Callable[[], T], attempts: int = ATTEMPTS) -> 
 def _gave_up(what: str, fault: str, attempts: int, e: BaseException) -> str:
     detail = str(e).split("\n")[0][:160]
     limit = f" of {stall_seconds():g} s (--stall-seconds)" if fault == TIMEOUT else ""
-    return (f"{what}: {RETRIED[fault]}{limit}, on each of {attempts} tries ({detail}); a network fault, not a "
-            "damaged entry: check the network and AWS_ENDPOINT_URL, then run the same command again")
+    return (f"{what}: {RETRIED[fault]}{limit}, on each of {attempts} tries ({detail}); a network fault, not damaged "
+            "data: check the network and AWS_ENDPOINT_URL, then run the same command again")
 
 
 def retried(what: Callable[..., str]):

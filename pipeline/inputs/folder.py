@@ -31,6 +31,7 @@ from pipeline.model.versions import VERSIONS, VersionConfig, load_config
 from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
 from tasks.errors import CheckpointError, ConfigError
 from tasks.precision import check_dtype
+from tasks.file_blocks import file_size, read_whole
 
 EXPERIMENT_CFG = "experiment_cfg"
 N15_METADATA = f"{EXPERIMENT_CFG}/metadata.json"
@@ -484,9 +485,9 @@ def embodiment_map(folder: Path, cfg: VersionConfig, pack: LeRobotPack | None = 
 # -- small files ----------------------------------------------------------------------------------------------------
 def _small_text(path: Path, remedy: str) -> str:
     try:
-        if path.stat().st_size > _SMALL_FILE:
-            raise CheckpointError(path, f"is {path.stat().st_size} bytes, too large for a trainer's config; {remedy}")
-        return path.read_text()
+        if (size := file_size(path)) > _SMALL_FILE:
+            raise CheckpointError(path, f"is {size} bytes, too large for a trainer's config; {remedy}")
+        return read_whole(path).decode()
     except (OSError, UnicodeDecodeError) as e:  # a folder, a FIFO, a permission, bytes that are not text
         raise CheckpointError(path, f"cannot be read ({getattr(e, 'strerror', None) or e}); {remedy}") from None
 

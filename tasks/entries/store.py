@@ -37,7 +37,8 @@ import numpy as np
 from tasks.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError, PipelineError
 from tasks.file_blocks import is_url, read_full, read_into  # is_url: callers ask the store
-from tasks.network import RETRIED, UNREACHABLE, ShortBody, fault_of, shared_s3_client, stall_seconds, with_retries
+from tasks.network import (RETRIED, UNREACHABLE, ShortBody, fault_of, shared_s3_client, stall_seconds, whole,
+                           with_retries)
 
 _DOWNLOADS_MADE = threading.Lock()
 IN_FLIGHT = 16  # requests to an object store at once: freshenings, and a load's fetches (`--transfers`)
@@ -394,11 +395,12 @@ class S3Store(_ObjectStore):
         """boto3's response to a GET of `key`; None when there is no such key, or no such bucket (it reads as
         empty)."""
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as e:
             if _s3_code(e) in _MISSING:
                 return None
             raise
+        return whole(response, "ContentLength", "a GET")
 
     @_speaks
     def get(self, key: str) -> bytes | None:
@@ -453,11 +455,12 @@ class S3Store(_ObjectStore):
 
             def page() -> dict:
                 try:
-                    return self._client.list_objects_v2(**kwargs)
+                    response = self._client.list_objects_v2(**kwargs)
                 except Exception as e:
                     if _s3_code(e) in _MISSING:
                         return {}
                     raise
+                return whole(response, "IsTruncated", "a listing")  # a cut one must never read as empty
             response = self._retried(prefix, page)
             found += [o for o in response.get("Contents", ()) if not full or o["Key"] == full
                       or o["Key"].startswith(f"{full}/")]
@@ -492,7 +495,8 @@ class S3Store(_ObjectStore):
                 # CopyObject onto itself: a new LastModified, no bytes sent (S3 refuses such a copy unless the
                 # metadata is replaced)
                 try:
-                    self._client.copy_object(**where, CopySource=dict(where), MetadataDirective="REPLACE")
+                    whole(self._client.copy_object(**where, CopySource=dict(where), MetadataDirective="REPLACE"),
+                          "CopyObjectResult", "a copy")
                 except Exception as e:
                     if _s3_code(e) in _MISSING:
                         return False
