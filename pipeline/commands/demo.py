@@ -44,6 +44,8 @@ def run_demo(cache_root: Path | str | None) -> dict:  # what `demo --json` print
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
     print_convert(convert(replace(opts, progress=False)))
+    import ttnn  # noqa: F401  imported before the load: its line times the reload, not ttnn's first import
+
     loaded = load("n17", cache_root, embodiment="new_embodiment", into="ttnn", synthetic=True)
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "
           f"from the cache in {loaded.stats['seconds']:.3f} s, {mb(loaded.stats['bytes_read'])} read, as the "

@@ -386,7 +386,11 @@ class S3Store(_ObjectStore):
 
     def __init__(self, url: str, stall: float | None = None):
         super().__init__(url)
-        self._client = shared_s3_client(stall or stall_seconds())
+        try:
+            self._client = shared_s3_client(stall or stall_seconds())
+        except ImportError:
+            raise CacheError(f"{url}: an S3 cache needs boto3, which is not installed; install the project with its "
+                             "s3 extra (pip install 'gr00t-tt-weights[s3]')") from None
 
     def _retried(self, key: str, call):
         return with_retries(self.describe(key), call)
