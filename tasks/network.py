@@ -24,6 +24,7 @@ takes as it takes any other.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import random
@@ -117,7 +118,7 @@ def fault_of(e: BaseException) -> str | None:
             if code in _SERVER_CODES or status in (500, 502, 504):
                 return SERVER
             return None
-        if isinstance(e, OSError) and ("SlowDown" in str(e) or "503" in str(e)):  # s3fs's translation of a 503
+        if isinstance(e, OSError) and e.errno == errno.EBUSY:  # s3fs's translation of SlowDown
             return THROTTLED
         e = e.__cause__ or e.__context__
     return None

@@ -192,3 +192,30 @@ def test_a_workers_error_reaches_the_client_as_the_same_sentence():
         tblib.pickling_support.install(raised)
         back = pickle.loads(pickle.dumps(raised))
         assert type(back) is kind and str(back) == str(raised)
+
+
+def test_what_is_a_network_fault_and_what_is_not():
+    """Only the network's faults are retried: a cut, a timeout, an endpoint out of reach, 5xx and SlowDown. A
+    refusal, a missing key, missing credentials, or a file whose name holds '503' are not, and are said at once."""
+    import errno
+
+    from botocore.exceptions import (ClientError, ConnectionClosedError, EndpointConnectionError,
+                                      NoCredentialsError, ReadTimeoutError, ResponseStreamingError)
+
+    from tasks.network import CUT, SERVER, THROTTLED, TIMEOUT, UNREACHABLE, ShortBody, fault_of
+
+    def answer(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+    network = {ConnectionClosedError(endpoint_url="http://x"): CUT, ResponseStreamingError(error="broken"): CUT,
+               ShortBody("ended early"): CUT, ConnectionResetError(): CUT, BrokenPipeError(): CUT,
+               ReadTimeoutError(endpoint_url="http://x"): TIMEOUT, TimeoutError(): TIMEOUT,
+               EndpointConnectionError(endpoint_url="http://x"): UNREACHABLE, ConnectionRefusedError(): UNREACHABLE,
+               answer("SlowDown", 503): THROTTLED, answer("ServiceUnavailable", 503): THROTTLED,
+               answer("InternalError", 500): SERVER, answer("502", 502): SERVER,
+               OSError(errno.EBUSY, "Please reduce your request rate."): THROTTLED}
+    for error, fault in network.items():
+        assert fault_of(error) == fault, error
+    for error in (answer("NoSuchKey", 404), answer("AccessDenied", 403), NoCredentialsError(), PermissionError(),
+                  FileNotFoundError(2, "No such file", "model-00503-of-00009.safetensors"), ValueError("503")):
+        assert fault_of(error) is None, error
