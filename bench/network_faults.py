@@ -99,7 +99,7 @@ def run(scale: str = "tiny", runs: int = 2, rate: float = 0.01, seed: int = 1) -
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)
     by = {c: [r for r in rows if r["condition"] == c] for c in ("clean", "faults")}
-    median = {c: {k: statistics.median(r[k] for r in rs) for k in ("convert_wall_s", "load_wall_s")}
+    median = {c: {k: round(statistics.median(r[k] for r in rs), 2) for k in ("convert_wall_s", "load_wall_s")}
               for c, rs in by.items()}
     ratios = {k: round(median["faults"][k] / median["clean"][k], 2) for k in ("convert_wall_s", "load_wall_s")}
     identical = (len({r["objects_md5"] for r in rows}) == 1 and len({r["tensors_sha256"] for r in rows}) == 1)
