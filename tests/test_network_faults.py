@@ -150,6 +150,12 @@ def test_a_network_that_never_lets_a_request_through_is_one_sentence_and_nothing
         assert lines[-1].startswith(f"error: {url}/") and said in lines[-1], (command, lines[-1])
         assert "corrupt" not in lines[-1] and "--force" not in lines[-1] and "network fault" in lines[-1]
         assert len([line for line in lines if line.startswith("error:")]) == 1
+    if fault == "cut_response":  # a checkpoint in the bucket, inspected (a probe at 100% cuts found a traceback)
+        source = f"{s3_url}-never-sources/n16"
+        inspected = run_cli("inspect", "--snapshot", source, env=env)
+        lines = inspected.stderr.strip().splitlines()
+        assert inspected.returncode == 2 and "Traceback" not in inspected.stderr, inspected.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith(f"error: {source}") and "network fault" in lines[0], lines
     bad_network.set()
     bucket = open_store(url)
     assert len(bucket.children("entries")) == 1  # the new_embodiment entry was not published

@@ -9,6 +9,7 @@ from pathlib import Path
 from pipeline.inputs.embodiments import Embodiments
 from pipeline.inputs.folder import read_folder
 from pipeline.inputs.snapshot import resolve_snapshot
+from pipeline.jobs.prepare import said_of_the_store
 from pipeline.model.state_dict import straddling_unit
 from pipeline.model.versions import load_config
 from tasks.errors import PipelineError
@@ -18,8 +19,9 @@ def inspect_report(version: str | None, snapshot: Path | None, hf_cache: Path | 
                    synthetic: str | None = None, model: str | None = None) -> dict:
     """`version` None: found from the checkpoint's keys, as the convert finds it. A fine-tune's trained tags are
     read with its trainer's own map, as `convert --embodiments trained` reads them."""
-    folder = read_folder(resolve_snapshot(load_config(version) if version else None, snapshot, hf_cache, revision,
-                                          synthetic, model), version)
+    with said_of_the_store(snapshot):  # a checkpoint in a bucket out of reach: one sentence, as for a convert
+        folder = read_folder(resolve_snapshot(load_config(version) if version else None, snapshot, hf_cache,
+                                              revision, synthetic, model), version)
     version, trained = folder.version, Embodiments.parse("trained") if folder.trained else Embodiments()
     notes = folder.notes(trained)
     try:

@@ -46,7 +46,7 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
     hf = hf_cache_folder(opts.hf_cache) if opts.hf_cache else (
         cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
-    with _said_of_the_store(opts.snapshot):
+    with said_of_the_store(opts.snapshot):
         where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf,
                                  opts.revision, opts.synthetic, opts.model)
         folder = read_folder(where, opts.version)
@@ -55,7 +55,7 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     ck = folder.checkpoint
     shapes = {k: ck.shape(k) for k in ck.keys()}
     plan = build_plan(folder.version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
-    with _said_of_the_store(opts.snapshot):
+    with said_of_the_store(opts.snapshot):
         identities, identified = cache.source_identity(root, ck)
     ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
                         recipes_sha256=recipes_sha256())
@@ -64,7 +64,7 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
 
 
 @contextlib.contextmanager
-def _said_of_the_store(snapshot: object):
+def said_of_the_store(snapshot: object):
     """A checkpoint in an object store that refuses, or cannot be reached: one sentence naming its URL."""
     try:
         yield
