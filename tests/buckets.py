@@ -7,11 +7,19 @@ import hashlib
 from pathlib import Path
 
 
+def forget_s3_clients() -> None:
+    """Drop s3fs's cached filesystems: each holds the endpoint it was made with, and a test that points
+    AWS_ENDPOINT_URL at a proxy leaves one behind that the next test's checkpoint in the bucket (UPath) would use."""
+    from s3fs import S3FileSystem
+
+    S3FileSystem.clear_instance_cache()
+
+
 def upload(folder: Path, url: str) -> None:
     """A trainer's folder copied into the bucket, file by file, as `aws s3 sync` would."""
     import fsspec
 
-    fs, base = fsspec.core.url_to_fs(url)
+    fs, base = fsspec.core.url_to_fs(url, skip_instance_cache=True)  # the endpoint of now (tests/faulty_network.py)
     fs.pipe({f"{base}/{p.relative_to(folder).as_posix()}": p.read_bytes() for p in folder.rglob("*") if p.is_file()})
 
 
@@ -21,7 +29,8 @@ def md5s(store, prefix: str, keys) -> dict[str, str | None]:
     if store.local_path(prefix) is None:
         import fsspec
 
-        fs, base = fsspec.core.url_to_fs(store.describe(""))  # s3fs's listing: not the store under test
+        # s3fs's listing (not the store under test), at the endpoint of now: a cached one may be a closed proxy's
+        fs, base = fsspec.core.url_to_fs(store.describe(""), skip_instance_cache=True)
         listed = fs.find(f"{base}/{prefix}", detail=True)
         found = {k[len(base) + 1:]: info["ETag"].strip('"') for k, info in listed.items()}
         return {k: found.get(k) for k in keys}

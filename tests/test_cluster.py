@@ -26,7 +26,7 @@ from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
 from tests.required import needs
-from tests.buckets import entry_md5s, named_objects, upload
+from tests.buckets import entry_md5s, forget_s3_clients, named_objects, upload
 from tests.conftest import ROOT, _free_port, run_cli
 
 # `make test` runs N1.6's; GR00T_CLUSTER_VERSIONS=all runs every version (issue 49's "for every version")
@@ -266,7 +266,7 @@ def faulty_cluster(s3_url, tmp_path_factory):
 
 @pytest.mark.timeout(300)
 def test_workers_through_a_bad_network_write_the_entry_a_good_one_does(faulty_cluster, hf_cache, tmp_path,
-                                                                     monkeypatch, s3_url):
+                                                                     monkeypatch, s3_url, request):
     """Two workers put the entry through 2% cuts each way, 2% SlowDown and stalls past the client's stall limit
     (which the workers take from the client: theirs is unset): the entry is byte for byte a local convert's, and
     the summary counts the retries the workers made."""
@@ -276,6 +276,8 @@ def test_workers_through_a_bad_network_write_the_entry_a_good_one_does(faulty_cl
     scheduler, hidden, proxy = faulty_cluster
     monkeypatch.setattr(roots, "DEFAULT_ROOT", hidden / "cache")
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    request.addfinalizer(forget_s3_clients)  # the s3fs filesystems made meanwhile hold the proxy's endpoint
+    forget_s3_clients()
     monkeypatch.setenv(STALL_ENV, "1")
     url = f"{s3_url}-cluster-faults"
     opts = dict(layout="generic", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", progress=False)

@@ -18,7 +18,7 @@ from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
 from tasks.network import STALL_ENV
-from tests.buckets import entry_md5s, manifest_doc, upload
+from tests.buckets import entry_md5s, forget_s3_clients, manifest_doc, upload
 from tests.conftest import run_cli
 from tests.faulty_network import FaultyProxy
 
@@ -37,9 +37,11 @@ def bad_network(s3_url, monkeypatch):
     proxy = FaultyProxy(int(moto.rsplit(":", 1)[1]), seed=63)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     monkeypatch.setenv(STALL_ENV, STALL)
+    forget_s3_clients()
     proxy.moto = moto
     yield proxy
     proxy.close()
+    forget_s3_clients()
 
 
 def _through(proxy: FaultyProxy, **env: str) -> dict:
