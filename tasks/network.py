@@ -189,16 +189,6 @@ def _gave_up(what: str, fault: str, attempts: int, e: BaseException) -> str:
             "data: check the network and AWS_ENDPOINT_URL, then run the same command again")
 
 
-def retried(what: Callable[..., str]):
-    """A method of a store whose every call goes through `with_retries`; `what(self, *args)` names its object."""
-    def wrap(method):
-        @functools.wraps(method)
-        def call(self, *args, **kwargs):
-            return with_retries(what(self, *args), lambda: method(self, *args, **kwargs))
-        return call
-    return wrap
-
-
 def s3_client(stall: float | None = None):
     """boto3's S3 client, as every request of this project makes it: a connect timeout, the stall limit as its read
     timeout, boto3's own retries off (`with_retries` does them, and counts them), no `Expect: 100-continue`."""

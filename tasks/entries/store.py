@@ -374,6 +374,10 @@ class _ObjectStore(Store):
     def describe(self, key: str) -> str:
         return f"{self.url}/{key}" if key else self.url
 
+    def _retried(self, key: str, call):
+        """`call()` through tasks/network.py's retries, a fault named by the object `key`."""
+        return with_retries(self.describe(key), call)
+
 
 class S3Store(_ObjectStore):
     """An S3 bucket (any S3 API: the endpoint comes from AWS_ENDPOINT_URL when set), through boto3's client, whose
@@ -391,9 +395,6 @@ class S3Store(_ObjectStore):
         except ImportError:
             raise CacheError(f"{url}: an S3 cache needs boto3, which is not installed; install the project with its "
                              "s3 extra (pip install 'gr00t-tt-weights[s3]')") from None
-
-    def _retried(self, key: str, call):
-        return with_retries(self.describe(key), call)
 
     def _get_object(self, key: str) -> dict | None:
         """boto3's response to a GET of `key`; None when there is no such key, or no such bucket (it reads as
@@ -541,9 +542,6 @@ class FsspecStore(_ObjectStore):
 
     def _path(self, key: str) -> str:
         return f"{self.base}/{key}" if key else self.base
-
-    def _retried(self, key: str, call):
-        return with_retries(self.describe(key), call)
 
     @_speaks
     def get(self, key: str) -> bytes | None:
