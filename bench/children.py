@@ -89,7 +89,7 @@ def _child_load(a: dict) -> dict:
     from pipeline.jobs.load import load
 
     if a.get("ttnn_host"):
-        from tasks.device import ttnn_module
+        from tasks.device.ttnn_edge import ttnn_module
 
         ttnn_module()
 
@@ -161,7 +161,7 @@ def _child_cat(a: dict) -> dict:
 def _child_naive(a: dict) -> dict:
     import ttnn
 
-    from tasks.device import configure_ttnn_env, device_present
+    from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
     configure_ttnn_env(os.environ, device_present())
     t0 = time.perf_counter()
@@ -177,7 +177,7 @@ def _child_as_tensor(a: dict) -> dict:
     """tt-metal's cache: `ttnn.as_tensor(cache_file_name=…)` per target (first run converts, later runs load)."""
     import ttnn
 
-    from tasks.device import configure_ttnn_env, device_present
+    from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
     configure_ttnn_env(os.environ, device_present())
     cache_dir = Path(a["cache_dir"])
@@ -219,7 +219,7 @@ def _child_plain_loop(a: dict) -> dict:
     """The Dask-overhead baseline: a convert whose graph (the one `build_graph` makes, the same wiring) is run by a
     plain loop on one thread, each task once its inputs are computed, as Dask's `get_sync` orders them, instead of
     by a Dask scheduler."""
-    import pipeline.jobs.build
+    import pipeline.jobs.build_entry
     from pipeline.jobs.convert import ConvertOptions, convert
     from pipeline.jobs.graph import dependencies
 
@@ -238,14 +238,14 @@ def _child_plain_loop(a: dict) -> dict:
             values[k] = graph[k]({d: values[d] for d in deps[k]})
         return values[key], {"stage_seconds": {}, "stage_tasks": {}}
 
-    scheduled, pipeline.jobs.build.run = pipeline.jobs.build.run, in_order
+    scheduled, pipeline.jobs.build_entry.run = pipeline.jobs.build_entry.run, in_order
     try:
         s = convert(ConvertOptions(a["version"], hf_cache=Path(a["hf"]) if a.get("hf") else None,
                                    snapshot=Path(a["snapshot"]) if a.get("snapshot") else None,
                                    cache_root=Path(a["cache"]), layout="generic", profile=a.get("profile"),
                                    synthetic=a.get("synthetic"), progress=False))
     finally:
-        pipeline.jobs.build.run = scheduled
+        pipeline.jobs.build_entry.run = scheduled
     return {"seconds": s["seconds"], "cache_path": s["cache_path"]}
 
 
@@ -272,7 +272,7 @@ def _child_port_path(a: dict) -> dict:
     """What the port's constructors do, host only: every device tensor through `ttnn.from_torch` in its dtype."""
     import ttnn
 
-    from tasks.device import configure_ttnn_env, device_present
+    from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
     configure_ttnn_env(os.environ, device_present())
     t0 = time.perf_counter()
@@ -293,7 +293,7 @@ def _child_as_tensor_port(a: dict) -> dict:
     import ttnn
     import xxhash
 
-    from tasks.device import configure_ttnn_env, device_present
+    from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
     configure_ttnn_env(os.environ, device_present())
     cache_dir = Path(a["cache_dir"])
@@ -387,7 +387,7 @@ PORT_TREE = Path(__file__).resolve().parents[2] / "shared" / "consumers" / "tt-m
 def _child_port_startup(a: dict) -> dict:
     """The port's own start-up, as its demo runs it on the host (device None): its weight loader reads every shard
     (safetensors `load_file`) and its constructors preprocess every weight, all 32 slots, through from_torch."""
-    from tasks.device import configure_ttnn_env, device_present
+    from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
     configure_ttnn_env(os.environ, device_present())
     from pipeline.port_n16 import PortCode, build_with_port, port_config, shapes_of
@@ -411,7 +411,7 @@ def _child_handoff(a: dict) -> dict:
         from devkit import simulator
 
         assert simulator.use(os.environ), simulator.unavailable_reason()
-    from tasks.device import configure_ttnn_env, device_present
+    from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
     configure_ttnn_env(os.environ, device_present())
     from pipeline.port_n16 import PortCode, build_model
@@ -422,14 +422,14 @@ def _child_handoff(a: dict) -> dict:
 
     dev = None
     if a.get("simulated"):
-        from tasks import device
+        from tasks.device import ttnn_edge
 
-        dev = device.open_device(0)
+        dev = ttnn_edge.open_device(0)
     t0 = time.perf_counter()
     built = build_model(Path(a["cache"]), code.root, dev, check=a.get("check", True))
     seconds = time.perf_counter() - t0
     if dev is not None:
-        device.close_device(dev)
+        ttnn_edge.close_device(dev)
     return {"seconds": seconds, **{k: v for k, v in built.stats.items() if k != "seconds"}}
 
 

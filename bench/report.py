@@ -29,9 +29,10 @@ def _out(scale: str) -> Path:
 
 def _built() -> None:
     """What `make` does once per install, done before any contender is timed: the C kernels built for this source
-    and CPU, ttnn's `.tensorbin` headers checked. Else the first child after an edit of tasks/kernels.c pays both
+    and CPU, ttnn's `.tensorbin` headers checked. Else the first child after an edit of tasks/numerics/kernels.c pays both
     (3-4 s and an import of ttnn) inside its row."""
-    from tasks import kernels, tensorbin
+    from tasks.numerics import kernels
+    from tasks.device import tensorbin
 
     kernels.build()
     tensorbin.check_formats()

@@ -42,7 +42,7 @@ _EXPORTS = {
     "ConvertSummary": "pipeline.jobs.summary", "load": "pipeline.jobs.load", "Loaded": "pipeline.jobs.load",
     "build_model": "pipeline.port_n16", "PipelineError": "tasks.errors", "ConfigError": "tasks.errors",
     "CheckpointError": "tasks.errors", "RecipeError": "tasks.errors", "CacheError": "tasks.errors",
-    "NetworkError": "tasks.network",
+    "NetworkError": "tasks.io.network",
 }
 __all__ = ["__version__", *_EXPORTS]
 

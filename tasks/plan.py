@@ -5,11 +5,39 @@ conversion. Plain values that the stage functions take; `pipeline/model/recipe.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
-from tasks.precision import stored_dtype
+import numpy as np
+
+from tasks.numerics.precision import stored_dtype
+
+if TYPE_CHECKING:  # a type only: the shards' reader is a floor above (tasks/__init__.py)
+    from tasks.source.safetensors_file import ShardHeader
 
 HOST = "HOST"  # the layout of host-only targets: kept on the host as float32, never uploaded
+
+
+@dataclass(frozen=True)
+class HostTable:
+    """A host table (q_norm, k_norm, embed_tokens) left in its shard until the stage writes it: it is streamed into
+    the entry as the float32 the port keeps (`.to(torch.float32)`), block by block, so an F32 embed_tokens (1.24 GB)
+    is never whole in memory. What the read task hands on for a host target; the stage reads it through
+    tasks/source/shards.py `read_host_table`, checking it as it writes it."""
+    header: ShardHeader
+    key: str
+    dtype = np.dtype(np.float32)  # what it is stored and handed out as
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.header.entries[self.key].shape
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,22 +17,23 @@ import hashlib
 from concurrent.futures import Future
 from pathlib import Path
 
-from tasks.bulk_write import write_behind, write_bytes_in_place
+from tasks.io.bulk_write import write_behind, write_bytes_in_place
 import numpy as np
 
-from tasks.convert import Converted, NonFinite
+from tasks.device.host_tensors import Converted, NonFinite
 from tasks.entries.chunks import write_chunk, write_host_chunk
 from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum
 from tasks.entries.names import PACKED_SUFFIX, object_key, packed_path
 from tasks.entries.objects import Present, still_held
 from tasks.entries.store import store_at
-from tasks.source import HostTable
+from tasks.plan import HostTable
+from tasks.source.shards import read_host_table
 from tasks.entries.progress import in_folder, record_progress
 
 
 def stage_target(entry: Path | str, converted: Converted, behind: bool = False) -> Staged:
     """Write one target (or one slot of a bank) as a chunk of its array (and its device file), then its progress
-    record. `behind`: hand the writes off (tasks/bulk_write.py `write_behind`) and return once they are checksummed,
+    record. `behind`: hand the writes off (tasks/io/bulk_write.py `write_behind`) and return once they are checksummed,
     for a build whose publish runs in this process (it waits for them: `writes_finished`)."""
     entry, data = Path(entry), converted.array
     if isinstance(data, HostTable):  # a host table, streamed from its file as float32 and checked as it is written
@@ -81,11 +82,11 @@ def stage_into_store(store_url: str, stall: float, converted: Converted, present
     this: its chunk, and its `.tensorbin` for packed device dtypes, each under `objects/` by its sha256 (which the
     record names). `present`: key -> (size, when written) of the objects the store held when the convert began;
     one of those is not sent again, only freshened if written before `fresh_after` (so that `cache gc` cannot take
-    it before the manifest that names it is published). `stall`: the client's stall limit (tasks/network.py)."""
+    it before the manifest that names it is published). `stall`: the client's stall limit (tasks/io/network.py)."""
     data = converted.array
     if isinstance(data, HostTable):  # whole here: an object is put in one piece
         table, data = data, np.empty(data.shape, np.float32)
-        table.read_float32(0, data.reshape(-1))
+        read_host_table(table, 0, data.reshape(-1))
         found = NonFinite()
         found.add(0, data.reshape(-1).view(np.uint32))
         found.check(converted.name, converted.sources, converted.origin)

@@ -17,7 +17,7 @@ import pytest
 from pipeline.inputs.snapshot import resolve_snapshot
 from pipeline.inputs.synth import synthesize
 from pipeline.model.versions import VERSIONS, load_config
-from tasks.device import configure_ttnn_env, device_present
+from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 from devkit import simulator
 
 pytest_plugins = ("tests.required",)  # GR00T_TEST_REQUIRE: a skip for want of a required capability fails
@@ -116,11 +116,11 @@ def simulated_device():
     if not SIMULATED:
         # tests/required.py `needs("simulator", …)`'s tag, written out: this module loads that plugin
         pytest.skip(f"[simulator] {simulator.unavailable_reason(TEST_DEVICE) or 'the simulator could not be built'}")
-    from tasks import device
+    from tasks.device import ttnn_edge
 
-    dev = device.open_device(0)
+    dev = ttnn_edge.open_device(0)
     yield dev
-    device.close_device(dev)
+    ttnn_edge.close_device(dev)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The cache's big-file writer (tasks/bulk_write.py): O_DIRECT through a bounce buffer, or buffered where the
+"""The cache's big-file writer (tasks/io/bulk_write.py): O_DIRECT through a bounce buffer, or buffered where the
 filesystem refuses; either way the file holds exactly the bytes given, under its final name only when complete."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from tasks import bulk_write
-from tasks.bulk_write import (ALIGN, BOUNCE, DIRECT_MIN, aligned_empty, write_behind, write_bytes_atomic,
+from tasks.io import bulk_write
+from tasks.io.bulk_write import (ALIGN, BOUNCE, DIRECT_MIN, aligned_empty, write_behind, write_bytes_atomic,
                               write_bytes_in_place, writes_finished)
 
 SIZES = [0, 1, DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, BOUNCE, BOUNCE + ALIGN + 3, 3 * BOUNCE - 5]

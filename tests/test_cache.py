@@ -160,10 +160,9 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
 
 
 def test_an_all_zero_target_is_still_written_and_a_missing_one_never_reads_as_zeros(tmp_path):
-    from tasks.convert import Converted
+    from tasks.device.host_tensors import Converted
     from tasks.stage import stage_target
     from tasks.entries.store import LocalStore
-
     from tasks.entries.zarr_v3 import array_metadata, create_array
 
     zeros = np.zeros((64, 32), np.uint16)
@@ -226,8 +225,8 @@ def test_a_torn_chunk_under_its_final_name_is_written_again_on_resume(hf_cache, 
 
 def test_a_port_plan_convert_never_imports_ttnn_once_its_headers_are_checked(hf_cache, tmp_path):
     """ttnn (with torch) costs ~1.8 s of one core and ~0.5 GB to import; the port plan's device files are all made
-    by tasks/tensorbin.py, so after the once-per-install header check a convert runs without it."""
-    from tasks import tensorbin
+    by tasks/device/tensorbin.py, so after the once-per-install header check a convert runs without it."""
+    from tasks.device import tensorbin
 
     tensorbin.check_formats()
     code = ("import sys; from pathlib import Path; from pipeline.jobs.convert import ConvertOptions, convert; "

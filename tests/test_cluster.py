@@ -270,7 +270,7 @@ def test_workers_through_a_bad_network_write_the_entry_a_good_one_does(faulty_cl
     """Two workers put the entry through 2% cuts each way, 2% SlowDown and stalls past the client's stall limit
     (which the workers take from the client: theirs is unset): the entry is byte for byte a local convert's, and
     the summary counts the retries the workers made."""
-    from tasks.network import STALL_ENV
+    from tasks.io.network import STALL_ENV
     from tests.test_network_faults import BAD
 
     scheduler, hidden, proxy = faulty_cluster

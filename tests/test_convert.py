@@ -165,7 +165,7 @@ def test_a_plain_folder_takes_no_sha256_unless_asked_and_records_what_hashlib_gi
     import shutil
     import types
 
-    from tasks import source
+    from tasks.source import shards
     from tasks.entries.entry import open_entry
     from tasks.entries.store import LocalStore
 
@@ -180,7 +180,7 @@ def test_a_plain_folder_takes_no_sha256_unless_asked_and_records_what_hashlib_gi
         taken.append(1)
         return hashlib.sha256(*args)
 
-    monkeypatch.setattr(source, "hashlib", types.SimpleNamespace(sha256=counting_sha256))
+    monkeypatch.setattr(shards, "hashlib", types.SimpleNamespace(sha256=counting_sha256))
     opts = dict(snapshot=plain, embodiments="new_embodiment", progress=False)
     summary = convert(ConvertOptions(None, cache_root=tmp_path / "c1", **opts))
     assert not summary["cache_hit"] and taken == []

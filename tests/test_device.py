@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.model.versions import VERSIONS
-from tasks import device
+from tasks.device import ttnn_edge
 
 from tests.conftest import ROOT
 
@@ -37,13 +37,13 @@ def test_every_target_converts_with_real_ttnn(hf_cache, tmp_path, version, profi
 @pytest.mark.parametrize("dtype", ["bfloat16", "bfloat8_b"])
 def test_padding_keeps_the_logical_shape(shape, dtype):
     x = (np.random.default_rng(0).standard_normal(shape) * 0.02).astype(ml_dtypes.bfloat16)
-    host = device.to_host_tensor(x, dtype, "TILE")
+    host = ttnn_edge.to_host_tensor(x, dtype, "TILE")
     assert tuple(host.shape) == shape
-    assert tuple(host.padded_shape) == device.padded_shape(shape, "TILE")
+    assert tuple(host.padded_shape) == ttnn_edge.padded_shape(shape, "TILE")
     assert all(d % 32 == 0 for d in tuple(host.padded_shape)[-2:])
-    n = device.host_numerics(host, x)
+    n = ttnn_edge.host_numerics(host, x)
     if dtype == "bfloat16":
-        assert n == device.Numerics(0.0, 1.0)
+        assert n == ttnn_edge.Numerics(0.0, 1.0)
     else:
         assert n.pcc >= 0.999 and 0 < n.max_abs_err <= 2 ** -7
 
@@ -52,28 +52,28 @@ def test_pcc_matches_numpy_corrcoef():
     rng = np.random.default_rng(3)
     a = rng.standard_normal(10_000_003).astype(np.float32)
     b = a + 0.1 * rng.standard_normal(a.size).astype(np.float32)
-    assert abs(device.pcc(a, b) - np.corrcoef(a, b)[0, 1]) < 1e-9  # float64 throughout, in blocks
+    assert abs(ttnn_edge.pcc(a, b) - np.corrcoef(a, b)[0, 1]) < 1e-9  # float64 throughout, in blocks
 
 
 def test_mock_descriptor_only_without_hardware_and_without_a_user_choice():
     env: dict[str, str] = {}
-    assert device.configure_ttnn_env(env, has_device=False) == str(device.MOCK_DESCRIPTOR)
-    assert env[device.MOCK_ENV] == str(device.MOCK_DESCRIPTOR)
-    mine = {device.MOCK_ENV: "/opt/my/t3k.yaml"}
-    assert device.configure_ttnn_env(mine, has_device=False) == "/opt/my/t3k.yaml"
-    assert mine[device.MOCK_ENV] == "/opt/my/t3k.yaml"
+    assert ttnn_edge.configure_ttnn_env(env, has_device=False) == str(ttnn_edge.MOCK_DESCRIPTOR)
+    assert env[ttnn_edge.MOCK_ENV] == str(ttnn_edge.MOCK_DESCRIPTOR)
+    mine = {ttnn_edge.MOCK_ENV: "/opt/my/t3k.yaml"}
+    assert ttnn_edge.configure_ttnn_env(mine, has_device=False) == "/opt/my/t3k.yaml"
+    assert mine[ttnn_edge.MOCK_ENV] == "/opt/my/t3k.yaml"
     on_hardware: dict[str, str] = {}
-    assert device.configure_ttnn_env(on_hardware, has_device=True) is None
-    assert device.MOCK_ENV not in on_hardware
+    assert ttnn_edge.configure_ttnn_env(on_hardware, has_device=True) is None
+    assert ttnn_edge.MOCK_ENV not in on_hardware
 
 
 def test_shipped_descriptor_really_enables_packing_in_a_fresh_process():
-    code = ("import numpy as np, os; from tasks import device; "
-            "h = device.to_host_tensor(np.zeros((32, 32), np.uint16), 'bfloat8_b', 'TILE'); "
+    code = ("import numpy as np, os; from tasks.device import ttnn_edge; "
+            "h = ttnn_edge.to_host_tensor(np.zeros((32, 32), np.uint16), 'bfloat8_b', 'TILE'); "
             " print(os.environ['TT_METAL_MOCK_CLUSTER_DESC_PATH'], h.dtype)")
-    env = {k: v for k, v in os.environ.items() if k not in (device.MOCK_ENV, device.SIMULATOR_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (ttnn_edge.MOCK_ENV, ttnn_edge.SIMULATOR_ENV)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == f"{device.MOCK_DESCRIPTOR} DataType.BFLOAT8_B"
+    assert out.stdout.strip().splitlines()[-1] == f"{ttnn_edge.MOCK_DESCRIPTOR} DataType.BFLOAT8_B"
 
 
 def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_path, snapshots):
@@ -90,7 +90,7 @@ def test_bfp8_reload_restores_packed_tensors_without_repacking(hf_cache, tmp_pat
     assert str(w2.dtype) == "DataType.BFLOAT8_B" and str(w2.layout) == "Layout.TILE"
     with safe_open(str(snapshots["n17"] / "model-00002-of-00002.safetensors"), "pt") as f:
         source = f.get_tensor("action_head.action_encoder.W2.W")[10]
-    fresh = device.to_host_tensor(source.view(torch.int16).numpy().view(np.uint16), "bfloat8_b", "TILE")
+    fresh = ttnn_edge.to_host_tensor(source.view(torch.int16).numpy().view(np.uint16), "bfloat8_b", "TILE")
     import ttnn
 
     assert torch.equal(ttnn.to_torch(w2), ttnn.to_torch(fresh))  # packing is deterministic: identical values
@@ -106,7 +106,7 @@ def _target(dtype: str, min_pcc: float):
 
 
 def test_a_target_below_the_recipe_pcc_fails_naming_it():
-    from tasks.convert import convert_target
+    from tasks.device.host_tensors import convert_target
     from tasks.errors import CheckpointError
 
     rng = np.random.default_rng(5)
@@ -121,8 +121,8 @@ def test_a_target_below_the_recipe_pcc_fails_naming_it():
 
 @pytest.mark.parametrize("wrong", [np.float16, np.int16, np.float64])
 def test_a_target_that_is_not_bf16_is_refused_not_read_as_bf16(wrong):
-    """A wider source is rounded when it is read (tasks/precision.py); the convert stage never reinterprets bits."""
-    from tasks.convert import convert_target
+    """A wider source is rounded when it is read (tasks/numerics/precision.py); the convert stage never reinterprets bits."""
+    from tasks.device.host_tensors import convert_target
 
     for dtype in ("bfloat16", "bfloat8_b"):
         with pytest.raises(ValueError, match=rf"takes bf16 values .*, got {np.dtype(wrong)}"):

@@ -1,4 +1,4 @@
-"""The hash passes' reader (tasks/file_blocks.py) and the shard hashes built on it, held to plain reads: hashlib
+"""The hash passes' reader (tasks/io/file_blocks.py) and the shard hashes built on it, held to plain reads: hashlib
 and xxhash over bytes from `Path.read_bytes`, tensor spans from the safetensors header parsed here with json."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from tasks import file_blocks, source
-from tasks.safetensors_file import read_header
-from tasks.source import content_identity, hash_shard, identify_shards, verify_shard
+from tasks.io import file_blocks
+from tasks.source import shards
+from tasks.source.safetensors_file import read_header
+from tasks.source.shards import content_identity, hash_shard, identify_shards, verify_shard
 
 BLOCK = 8192
 
@@ -148,7 +149,8 @@ def test_a_file_cut_short_while_read_is_an_oserror_not_a_crash(tmp_path, call):
     path.write_bytes(b"\1" * (4 * BLOCK))
     code = textwrap.dedent(f"""
         import os
-        from tasks import file_blocks, source
+        from tasks.io import file_blocks
+        from tasks.source import shards
         def consume(view, pos):
             bytes(view)  # every byte touched, as a hash does
             if pos == 0:
@@ -178,10 +180,10 @@ def _spans(path: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("piece", [1, 4096, 256 << 20])  # each tensor a run of its own; a few; each shard whole
 def test_shard_hashes_equal_plain_hashes(snapshots, monkeypatch, piece):
-    monkeypatch.setattr(source, "PIECE", piece)
-    shards = sorted(snapshots["n16"].glob("*.safetensors"))
-    headers = [read_header(p) for p in shards]
-    for tensors, header, path in zip(identify_shards(headers, 2), headers, shards):
+    monkeypatch.setattr(shards, "PIECE", piece)
+    files = sorted(snapshots["n16"].glob("*.safetensors"))
+    headers = [read_header(p) for p in files]
+    for tensors, header, path in zip(identify_shards(headers, 2), headers, files):
         verified = verify_shard(header, content_identity(header, tensors), record_sha256=True)  # --sha256
         assert verified.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
         assert verify_shard(header, content_identity(header, tensors)).sha256 is None  # none unless asked

@@ -24,7 +24,7 @@ from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from pipeline.inputs.synth import FORMS, ISAAC_FORMS, LEROBOT_PREFIX, MAPPED_TAG, N15_ONLY_WITHOUT, TRAINED_TAG, fine_tune_form
 from pipeline.model.versions import load_config
-from tasks.checkpoint import INDEX_NAME
+from tasks.source.checkpoint import INDEX_NAME
 from tasks.entries.entry import open_entry
 from tasks.entries.store import LocalStore
 

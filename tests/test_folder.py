@@ -113,7 +113,7 @@ def test_tie_tables_says_what_to_tie_and_changes_nothing_and_read_folder_ties_it
     from safetensors.torch import load_file, save_file
 
     from pipeline.inputs.folder import read_folder, tie_tables
-    from tasks.checkpoint import Checkpoint
+    from tasks.source.checkpoint import Checkpoint
 
     cfg = load_config("n16")
     embed, head = f"{cfg.containers['llm']}embed_tokens.weight", f"{cfg.containers['lm_head']}weight"

@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.model.recipe import build_plan
-from tasks import file_blocks
-from tasks.checkpoint import Checkpoint
+from tasks.io import file_blocks
+from tasks.source.checkpoint import Checkpoint
 from pipeline.jobs.graph import PUBLISH, ancestors
 from tasks.plan import work_units
 from pipeline.model.state_dict import straddling_unit
@@ -102,9 +102,9 @@ def test_a_one_embodiment_conversion_reads_only_that_slot_of_each_bank(hf_cache,
     positioned read recorded: at the system call, and each span read from a shard's mapping (a converted source,
     such as a bf16 host table widened; the snapshot's sha256 pass reads whole shards, no span). Each bank's bytes
     read are exactly its slot's byte range."""
-    from tasks import source
+    from tasks.source import shards
 
-    reads, lock, preadv, each_block = [], threading.Lock(), os.preadv, source.each_block
+    reads, lock, preadv, each_block = [], threading.Lock(), os.preadv, shards.each_block
 
     def recording(fd, buffers, offset):
         n = preadv(fd, buffers, offset)
@@ -119,7 +119,7 @@ def test_a_one_embodiment_conversion_reads_only_that_slot_of_each_bank(hf_cache,
         return each_block(path, consume, block, span)
 
     monkeypatch.setattr(os, "preadv", recording)
-    monkeypatch.setattr(source, "each_block", mapped)
+    monkeypatch.setattr(shards, "each_block", mapped)
     summary = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny",
                                      cache_root=cache_root, progress=False))
     slot = summary["slots"][0]
@@ -170,7 +170,7 @@ def test_a_shard_is_hashed_again_only_when_nothing_before_checked_what_is_read_f
 
     from pipeline.commands.render import graph_inputs
     from pipeline.jobs.graph import build_graph
-    from tasks.source import VerifiedShard
+    from tasks.source.shards import VerifiedShard
 
     inputs = graph_inputs(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny",
                                          cache_root=cache_root))

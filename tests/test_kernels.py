@@ -1,4 +1,4 @@
-"""The C transpose (tasks/kernels.c) against numpy's `.T`, on the shapes that reach its edges: fewer than 8 rows
+"""The C transpose (tasks/numerics/kernels.c) against numpy's `.T`, on the shapes that reach its edges: fewer than 8 rows
 or columns, sizes that are not multiples of 8 or of its 256-row blocks, strided views in and out (head padding
 writes into column slices), and one full-size N1.6 projection."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks import kernels
+from tasks.numerics import kernels
 
 SHAPES = [(1, 1), (3, 5), (8, 8), (9, 17), (7, 300), (300, 7), (256, 8), (257, 9), (513, 24), (1000, 33), (2048, 6144)]
 
@@ -48,7 +48,7 @@ def test_the_portable_packer_gives_ttnns_own_bytes(tmp_path):
     import torch
     import ttnn
 
-    from tasks import tensorbin
+    from tasks.device import tensorbin
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:

@@ -12,7 +12,8 @@ import pytest
 from pipeline.cache import housekeeping, leases
 from pipeline.cache import collect_garbage, readers, reading, remove_entry
 from tasks.errors import CacheError
-from tasks.entries.store import FsspecStore, LocalStore
+from tasks.entries.object_stores import FsspecStore
+from tasks.entries.store import LocalStore
 from tests.handmade import entry_of, holding
 
 

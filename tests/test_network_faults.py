@@ -17,7 +17,7 @@ import torch
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.entries.store import LocalStore, open_store
-from tasks.network import STALL_ENV
+from tasks.io.network import STALL_ENV
 from tests.buckets import entry_md5s, forget_s3_clients, manifest_doc, upload
 from tests.conftest import run_cli
 from tests.faulty_network import FaultyProxy
@@ -210,7 +210,7 @@ def test_what_is_a_network_fault_and_what_is_not():
     from botocore.exceptions import (ClientError, ConnectionClosedError, EndpointConnectionError,
                                       NoCredentialsError, ReadTimeoutError, ResponseStreamingError)
 
-    from tasks.network import CUT, SERVER, THROTTLED, TIMEOUT, UNREACHABLE, ShortBody, fault_of
+    from tasks.io.network import CUT, SERVER, THROTTLED, TIMEOUT, UNREACHABLE, ShortBody, fault_of
 
     def answer(code: str, status: int) -> ClientError:
         return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from pipeline.jobs.convert import ConvertOptions, convert
-from tasks import kernels, tensorbin
+from tasks.numerics import kernels
+from tasks.device import tensorbin
 from tasks.errors import CheckpointError
-from tasks.precision import to_bf16
-from tasks.safetensors_file import NUMPY_DTYPES, read_header
+from tasks.numerics.precision import to_bf16
+from tasks.source.safetensors_file import NUMPY_DTYPES, read_header
 
 from tests.conftest import ROOT
 
@@ -81,26 +82,26 @@ def test_every_f16_rounds_to_bf16_exactly_as_torch_does(rounding_path):
 
 
 def test_a_wide_tensor_is_rounded_as_it_is_read_and_refused_by_its_flat_index(rounding_path, tmp_path):
-    """The graph's read (tasks/source.py read_weight): block by block from the file, the same bits as torch."""
+    """The graph's read (tasks/source/shards.py read_weight): block by block from the file, the same bits as torch."""
     from safetensors.numpy import save_file
 
-    from tasks import source
+    from tasks.source import shards
 
     values = np.random.default_rng(5).standard_normal((1500, 1100)).astype(np.float32)  # several read blocks
     values.reshape(-1)[[7, 1_234_567]] = [np.inf, np.nan]
     save_file({"w": values}, str(tmp_path / "m.safetensors"))
-    got = source.read_weight(read_header(tmp_path / "m.safetensors"), "w")
+    got = shards.read_weight(read_header(tmp_path / "m.safetensors"), "w")
     assert got.dtype == ml_dtypes.bfloat16 and np.array_equal(got.view(np.uint16), _torch_bf16_bits(values))
     values.reshape(-1)[1_600_000] = 3.4e38
     save_file({"w": values}, str(tmp_path / "m.safetensors"))
     with pytest.raises(CheckpointError, match=r"value 3.39999995e\+38 \(flat index 1600000\) rounds to \+Inf"):
-        source.read_weight(read_header(tmp_path / "m.safetensors"), "w")
+        shards.read_weight(read_header(tmp_path / "m.safetensors"), "w")
 
 
 def test_a_wide_tensor_at_an_odd_offset_is_rounded_as_torch_rounds_it(rounding_path, tmp_path):
     """The format asks nothing of the header's length: a stranger's file may start its data at an odd byte, and
     a block of the shard's mapping then starts mid-float."""
-    from tasks import source
+    from tasks.source import shards
 
     values = np.random.default_rng(8).standard_normal((700, 900)).astype(np.float32)
     header = json.dumps({"w": {"dtype": "F32", "shape": [700, 900], "data_offsets": [0, values.nbytes]}}).encode()
@@ -108,7 +109,7 @@ def test_a_wide_tensor_at_an_odd_offset_is_rounded_as_torch_rounds_it(rounding_p
     (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + values.tobytes())
     parsed = read_header(tmp_path / "m.safetensors")
     assert parsed.data_start % 4 == 3
-    assert np.array_equal(source.read_weight(parsed, "w").view(np.uint16), _torch_bf16_bits(values))
+    assert np.array_equal(shards.read_weight(parsed, "w").view(np.uint16), _torch_bf16_bits(values))
 
 
 def test_a_wide_tensor_cut_short_after_its_header_was_read_is_refused_by_its_file(tmp_path):
@@ -116,31 +117,31 @@ def test_a_wide_tensor_cut_short_after_its_header_was_read_is_refused_by_its_fil
     is one sentence naming it, never a crash on the mapping or values made up."""
     from safetensors.numpy import save_file
 
-    from tasks import source
+    from tasks.source import shards
 
     save_file({"w": np.ones((1500, 1100), np.float32)}, str(tmp_path / "m.safetensors"))
     header = read_header(tmp_path / "m.safetensors")
     os.truncate(tmp_path / "m.safetensors", (tmp_path / "m.safetensors").stat().st_size - 4096)
     with pytest.raises(CheckpointError, match=r"m\.safetensors, key 'w': could not be read to the end .* wait for it"):
-        source.read_weight(header, "w")
+        shards.read_weight(header, "w")
 
 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_a_wide_banks_slot_is_rounded_as_it_is_read_into_a_page_aligned_array(rounding_path, tmp_path, dtype):
-    """The graph's slot task (tasks/source.py read_weight_slot): only the slot's bytes, rounded block by block as
+    """The graph's slot task (tasks/source/shards.py read_weight_slot): only the slot's bytes, rounded block by block as
     torch rounds `W[e]`, into memory the stage writes past the page cache as it is; refused by the flat index in
     the bank."""
     from safetensors.numpy import save_file
 
-    from tasks import source
-    from tasks.bulk_write import ALIGN
+    from tasks.source import shards
+    from tasks.io.bulk_write import ALIGN
 
     bank = np.random.default_rng(6).standard_normal((4, 1300, 900)).astype(dtype)  # a slot spans several blocks
     save_file({"b": bank}, str(tmp_path / "m.safetensors"))
     for slot in (0, 2, 3):
-        got = source.read_weight_slot(read_header(tmp_path / "m.safetensors"), "b", slot)
+        got = shards.read_weight_slot(read_header(tmp_path / "m.safetensors"), "b", slot)
         assert got.dtype == ml_dtypes.bfloat16 and got.shape == (1300, 900)
         assert np.array_equal(got.view(np.uint16), _torch_bf16_bits(bank[slot]))
         assert got.ctypes.data % ALIGN == 0
@@ -148,7 +149,7 @@ def test_a_wide_banks_slot_is_rounded_as_it_is_read_into_a_page_aligned_array(ro
         bank[2].reshape(-1)[5] = 3.4e38
         save_file({"b": bank}, str(tmp_path / "m.safetensors"))
         with pytest.raises(CheckpointError, match=rf"flat index {2 * 1300 * 900 + 5}\) rounds to \+Inf"):
-            source.read_weight_slot(read_header(tmp_path / "m.safetensors"), "b", 2)
+            shards.read_weight_slot(read_header(tmp_path / "m.safetensors"), "b", 2)
 TIE_TO_INF = float(np.array(0x7F7F8000, np.uint32).view(np.float32))  # half-way past bf16's largest: to even, Inf
 
 
@@ -226,7 +227,8 @@ def test_the_packer_refuses_wide_values_and_short_buffers_in_both_paths(kernels_
 SANITIZED = """
 import ctypes, sys
 import numpy as np
-from tasks import kernels, tensorbin
+from tasks.numerics import kernels
+from tasks.device import tensorbin
 kernels._lib = lambda: kernels.bind(ctypes.CDLL(sys.argv[1]))
 for shape in {shapes}:
     x = (np.random.default_rng(1).standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
@@ -313,7 +315,7 @@ def test_the_cli_says_it_in_one_sentence_and_exits_2(snapshots, tmp_path):
 
 def test_a_f32_value_past_bf16s_range_refuses_the_convert_by_key_and_value(snapshots, tmp_path):
     from pipeline.inputs.synth import _write_shards
-    from tasks.checkpoint import Checkpoint
+    from tasks.source.checkpoint import Checkpoint
 
     with Checkpoint(snapshots["n16"]) as ck:
         tensors = {k: ck.get(k) for k in ck.keys()}
@@ -339,8 +341,9 @@ def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(disk_path
     import xxhash
     from safetensors.torch import save_file
 
-    from tasks import bulk_write, source
-    from tasks.convert import convert_target
+    from tasks.io import bulk_write
+    from tasks.source import shards
+    from tasks.device.host_tensors import convert_target
     from tasks.plan import HOST, Target
     from tasks.stage import stage_target
 
@@ -349,7 +352,7 @@ def test_a_host_table_is_staged_as_torchs_float32_of_it_block_by_block(disk_path
     save_file({"embed_tokens.weight": stored}, str(disk_path / "m.safetensors"))
     monkeypatch.setattr(bulk_write, "BOUNCE", 4096)      # 4 blocks of the 14,208-byte float32 table
     monkeypatch.setattr(bulk_write, "DIRECT_MIN", 0 if direct else 1 << 40)
-    read = source.read_weight(read_header(disk_path / "m.safetensors"), "embed_tokens.weight", host=True)
+    read = shards.read_weight(read_header(disk_path / "m.safetensors"), "embed_tokens.weight", host=True)
     target = Target(name="language.embed_tokens.weight", sources=("embed_tokens.weight",), transform="identity",
                     kind="host", shape=(37, 96), device_dtype="float32", device_layout=HOST)
     (disk_path / "entry" / target.name).mkdir(parents=True)
@@ -366,8 +369,8 @@ def test_a_nan_in_a_streamed_host_table_is_named_by_its_flat_index(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from tasks import source
-    from tasks.convert import convert_target
+    from tasks.source import shards
+    from tasks.device.host_tensors import convert_target
     from tasks.plan import HOST, Target
 
     table = torch.randn(1500, 1000, dtype=torch.float32)  # 1.5 M values: two blocks of 1 M
@@ -376,7 +379,7 @@ def test_a_nan_in_a_streamed_host_table_is_named_by_its_flat_index(tmp_path):
     save_file({"embed_tokens.weight": table}, str(tmp_path / "m.safetensors"))
     from tasks.stage import stage_target
 
-    read = source.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
+    read = shards.read_weight(read_header(tmp_path / "m.safetensors"), "embed_tokens.weight", host=True)
     target = Target(name="language.embed_tokens.weight", sources=("embed_tokens.weight",), transform="identity",
                     kind="host", shape=(1500, 1000), device_dtype="float32", device_layout=HOST)
     (tmp_path / "entry" / target.name).mkdir(parents=True)

@@ -15,9 +15,9 @@ from safetensors.torch import save_file
 
 from pipeline.model.state_dict import tensor_specs
 from pipeline.model.versions import VERSIONS, load_config
-from tasks.checkpoint import INDEX_NAME, Checkpoint
+from tasks.source.checkpoint import INDEX_NAME, Checkpoint
 from tasks.errors import CheckpointError
-from tasks.safetensors_file import write_file
+from tasks.source.safetensors_file import write_file
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:

@@ -25,7 +25,7 @@ from pipeline import cache as cache_mod
 from pipeline.cache import sources
 from pipeline.commands.cli import main
 from pipeline.jobs.convert import ConvertOptions, convert
-from tasks.checkpoint import INDEX_NAME
+from tasks.source.checkpoint import INDEX_NAME
 from tasks.entries.entry import list_entries
 from tasks.errors import CheckpointError, ConfigError, PipelineError
 from tasks.entries.store import LocalStore
@@ -262,8 +262,8 @@ def _remember_original_hash(snap: Path, root: Path) -> None:
     """Record what the shard's content identity was before the flip, as a first (clean) run would have."""
     import hashlib
 
-    from tasks.safetensors_file import read_header
-    from tasks.source import content_identity, hash_shard
+    from tasks.source.safetensors_file import read_header
+    from tasks.source.shards import content_identity, hash_shard
 
     data = bytearray((snap / S2).read_bytes())
     data[-1] ^= 0x01
@@ -476,7 +476,7 @@ def test_readers_during_publish_never_see_a_partial_entry(hf_cache, tmp_path):
 # ---- limits -------------------------------------------------------------------------------------------------------
 
 def test_tensor_count_cap(tmp_path, monkeypatch):
-    from tasks import safetensors_file
+    from tasks.source import safetensors_file
 
     monkeypatch.setattr(safetensors_file, "MAX_TENSORS_PER_FILE", 3)
     path = tmp_path / "many.safetensors"

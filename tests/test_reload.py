@@ -16,7 +16,8 @@ import xxhash
 from tasks.entries import entry as fmt, manifest, names
 from tasks.entries import reload
 from tasks.errors import CacheError
-from tasks.entries.store import FsspecStore, LocalStore
+from tasks.entries.object_stores import FsspecStore
+from tasks.entries.store import LocalStore
 
 ttnn = pytest.importorskip("ttnn")
 

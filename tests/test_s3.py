@@ -196,10 +196,10 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     objects and its manifest: every object it shares with the release is named by its manifest, not sent or
     copied; the release's old objects are freshened (so a gc cannot take them before the manifest is out). Its
     chunks and device files are byte for byte what a cold local convert of the fine-tune makes."""
-    import pipeline.jobs.build
+    import pipeline.jobs.build_entry
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
-    from tasks.entries.store import S3Store
+    from tasks.entries.object_stores import S3Store
 
     head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
     tuned_hf = tmp_path / "tuned-hf"
@@ -211,7 +211,7 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     store = open_store(bucket)
     release = store.written("")
     time.sleep(1.1)  # S3 keeps LastModified to the second
-    monkeypatch.setattr(pipeline.jobs.build, "FRESH_FOR", 0.5)  # the release's objects count as old
+    monkeypatch.setattr(pipeline.jobs.build_entry, "FRESH_FOR", 0.5)  # the release's objects count as old
     sent, put, put_many = [], S3Store.put, S3Store.put_many
     monkeypatch.setattr(S3Store, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
     monkeypatch.setattr(S3Store, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])
@@ -310,7 +310,7 @@ def test_access_denied_is_one_sentence(s3_url, monkeypatch):
     def refuse(*_a, **_k):
         raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
 
-    from tasks.network import retries_so_far
+    from tasks.io.network import retries_so_far
 
     for request in ("get_object", "put_object", "list_objects_v2"):
         monkeypatch.setattr(store._client, request, refuse)
@@ -336,7 +336,7 @@ def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differ
     fetched is counted at the store interface; the tensors equal a load of the same entry from a local folder."""
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
-    from tasks.entries.store import S3Store
+    from tasks.entries.object_stores import S3Store
 
     changed = frozenset(s.key for s in tensor_specs("n16", "tiny")
                         if s.key.startswith("action_head.model.transformer_blocks.0."))

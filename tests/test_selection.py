@@ -17,7 +17,8 @@ import pytest
 from pipeline.cache import SyntheticWeightsWarning, Wanted, choose_entry, find_entry, warn_if_synthetic
 from tasks.entries.entry import OldFormatError
 from tasks.errors import CacheError
-from tasks.entries.store import FsspecStore, LocalStore
+from tasks.entries.object_stores import FsspecStore
+from tasks.entries.store import LocalStore
 from tests.handmade import entry_of, ref_to
 
 N16 = dict(version="n16", layout="tt-n16", profile="port")

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
-from tasks import device as tt
+from tasks.device import ttnn_edge as tt
 from tasks.entries.entry import open_entry
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore

@@ -16,9 +16,9 @@ import pytest
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.inputs.snapshot import resolve_snapshot
 from pipeline.model.versions import load_config
-from tasks.checkpoint import Checkpoint
+from tasks.source.checkpoint import Checkpoint
 from tasks.errors import CheckpointError
-from tasks.safetensors_file import read_header
+from tasks.source.safetensors_file import read_header
 from tests.conftest import ROOT, run_cli
 
 

@@ -16,7 +16,7 @@ import zarr
 
 from tasks import stage
 from tasks.entries import publish
-from tasks.convert import Converted
+from tasks.device.host_tensors import Converted
 from tasks.entries.entry import open_entry
 from tasks.entries.manifest import Identity, content_id
 from tasks.entries.names import CACHE_FORMAT, MANIFEST, PROGRESS_DIR, packed_path

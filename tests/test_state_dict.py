@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.model.state_dict import tensor_specs, straddling_unit
 from pipeline.model.versions import load_config
-from tasks.safetensors_file import frame_header
+from tasks.source.safetensors_file import frame_header
 
 FACTS = {  # tensors, shards, total_size, straddling unit — literal reference numbers, not computed here
     "n15": (899, 3, 5_448_327_040, "backbone.eagle_model.language_model.model.layers.5"),

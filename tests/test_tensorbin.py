@@ -1,4 +1,4 @@
-"""ttnn's `.tensorbin` made in numpy (tasks/tensorbin.py) against ttnn itself, on inputs chosen to break it: every
+"""ttnn's `.tensorbin` made in numpy (tasks/device/tensorbin.py) against ttnn itself, on inputs chosen to break it: every
 finite bf16 pattern, exact ties, saturation, denormals and tiny exponents, Inf/NaN rows, row and column padding,
 ranks 2 and 3. Byte for byte against `dump_tensor`, value for value against `to_torch`."""
 
@@ -13,9 +13,10 @@ import pytest
 import torch
 import ttnn
 
-from tasks import kernels, tensorbin
-from tasks.convert import convert_target
-from tasks.precision import widen_bf16
+from tasks.numerics import kernels
+from tasks.device import tensorbin
+from tasks.device.host_tensors import convert_target
+from tasks.numerics.precision import widen_bf16
 from tasks.plan import Target
 
 RNG = np.random.default_rng(7)
@@ -55,7 +56,7 @@ def _ttnn_file(bits: np.ndarray, dtype: str) -> tuple[bytes, object]:
 
 @pytest.fixture(params=["C kernel", "numpy"])
 def packer(request, monkeypatch):
-    """Both packers, each held to ttnn: tasks/kernels.c (when a compiler built it) and the numpy fallback."""
+    """Both packers, each held to ttnn: tasks/numerics/kernels.c (when a compiler built it) and the numpy fallback."""
     if request.param == "numpy":
         monkeypatch.setattr(kernels, "available", lambda: False)
     elif not kernels.available():

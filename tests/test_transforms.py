@@ -1,4 +1,4 @@
-"""The transforms contract (tasks/transforms.py), without a convert: every transform the recipes may name gives the
+"""The transforms contract (tasks/numerics/transforms.py), without a convert: every transform the recipes may name gives the
 tensor an independent torch reference gives, of the shape `output_shape` promises before any data is touched, on
 bf16 bit patterns, with and without the C kernels."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks import kernels, transforms
+from tasks.numerics import kernels, transforms
 
 HEADS, HEAD_DIM, PADDED = 3, 5, 8  # small, and neither tile- nor power-of-two-aligned
 

@@ -402,7 +402,7 @@ def test_a_check_killed_before_its_cleanup_leaves_nothing_that_passes_for_an_ent
     the fresh one. Killed in between (here: it exits where the delete would run), what stays behind is never
     listed, chosen or counted as an entry, and gc removes it once its process is dead."""
     root, _, current = two_entries
-    exit_at_cleanup = ("import os, sys, types, pipeline.jobs.build as c; "
+    exit_at_cleanup = ("import os, sys, types, pipeline.jobs.build_entry as c; "
                        "c.shutil = types.SimpleNamespace(rmtree=lambda *a, **k: os._exit(9)); "
                        "from pipeline.commands.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", exit_at_cleanup, "convert", "--version", "n17", "--embodiments",

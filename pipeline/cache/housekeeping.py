@@ -10,9 +10,10 @@ from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless
 from pipeline.cache.pool import Pool, named_objects, sweep
 from pipeline.cache.roots import pid_alive
 from tasks.entries.entry import list_entries
-from tasks.entries.names import (ENTRIES, FETCHED, GRACE_HOURS, PORT_MODELS, is_temporary, entry_key, ref_object,
+from tasks.entries.names import (ENTRIES, FETCHED, PORT_MODELS, is_temporary, entry_key, ref_object,
                                  tmp_owner)
 from tasks.errors import CacheError
+from tasks.entries.objects import GRACE_HOURS
 from tasks.entries.refs import readable, refs
 from tasks.entries.store import Store
 

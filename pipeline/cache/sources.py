@@ -9,11 +9,11 @@ import json
 import os
 from pathlib import Path
 
-from tasks import source
+from tasks.source import shards
 from tasks.entries.names import SOURCES
-from tasks.bulk_write import write_json_atomic
-from tasks.checkpoint import Checkpoint
-from tasks.file_blocks import is_remote
+from tasks.io.bulk_write import write_json_atomic
+from tasks.source.checkpoint import Checkpoint
+from tasks.io.file_blocks import is_remote
 
 
 def _stat_key(path: Path) -> dict:
@@ -27,7 +27,7 @@ def _stat_key(path: Path) -> dict:
 
 def source_identity(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """Content identity per shard, what the entry is named by: the HF blob name's sha256 when there is one; else
-    the shard's content identity (its tensors' xxh3-128: tasks/source.py `content_identity`), remembered for this
+    the shard's content identity (its tensors' xxh3-128: tasks/source/shards.py `content_identity`), remembered for this
     exact file (path, size, mtime, inode), else taken now, at memory speed, and remembered. The sha256 of such a
     shard is taken by the graph's verify task, beside the conversion, and recorded in the manifest. Returns the
     identities, and the tensor hashes of the shards identified now (reuse takes them: read once)."""
@@ -41,15 +41,15 @@ def source_identity(root: Path, ck: Checkpoint) -> tuple[dict[str, str], dict[st
         record = root / SOURCES / (hashlib.sha256(stat["path"].encode()).hexdigest()[:32] + ".json")
         try:
             known = json.loads(record.read_text())
-            if known["stat"] == stat and known["content"].startswith(source.CONTENT_ID):
+            if known["stat"] == stat and known["content"].startswith(shards.CONTENT_ID):
                 out[shard] = known["content"]
                 continue
         except (OSError, ValueError, KeyError, AttributeError):  # none, unreadable, or of an older converter
             pass
         todo.append((shard, stat, record))
-    found = source.identify_shards([ck.headers[t[0]] for t in todo], os.cpu_count() or 1)
+    found = shards.identify_shards([ck.headers[t[0]] for t in todo], os.cpu_count() or 1)
     tensors = {shard: hashes for (shard, _, _), hashes in zip(todo, found)}
     for shard, stat, record in todo:
-        out[shard] = source.content_identity(ck.headers[shard], tensors[shard])
+        out[shard] = shards.content_identity(ck.headers[shard], tensors[shard])
         write_json_atomic(record, {"stat": stat, "content": out[shard]})
     return out, tensors

@@ -27,11 +27,11 @@ from pipeline.commands.printing import mb, print_cache_rows, print_convert, prin
 from pipeline.commands.render import write_graph
 from pipeline.cache import synthetic_hf_cache
 from pipeline.inputs.snapshot import default_hf_cache, hf_cache_folder
-from tasks.file_blocks import source_path
+from tasks.io.file_blocks import source_path
 from pipeline.inputs.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
 from pipeline.model.versions import SCALES, VERSIONS
 from tasks.errors import CacheError, ConfigError, PipelineError
-from tasks.network import STALL_ENV, STALL_SECONDS
+from tasks.io.network import STALL_ENV, STALL_SECONDS
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
                "that port's conventions, family by family), tt-n16-fused (n16, the port revision that fuses DiT q|k|v) "
@@ -446,7 +446,7 @@ def _reader_left(*streams) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if getattr(args, "stall_seconds", None):  # read where each store is made (tasks/network.py), here and below
+    if getattr(args, "stall_seconds", None):  # read where each store is made (tasks/io/network.py), here and below
         os.environ[STALL_ENV] = f"{args.stall_seconds:g}"
     out = sys.stdout
     try:

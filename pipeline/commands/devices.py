@@ -1,12 +1,12 @@
 """Which Tenstorrent device a command uses (`--device none|auto|<id>`): opened, said on stderr, and closed on every
-exit path. The choosing is here; ttnn itself is tasks/device.py."""
+exit path. The choosing is here; ttnn itself is tasks/device/ttnn_edge.py."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
 
-from tasks import device as tt
+from tasks.device import ttnn_edge as tt
 from tasks.errors import PipelineError
 
 

@@ -28,10 +28,10 @@ import yaml
 from pipeline.inputs.embodiments import TRAINED, Embodiments, TagMap
 from pipeline.model.state_dict import scale_of, tensor_specs
 from pipeline.model.versions import VERSIONS, VersionConfig, load_config
-from tasks.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
+from tasks.source.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
 from tasks.errors import CheckpointError, ConfigError
-from tasks.precision import check_dtype
-from tasks.file_blocks import file_size, read_whole
+from tasks.numerics.precision import check_dtype
+from tasks.io.file_blocks import file_size, read_whole
 
 EXPERIMENT_CFG = "experiment_cfg"
 N15_METADATA = f"{EXPERIMENT_CFG}/metadata.json"

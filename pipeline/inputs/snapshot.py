@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pipeline.model.versions import VERSIONS, VersionConfig
 from pipeline.inputs.folder import HUB_FILES
-from tasks.checkpoint import INDEX_NAME, SINGLE_NAME
-from tasks.file_blocks import is_url, source_path
+from tasks.source.checkpoint import INDEX_NAME, SINGLE_NAME
+from tasks.io.file_blocks import is_url, source_path
 from tasks.errors import CheckpointError, ConfigError
 
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.

@@ -27,9 +27,9 @@ import numpy as np
 from pipeline.model.state_dict import TensorSpec, tensor_specs
 from pipeline.inputs.snapshot import repo_folder, synthetic_repo_id
 from pipeline.model.versions import load_config
-from tasks.checkpoint import INDEX_NAME, SYNTHETIC_MARK
+from tasks.source.checkpoint import INDEX_NAME, SYNTHETIC_MARK
 from tasks.errors import PipelineError
-from tasks.safetensors_file import NUMPY_DTYPES, write_file
+from tasks.source.safetensors_file import NUMPY_DTYPES, write_file
 
 POOL_SIZE = 1 << 22
 WINDOW = 65_521  # prime, so windows never line up with tensor or slot boundaries
@@ -264,7 +264,7 @@ def fine_tune_form(snapshot: Path, version: str, form: str, out: Path, seed: int
     file with every key under `_groot_model.`, `embed_tokens` dropped for the `lm_head` it is tied to (the tie in
     `__metadata__`) and `config.json`. The Isaac-GR00T folders (ISAAC_FORMS) are all F32, as a single-GPU run saves
     them, except `deepspeed` (bf16, `lm_head` and `embed_tokens` both kept)."""
-    from tasks.checkpoint import Checkpoint
+    from tasks.source.checkpoint import Checkpoint
 
     if form not in FORMS:
         raise ValueError(f"unknown fine-tune form {form!r}: expected one of {', '.join(FORMS)}")

@@ -1,5 +1,5 @@
 """The jobs. A convert, along its flow: `convert.py` takes what it is asked (`options.py`), prepares (`prepare.py`:
 the checkpoint found and read once, its targets planned, its entry named), then takes the entry the cache holds
-(`cached.py`) or builds it (`build.py`: the graph of named tasks, `graph.py`, wiring only, run by `run.py` from one
+(`cached.py`) or builds it (`build_entry.py`: the graph of named tasks, `graph.py`, wiring only, run by `run.py` from one
 thread to a dask cluster, with what published entries already hold given to it by `reuse.py`), and says what it did
 (`summary.py`). A load from the cache (`load.py`) reads what a convert published."""

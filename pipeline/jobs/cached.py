@@ -12,7 +12,7 @@ from pipeline.jobs.prepare import Prepared
 from pipeline.jobs.summary import peak_rss_bytes
 from tasks.entries.entry import Entry
 from tasks.entries.store import Store
-from tasks.file_blocks import open_binary
+from tasks.io.file_blocks import open_binary
 
 
 def from_cache(opts: ConvertOptions, prep: Prepared, store: Store, existing: Entry) -> dict:

@@ -1,5 +1,5 @@
 """The convert job, along its flow: prepare (find, read, plan, name: pipeline/jobs/prepare.py), then the entry the
-cache holds (pipeline/jobs/cached.py), a check of it against a fresh conversion, or a build (pipeline/jobs/build.py),
+cache holds (pipeline/jobs/cached.py), a check of it against a fresh conversion, or a build (pipeline/jobs/build_entry.py),
 and what it did as one record (pipeline/jobs/summary.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.jobs.build import build
+from pipeline.jobs.build_entry import build
 from pipeline.jobs.cached import from_cache
 from pipeline.jobs.options import ConvertOptions
 from pipeline.jobs.prepare import prepare
@@ -20,8 +20,8 @@ from pipeline.jobs.summary import ConvertSummary
 from tasks.entries.names import entry_key
 from tasks.entries.refs import write_ref
 from tasks.errors import CacheError, ConfigError
-from tasks.file_blocks import is_remote
-from tasks.network import retries_since, retries_so_far
+from tasks.io.file_blocks import is_remote
+from tasks.io.network import retries_since, retries_so_far
 
 __all__ = ["ConvertOptions", "convert", "writable_folder"]
 

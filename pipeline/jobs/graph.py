@@ -26,17 +26,17 @@ from typing import Callable, Hashable, Mapping
 
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
 
-from tasks.checkpoint import Checkpoint
+from tasks.source.checkpoint import Checkpoint
 from tasks.errors import crosses_plainly
-from tasks.convert import convert_target
+from tasks.device.host_tensors import convert_target
 from tasks.plan import Plan, Target, work_units
-from tasks.device import upload_staged
+from tasks.device.ttnn_edge import upload_staged
 from tasks.entries.objects import Present
 from tasks.entries.publish import publish_entry, publish_into_store, unit_done
-from tasks.source import VerifiedShard, index_shard, read_weight, read_weight_slot, verify_shard
+from tasks.source.shards import VerifiedShard, index_shard, read_weight, read_weight_slot, verify_shard
 from tasks.entries.manifest import Identity, Staged
 from tasks.stage import stage_into_store, stage_target
-from tasks.transforms import apply
+from tasks.numerics.transforms import apply
 
 Key = tuple
 PUBLISH: Key = ("publish",)

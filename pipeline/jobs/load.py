@@ -21,7 +21,7 @@ from tasks.entries.fetched import Fetched
 from tasks.entries.names import FETCHED
 from tasks.errors import CacheError, ConfigError
 from tasks.entries.store import IN_FLIGHT, Store
-from tasks.network import retries_since, retries_so_far
+from tasks.io.network import retries_since, retries_so_far
 
 READ_THREADS = 4  # chunk reads and checks overlap on a small pool (I/O waits and hashing release the GIL)
 TRANSFERS = IN_FLIGHT  # requests in flight from an object store (each waits on the network, not on a core)
@@ -115,7 +115,7 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
             None if isinstance(into, str) else into))
     with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
         tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, transfers=transfers)
-    if opened.fetched is not None:  # and how often a request to the store was tried again (tasks/network.py)
+    if opened.fetched is not None:  # and how often a request to the store was tried again (tasks/io/network.py)
         fetched = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept,
                    "store_retries": retries_since(retried_before)}
         not_kept = opened.fetched.not_kept

@@ -15,11 +15,11 @@ from pipeline.inputs.snapshot import hf_cache_folder, resolve_snapshot
 from pipeline.jobs.options import ConvertOptions
 from pipeline.model.recipe import build_plan, recipes_sha256
 from pipeline.model.versions import load_config
-from tasks.checkpoint import Checkpoint
+from tasks.source.checkpoint import Checkpoint
 from tasks.entries.manifest import Identity
-from tasks.entries.store import object_store_failure
+from tasks.entries.object_stores import object_store_failure
 from tasks.errors import CheckpointError
-from tasks.file_blocks import is_remote, is_url
+from tasks.io.file_blocks import is_remote, is_url
 from tasks.plan import Plan
 
 

@@ -20,13 +20,13 @@ from pathlib import PurePosixPath
 from typing import Mapping
 
 from pipeline import cache
-from tasks.checkpoint import Checkpoint
+from tasks.source.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
 from tasks.entries.entry import Entry, list_entries
 from tasks.entries.manifest import Staged, content_id
 from tasks.entries.names import CONVERTER_VERSION, chunk_file, packed_path
 from tasks.errors import CacheError
-from tasks.source import CONTENT_ID, VerifiedShard, identify_shards
+from tasks.source.shards import CONTENT_ID, VerifiedShard, identify_shards
 from tasks.entries.objects import Present, still_held
 from tasks.entries.store import Store
 

@@ -24,8 +24,8 @@ from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
 from tasks.errors import CacheError, ConfigError, PipelineError
-from tasks.file_blocks import is_remote
-from tasks.network import retries_so_far, stall_seconds
+from tasks.io.file_blocks import is_remote
+from tasks.io.network import retries_so_far, stall_seconds
 
 IN_PROCESS = ("threads", "sync")  # the schedulers that run every task in this process
 # A running cluster's scheduler: tls:// takes its certificates from dask's own configuration (distributed.comm.tls.*,
@@ -164,7 +164,7 @@ def shared_folders(source: Path, entry: Path | None = None) -> dict[str, str]:
 
 def _cannot_reach(url: str, stall: float) -> str | None:
     """On a worker: why it cannot use the object store at `url` with the credentials it has, or None. One listing
-    of a single key (retried as every request is: tasks/network.py)."""
+    of a single key (retried as every request is: tasks/io/network.py)."""
     from tasks.entries.store import store_at
 
     try:
@@ -206,7 +206,7 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
     kept side by side to be compared.)"""
     # One thread more than the cores: a stage task mostly waited for the disk (O_DIRECT writes), and with one thread
     # per core a core idled meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
-    # (4: 10.5 s, more RSS). Measured before stage tasks handed their writes off (tasks/bulk_write.py
+    # (4: 10.5 s, more RSS). Measured before stage tasks handed their writes off (tasks/io/bulk_write.py
     # `write_behind`); since, a full fine-tune after its release ran its graph in 4.15 s with 2 threads (one probe)
     # and 4.0-4.6 s with 3.
     workers = workers or (os.cpu_count() or 2) + 1

@@ -9,7 +9,7 @@ import resource
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 
-from tasks.checkpoint import Checkpoint
+from tasks.source.checkpoint import Checkpoint
 from tasks.plan import Plan, work_units
 
 WORST_NUMERICS_IN_JSON = 10  # the JSON keeps the worst chunks only; every chunk's figures are in the manifest
@@ -49,7 +49,7 @@ class ConvertSummary(Mapping):
     published_here: bool | None = None  # False: another process published the same entry first
     numerics: list[dict] | None = None  # every chunk's pcc and max error, worst first
     pushed_bytes: int | None = None     # an object-store cache: bytes sent
-    # an object store (the cache or the source): requests tried again, by what happened (tasks/network.py), on
+    # an object store (the cache or the source): requests tried again, by what happened (tasks/io/network.py), on
     # this machine and on a cluster's workers
     store_retries: dict[str, int] | None = None
     local_build: str | None = None      # an object-store cache with a device open: the folder built in

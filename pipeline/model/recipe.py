@@ -21,7 +21,7 @@ from pipeline.model.versions import VersionConfig, load_config
 from tasks.config_files import CONFIG_DIR
 from tasks.errors import ConfigError, RecipeError
 from tasks.plan import HOST, Plan, Target
-from tasks.transforms import output_shape, padded_dim
+from tasks.numerics.transforms import output_shape, padded_dim
 
 RECIPES_PATH = CONFIG_DIR / "recipes.toml"
 

@@ -16,7 +16,7 @@ from functools import cache
 from typing import Iterator, Mapping
 
 from pipeline.model.versions import SCALES, VersionConfig, load_config
-from tasks.bulk_write import nbytes
+from tasks.io.bulk_write import nbytes
 from tasks.errors import ConfigError
 
 Shape = tuple[int, ...]

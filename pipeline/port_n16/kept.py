@@ -28,7 +28,7 @@ import xxhash
 
 from pipeline.port_n16.code import PortCode
 from pipeline.port_n16.trace import Listing, Pending, Request, traced_class
-from tasks.bulk_write import write_bytes_atomic
+from tasks.io.bulk_write import write_bytes_atomic
 from tasks.entries.names import PORT_MODELS
 
 KEPT_FORMAT = 1

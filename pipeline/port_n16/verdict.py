@@ -71,7 +71,7 @@ def require_passing(code: PortCode, layout: str, build_root: Path) -> None:
 
 
 def shapes_of(snapshot: Path) -> dict[str, list[int]]:
-    from tasks.checkpoint import Checkpoint
+    from tasks.source.checkpoint import Checkpoint
 
     with Checkpoint(snapshot) as ck:
         return {k: list(ck.shape(k)) for k in ck.keys()}

@@ -1,3 +1,12 @@
-"""The cache entry format: its names (names.py), records and documents (manifest.py), the writes of an entry being
-built (chunks.py, zarr_v3.py, progress.py), how it is made visible (publish.py, refs.py), and how a published one is
-read (entry.py, reload.py), all through one store interface (store.py). Nothing here imports pipeline/."""
+"""The cache entry format, built and read through one store interface. Nothing here imports pipeline/.
+
+- `names.py`: the format's names: its version, the keys of entries, refs and objects, an entry's files.
+- `zarr_v3.py`, `chunks.py`: the Zarr v3 documents and chunk files an entry holds, written in place.
+- `manifest.py`: what an entry records (every chunk's and device file's checksum) and the documents made from it.
+- `progress.py`: the progress logs of an entry being built, so that a killed convert resumes.
+- `store.py`: the `Store` interface, a local folder behind it, and `open_store`; `object_stores.py`: S3 and fsspec.
+- `objects.py`: an object store's shared, content-named objects, and how long `cache gc` leaves one alone.
+- `publish.py`, `refs.py`: how an entry becomes visible (rename, or the manifest last) and how a ref names it.
+- `entry.py`, `reload.py`, `fetched.py`: reading a published entry, checked, onto the host or a device; what a load
+  from an object store keeps on local disk.
+"""

@@ -9,8 +9,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import xxhash
 
-from tasks.bulk_write import write_made_in_place
+from tasks.io.bulk_write import write_made_in_place
 from tasks.entries.names import chunk_coords
+from tasks.source.shards import read_host_table
 from tasks.entries.zarr_v3 import chunk_path, create_array, write_chunk as _write_chunk
 
 
@@ -28,14 +29,14 @@ def write_chunk(entry: Path, name: str, slot: int | None, data: np.ndarray) -> N
 
 
 def write_host_chunk(entry: Path, name: str, slot: int | None, table, seen=None) -> str:
-    """A host table's chunk (tasks/source.py HostTable), stored as the float32 the port keeps it in, read from its
+    """A host table's chunk (tasks/plan.py HostTable), stored as the float32 the port keeps it in, read from its
     shard block by block as it is written: the table is never held whole, and read once (`seen(first, block)` is
     shown every block, for the finite check). Returns the stored bytes' xxh3."""
     digest = xxhash.xxh3_64()
 
     def make(block: memoryview, pos: int) -> None:
         values = np.frombuffer(block, np.float32)
-        table.read_float32(pos // 4, values)
+        read_host_table(table, pos // 4, values)
         if seen is not None:
             seen(pos // 4, values)
         digest.update(block)

@@ -16,7 +16,7 @@ import numpy as np
 import xxhash
 
 from tasks.errors import CacheError
-from tasks.file_blocks import each_read
+from tasks.io.file_blocks import each_read
 from tasks.entries.fetched import Fetched
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest, decode_manifest
 from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PACKED_SUFFIX, READABLE_FORMATS, chunk_file, chunk_key,
@@ -88,7 +88,7 @@ class Entry:
         return self.store.map(self.chunk_object(array, slot), arr.storage_dtype, tuple(arr.logical_shape))
 
     def each_chunk_block(self, array: str, slot: int | None, consume: Callable[[memoryview, int], None]) -> None:
-        """`consume(bytes, offset)` over one chunk's consecutive blocks (tasks/file_blocks.py `each_read`),
+        """`consume(bytes, offset)` over one chunk's consecutive blocks (tasks/io/file_blocks.py `each_read`),
         for a caller that converts as it reads: a 622 MB table then needs no second copy. The checksum is held to
         the record after the last block; a mismatch raises there, so the caller must use nothing before the end."""
         record, key = self.manifest.arrays[array].chunks[slot], self.chunk_object(array, slot)

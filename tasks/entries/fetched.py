@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.bulk_write import write_bytes_atomic
+from tasks.io.bulk_write import write_bytes_atomic
 from tasks.entries.manifest import FileRecord
 from tasks.errors import CheckpointError
-from tasks.file_blocks import read_into
+from tasks.io.file_blocks import read_into
 
 
 def _used(path: Path) -> None:

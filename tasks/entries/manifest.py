@@ -16,13 +16,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import xxhash
 
-from tasks import precision
-from tasks.file_blocks import each_read
+from tasks.numerics import precision
+from tasks.io.file_blocks import each_read
 from tasks.entries.names import (CACHE_FORMAT, CONTENT_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, is_object_key,
                                  slot_of, WHOLE)
 from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
 from tasks.plan import Plan, Target
-from tasks.source import checked_against
+from tasks.source.shards import checked_against
 
 
 def checksum(data: np.ndarray | bytes | memoryview) -> str:
@@ -51,7 +51,7 @@ class FileRecord:
         return size == self.nbytes and checksum(data) == self.xxh3
 
     def matches_file(self, path: Path) -> bool:
-        """Whether a local file holds these bytes (read block by block: tasks/file_blocks.py `each_read`)."""
+        """Whether a local file holds these bytes (read block by block: tasks/io/file_blocks.py `each_read`)."""
         if path.stat().st_size != self.nbytes:
             return False
         digest = xxhash.xxh3_64()

@@ -26,9 +26,6 @@ HF = "hf"                   # the demo's synthetic Hugging Face cache (pipeline/
 PORT_CHECKS = "port-checks"  # the port hand-off's self-check verdicts (pipeline/port_n16/verdict.py)
 OBJECTS = "objects"         # objects/<sha256>[.tensorbin]: an object store's chunks and device files, shared by
                             # every entry that holds the same bytes (`object_key`)
-GRACE_HOURS = 24.0          # `cache gc --grace-hours`: an object (or a push without its manifest) written this
-                            # recently may belong to a convert in flight, and stays
-FRESH_FOR = GRACE_HOURS * 3600 / 2  # seconds: an object older than this that a convert names is freshened first
 FETCHED = "fetched"         # fetched/<xxh3>-<size>: what loads from an object store keep (tasks/entries/fetched.py)
 PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk

@@ -1,7 +1,8 @@
 """An object store's shared objects (`objects/<sha256>`, tasks/entries/names.py `object_key`) as a convert meets
-them: what the store holds when the convert begins, and which of those it may name without sending them again.
-`cache gc` removes an object no manifest names once it is older than the grace period, so one written long ago is
-freshened before a convert names it (as git freshens an object it would otherwise have written again)."""
+them: what the store holds when the convert begins, and which of those it may name without sending them again. And
+how long `cache gc` leaves one alone: it removes an object no manifest names once it is older than the grace period,
+so one written long ago is freshened before a convert names it (as git freshens an object it would otherwise have
+written again)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from typing import Mapping
 
 from tasks.entries.names import OBJECTS
 from tasks.entries.store import Store
+
+GRACE_HOURS = 24.0  # `cache gc --grace-hours`: an object (or a push without its manifest) written this recently may
+                    # belong to a convert in flight, and stays
+FRESH_FOR = GRACE_HOURS * 3600 / 2  # seconds: an object older than this that a convert names is freshened first
 
 Present = Mapping[str, tuple[int, float]]  # key -> (size, when last written)
 

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from tasks.errors import CacheError
-from tasks.source import VerifiedShard
-from tasks.bulk_write import write_json_atomic, writes_finished
+from tasks.source.shards import VerifiedShard
+from tasks.io.bulk_write import write_json_atomic, writes_finished
 from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
 from tasks.entries.entry import Entry
-from tasks.entries.names import (FRESH_FOR, MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key,
+from tasks.entries.names import (MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key,
                                  object_key, set_aside_name)
-from tasks.entries.objects import present_objects, still_held
+from tasks.entries.objects import FRESH_FOR, present_objects, still_held
 from tasks.entries.store import Store, store_at
-from tasks.device import Uploaded
+from tasks.device.ttnn_edge import Uploaded
 
 
 @dataclass(frozen=True)

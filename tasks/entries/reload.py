@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tasks import device as tt
-from tasks import tensorbin
+from tasks.device import ttnn_edge as tt
+from tasks.device import tensorbin
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Manifest
 from tasks.entries.names import PACKED_SUFFIX

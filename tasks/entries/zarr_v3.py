@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tasks.bulk_write import write_bytes_in_place
+from tasks.io.bulk_write import write_bytes_in_place
 from tasks.entries.store import link_or_copy
 
 
@@ -55,7 +55,7 @@ def chunk_path(array_dir: Path, coords: Sequence[int]) -> Path:
 
 
 def create_array(array_dir: Path, meta: Mapping[str, object], like: Sequence[Path] = ()) -> None:
-    """The array's folder and `zarr.json`, inside an entry being built (written in place: tasks/bulk_write.py).
+    """The array's folder and `zarr.json`, inside an entry being built (written in place: tasks/io/bulk_write.py).
     A `zarr.json` with the same bytes in one of the array folders `like` (the same array in a published entry) is
     hard-linked instead: no new inode, which costs 0.3-0.8 ms on this project's ext4 disk, against ~20 us for
     reading and comparing the other one."""

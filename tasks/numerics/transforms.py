@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tasks import kernels
-from tasks.bulk_write import aligned_empty  # outputs the cache writer hands to the disk without a copy
+from tasks.numerics import kernels
+from tasks.io.bulk_write import aligned_empty  # outputs the cache writer hands to the disk without a copy
 
 Shape = tuple[int, ...]
 
@@ -35,7 +35,7 @@ BLOCK_ROWS = 256  # numpy's plain strided transpose runs at ~0.25 GB/s on 2-byte
 
 
 def _transpose_into(out: np.ndarray, x: np.ndarray) -> None:
-    """`out[:] = x.T`: in C (tasks/kernels.c: 6-12 GB/s on the N1.6 shapes against ~1 for the numpy blocks
+    """`out[:] = x.T`: in C (tasks/numerics/kernels.c: 6-12 GB/s on the N1.6 shapes against ~1 for the numpy blocks
     below), else in numpy row blocks that stay in cache."""
     if kernels.available() and x.ndim == 2 and x.dtype.itemsize == 2 and x.dtype == out.dtype:
         kernels.transpose_into(out, x)

@@ -20,7 +20,7 @@ from typing import MutableMapping
 import numpy as np
 
 from tasks.config_files import CONFIG_DIR
-from tasks.precision import widen_bf16
+from tasks.numerics.precision import widen_bf16
 
 MOCK_DESCRIPTOR = CONFIG_DIR / "tt" / "wormhole_N150.yaml"
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"

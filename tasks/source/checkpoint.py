@@ -8,7 +8,7 @@ index and headers agreeing, byte accounting closing (`8 + header + data == file 
 `total_size`). The shard is resolved per key, never per layer: in every GR00T release one unit is cut by a shard
 boundary. Keys are seen as GR00T names: a prefix that wraps every key (LeRobot's `_groot_model.`) is stripped,
 and a tied table a trainer dropped can be read from the tensor it is tied to (`tie`); the headers in `headers` are
-views under those names, so every reader resolves them alike. Reads go through tasks/source.py — the functions the
+views under those names, so every reader resolves them alike. Reads go through tasks/source/shards.py — the functions the
 conversion graph's read and slot tasks call — into fresh numpy arrays and are counted, so `slot()` and `rows()`
 provably read only what they return.
 """
@@ -25,9 +25,9 @@ from typing import Mapping
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.file_blocks import read_whole
-from tasks import source
-from tasks.safetensors_file import ShardHeader, TensorEntry, read_header
+from tasks.io.file_blocks import read_whole
+from tasks.source import shards
+from tasks.source.safetensors_file import ShardHeader, TensorEntry, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -149,7 +149,7 @@ class Checkpoint:
     """Header-indexed view of a checkpoint folder or file. Thread-safe for reads."""
 
     def __init__(self, given: Path):
-        """`given`: a folder or one file, here or in an object store (a UPath: tasks/file_blocks.py `source_path`)."""
+        """`given`: a folder or one file, here or in an object store (a UPath: tasks/io/file_blocks.py `source_path`)."""
         self.dir = given.parent if given.is_file() else given
         chosen = weight_files(given)
         index, files = chosen.index, list(chosen.files)
@@ -302,7 +302,7 @@ class Checkpoint:
         name = path.resolve().name if path.is_symlink() else ""
         return name if _SHA256_NAME.match(name) else None
 
-    # -- data reads: the same functions as the conversion graph's read and slot tasks (tasks/source.py) ---------
+    # -- data reads: the same functions as the conversion graph's read and slot tasks (tasks/source/shards.py) ---------
     def _counted(self, out: np.ndarray) -> np.ndarray:
         with self._lock:
             self.bytes_read += out.nbytes
@@ -310,16 +310,16 @@ class Checkpoint:
 
     def rows(self, key: str, lo: int, hi: int) -> np.ndarray:
         """Rows `lo:hi` of the leading dimension, reading only those bytes."""
-        return self._counted(source.read_rows(self.headers[self.shard_of(key)], key, lo, hi))
+        return self._counted(shards.read_rows(self.headers[self.shard_of(key)], key, lo, hi))
 
     def get(self, key: str) -> np.ndarray:
         """The whole tensor as stored (bf16 as `ml_dtypes.bfloat16`)."""
-        return self._counted(source.read_tensor(self.headers[self.shard_of(key)], key))
+        return self._counted(shards.read_tensor(self.headers[self.shard_of(key)], key))
 
     def slot(self, key: str, e: int) -> np.ndarray:
         """`W[e]` of a `[32, ...]` embodiment bank, reading only that slot's bytes. Never transposed: the model
         computes `x @ W[e] + b[e]`."""
-        return self._counted(source.read_slot(self.headers[self.shard_of(key)], key, e))
+        return self._counted(shards.read_slot(self.headers[self.shard_of(key)], key, e))
 
     def close(self) -> None:
         """Nothing to release (every read opens and closes its shard); kept so `with Checkpoint(...)` reads well."""

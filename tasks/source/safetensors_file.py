@@ -7,7 +7,7 @@ relative to the first data byte; the spans tile the data exactly (no holes, no o
 
 The parser treats every file as hostile: the header length is capped before anything is allocated, every field is
 type-checked, and each error names the file and the key. Data is read by byte range into caller-owned numpy
-buffers (tasks/file_blocks.py `open_at`: `os.preadv`, or a ranged GET for a shard in an object store), so a read
+buffers (tasks/io/file_blocks.py `open_at`: `os.preadv`, or a ranged GET for a shard in an object store), so a read
 costs exactly the bytes it returns.
 """
 
@@ -24,9 +24,9 @@ from typing import BinaryIO, Callable, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
-from tasks.bulk_write import aligned_empty, nbytes
+from tasks.io.bulk_write import aligned_empty, nbytes
 from tasks.errors import CheckpointError
-from tasks.file_blocks import is_remote, open_binary
+from tasks.io.file_blocks import is_remote, open_binary
 
 # safetensors dtype tag -> numpy dtype used to hold it (bf16 as ml_dtypes.bfloat16: same bytes, real numbers).
 NUMPY_DTYPES: Mapping[str, np.dtype] = {
@@ -190,7 +190,7 @@ def write_file(fh: BinaryIO, entries: list[tuple[str, str, tuple[int, ...]]],
 
 def read_rows_from(shard, header: ShardHeader, key: str, lo: int, hi: int) -> np.ndarray:
     """Rows `lo:hi` of the leading dimension of `key` (a 0-d tensor has one row) from the open shard (tasks/
-    file_blocks.py `open_at`: a local file or an object in a store), reading only those bytes (tasks/source.py
+    file_blocks.py `open_at`: a local file or an object in a store), reading only those bytes (tasks/source/shards.py
     `read_rows` opens the shard for it)."""
     entry = header.entries[key]
     rows = entry.shape[0] if entry.shape else 1

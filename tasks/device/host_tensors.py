@@ -4,7 +4,7 @@ what the device dtype costs against the bf16 source. The cache keeps the lossles
 A bf16 target converts to a bf16 device tensor by relayout only (tilize + zero padding), which cannot change a
 value, so without a device file it gets the shape arithmetic and exact numerics only. TILE targets that keep a
 device file (every packed target, and every target of a device_files profile) get ttnn's `.tensorbin` made in
-numpy (tasks/tensorbin.py: byte-identical to `dump_tensor`, checked against ttnn once per rank and dtype), with
+numpy (tasks/device/tensorbin.py: byte-identical to `dump_tensor`, checked against ttnn once per rank and dtype), with
 bfloat8_b's read-back values measured in the same pass: ~4x ttnn's packing, and no `to_torch` round trip. ttnn's
 own path remains for what the numpy packer does not cover (bfloat4_b, ROW_MAJOR device files, another ttnn) and
 for `check_bf16` (the test suite round-trips every target through ttnn). The file is kept because ttnn cannot
@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks import device, tensorbin
+from tasks.device import ttnn_edge, tensorbin
 from tasks.errors import CheckpointError
-from tasks.plan import HOST, Target
-from tasks.precision import bf16_bits
-from tasks.source import HostTable
+from tasks.plan import HOST, HostTable, Target
+from tasks.numerics.precision import bf16_bits
 
 _EXPONENT = {2: np.uint16(0x7F80), 4: np.uint32(0x7F800000)}  # bf16's, float32's: all ones means Inf or NaN
 _BLOCK = 1 << 18               # elements per finite-check block: temporaries stay in L2
@@ -103,7 +102,7 @@ def convert_target(array: np.ndarray | HostTable, target: Target, slot: int | No
     file(s) for errors; `check_bf16` also round-trips bf16 targets through ttnn."""
     name, sources, device_dtype, layout = target.name, target.sources, target.device_dtype, target.device_layout
     device_file, min_pcc = target.device_file, target.min_pcc
-    expected = device.padded_shape(array.shape, layout)
+    expected = ttnn_edge.padded_shape(array.shape, layout)
     if layout == HOST:  # kept on the host as the float32 the port holds: nothing goes through ttnn
         if not isinstance(array, HostTable):  # a streamed table is checked as the stage writes it (read once)
             check_finite(array, name, sources, origin)
@@ -120,12 +119,12 @@ def convert_target(array: np.ndarray | HostTable, target: Target, slot: int | No
         _floor(packed.pcc, packed.max_abs_err, name, sources, device_dtype, origin, min_pcc)
         return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,
                          padded_shape=expected, max_abs_err=packed.max_abs_err, pcc=packed.pcc, packed=blob)
-    host = device.to_host_tensor(array, device_dtype, layout)
+    host = ttnn_edge.to_host_tensor(array, device_dtype, layout)
     if tuple(host.shape) != tuple(array.shape) or tuple(host.padded_shape) != expected:
         raise CheckpointError(sources[0], f"ttnn host tensor for {name!r} has shape {tuple(host.shape)} / padded "
                                           f"{tuple(host.padded_shape)}, expected {array.shape} / {expected}", sources[0])
-    numerics = device.host_numerics(host, array) if not exact or check_bf16 else device.Numerics(0.0, 1.0)
+    numerics = ttnn_edge.host_numerics(host, array) if not exact or check_bf16 else ttnn_edge.Numerics(0.0, 1.0)
     _floor(numerics.pcc, numerics.max_abs_err, name, sources, device_dtype, origin, min_pcc)
-    packed = device.packed_bytes(host) if device_file or not exact else None
+    packed = ttnn_edge.packed_bytes(host) if device_file or not exact else None
     return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout, padded_shape=expected,
                      max_abs_err=numerics.max_abs_err, pcc=numerics.pcc, packed=packed)

@@ -17,7 +17,7 @@ stage's finite check, as for BF16.
 This module is the rule's one room: `kept_as_stored` says which sources are the cache's bytes as they are,
 `convert_block` turns any other block into what the cache stores, and `bf16_bits` is what every later step
 (the finite check, the packers, ttnn) takes, refusing any array that is not bf16 rather than reading its bits as
-bf16. tasks/source.py only reads bytes and asks this module what they become.
+bf16. tasks/source/shards.py only reads bytes and asks this module what they become.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from tasks import kernels
+from tasks.numerics import kernels
 from tasks.errors import CheckpointError
 
 FLOAT_SOURCES = ("BF16", "F16", "F32")  # what a GR00T weight may be stored as
@@ -104,13 +104,13 @@ def to_bf16(array: np.ndarray, key: str, origin: object) -> np.ndarray:
 _BLOCK = 1 << 18  # values rounded at a time on the numpy path, and F16 values widened at a time: in cache
 # The NaN torch's `.to(torch.bfloat16)` writes for any NaN (measured, torch 2.14 on x86: its vectorised float32
 # path blends in 0xFFFF; float16 goes through c10's scalar conversion, 0x7FC0). A NaN weight is refused later
-# by name (tasks/convert.py's finite check), so only its NaN-ness reaches anyone.
+# by name (tasks/device/host_tensors.py's finite check), so only its NaN-ness reaches anyone.
 NAN_FROM = {np.dtype(np.float32): 0xFFFF, np.dtype(np.float16): 0x7FC0}
 
 
 def round_into(array: np.ndarray, out: np.ndarray, key: str, origin: object, first: int = 0) -> None:
     """`out` (uint16, flat, as many values) = `array` (F16 or F32) rounded as `.to(torch.bfloat16)` rounds: in C
-    where the kernels are built (tasks/kernels.c), else in numpy, to the same bits. `first`: the flat index of
+    where the kernels are built (tasks/numerics/kernels.c), else in numpy, to the same bits. `first`: the flat index of
     `array`'s first value in its tensor, for the refusal's message."""
     if array.dtype not in (np.float16, np.float32):
         raise CheckpointError(origin, f"dtype {array.dtype} has no bf16 rounding here", key)
@@ -127,7 +127,7 @@ def round_into(array: np.ndarray, out: np.ndarray, key: str, origin: object, fir
 
 
 def _round_numpy(block: np.ndarray, out: np.ndarray, nan: int) -> int:
-    """round_f32_bf16 of tasks/kernels.c in numpy: the same bits, or the index of the first finite value that
+    """round_f32_bf16 of tasks/numerics/kernels.c in numpy: the same bits, or the index of the first finite value that
     rounds to ±Inf (-1 when none does)."""
     finite = np.isfinite(block)
     rounded = _round_f32_bits(block.view(np.uint32))

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks import kernels
-from tasks.bulk_write import aligned_empty, write_bytes_atomic
-from tasks.device import packed_bytes, padded_shape, pcc_from_sums, to_host_tensor, ttnn_module  # ttnn itself stays lazy there
-from tasks.precision import bf16_bits
+from tasks.numerics import kernels
+from tasks.io.bulk_write import aligned_empty, write_bytes_atomic
+from tasks.device.ttnn_edge import packed_bytes, padded_shape, pcc_from_sums, to_host_tensor, ttnn_module  # ttnn itself stays lazy there
+from tasks.numerics.precision import bf16_bits
 
 TILE, FACE = 32, 16
 _BLOCK_ELEMENTS = 1 << 18  # per numpy pass (whole tile rows): temporaries stay in cache whatever the tensor
@@ -172,7 +172,7 @@ def pack(array: np.ndarray, dtype: str, out: np.ndarray | None = None) -> Packed
 
 
 def _pack_c(bits: np.ndarray, dtype: str, out: np.ndarray) -> Packed:
-    """`pack` through tasks/kernels.c, matrix by matrix: the same bytes in one pass (about 10x numpy's bfloat8_b
+    """`pack` through tasks/numerics/kernels.c, matrix by matrix: the same bytes in one pass (about 10x numpy's bfloat8_b
     here), and the numerics accumulated in float64."""
     matrices = bits.reshape(-1, bits.shape[-2], bits.shape[-1]) if bits.ndim > 1 else bits.reshape(1, 1, -1)
     step = payload_size(matrices.shape[1:], dtype)
@@ -204,7 +204,7 @@ class _Headers:
     """Per (rank, dtype): ttnn's header with the positions of the shape and payload size, checked against ttnn
     once per ttnn installation. Checking imports ttnn (~1.8 s of one core here, ~0.5 GB of RSS with torch), so
     what was learned is kept beside this file, named by ttnn's version, the size and mtime of its library and
-    this file's and the C packer's source (like tasks/kernels.py's library): a convert that makes every device
+    this file's and the C packer's source (like tasks/numerics/kernels.py's library): a convert that makes every device
     file itself then never imports ttnn, and another ttnn, or another packer, is checked again."""
 
     def __init__(self) -> None:
@@ -328,7 +328,7 @@ _SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else None  # memory-bac
 
 
 def host_tensor(array: np.ndarray, dtype: str, layout: str):
-    """A ttnn host tensor of a bf16 array in `dtype`/`layout`: for TILE, our `.tensorbin` (tasks/kernels.c, or
+    """A ttnn host tensor of a bf16 array in `dtype`/`layout`: for TILE, our `.tensorbin` (tasks/numerics/kernels.c, or
     numpy) handed to `ttnn.load_tensor` through a memory-backed file; else ttnn's own conversion.
     `ttnn.from_torch` of the bf16 values tilizes faster in isolation (6.6-6.9 GB/s against 1.4 on a 2048x6144
     matrix) but a whole bf16-plan reload then peaked at 12.2 GB RSS against 7.4 (full N1.6, one embodiment, no

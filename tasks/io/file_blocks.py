@@ -2,7 +2,7 @@
 the passes that hash or convert every byte (`each_block`, `each_read`). A checkpoint may also be in an object store
 (`--snapshot s3://bucket/prefix`): `source_path` makes such a URL a path (universal_pathlib's UPath over fsspec),
 and `open_at` / `each_block` / `open_binary` read it by ranged GETs, so a worker reads only its own tasks' byte ranges,
-each retried through a network that fails (tasks/network.py).
+each retried through a network that fails (tasks/io/network.py).
 
 `each_block` reads a local file in blocks, two ways, each where it wins.
 
@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, whole, with_retries
+from tasks.io.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, whole, with_retries
 
 BLOCK = 16 << 20
 MADV_POPULATE_READ = 22  # <linux/mman.h>; Python's mmap module does not name it
@@ -114,7 +114,7 @@ class _LocalFile:
 
 class _RemoteFile:
     """An object read by byte range: one ranged GET per read, straight from the store. Each read goes through
-    tasks/network.py `with_retries`: a cut connection, a timeout or a throttled store is read again, and said in
+    tasks/io/network.py `with_retries`: a cut connection, a timeout or a throttled store is read again, and said in
     one sentence when it outlasts the retries; an object that holds fewer bytes than asked is a truncated file.
     On S3 the bytes go through boto3's client (its timeouts, no retries of its own), from the socket into `out`."""
     def __init__(self, path):
@@ -226,7 +226,7 @@ def each_block(path: Path | str, consume: Callable[[memoryview, int], None], blo
                span: tuple[int, int] | None = None) -> int:
     """`consume(bytes, offset)` for each block of the file in order; returns the file's size (with `span`, the
     span's end). A view is valid only during its call. Raises OSError if the file cannot be read (or shrinks while
-    it is read). An object in a store is read by one ranged GET a block (each retried: tasks/network.py). `span` (start, end): only those bytes, in blocks
+    it is read). An object in a store is read by one ranged GET a block (each retried: tasks/io/network.py). `span` (start, end): only those bytes, in blocks
     from `start` (so a consumer that takes values of a size dividing `block` never sees one cut in two)."""
     global _mapping_works
     if is_remote(path):

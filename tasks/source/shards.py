@@ -2,7 +2,7 @@
 
 Pure in the sense that matters for the graph: plain values in, plain values out, no Dask, no shared state. Reads
 open the shard themselves (an `os.open` is far cheaper than the read; a shard in an object store is read by
-ranged GETs), so tasks run on any worker; the checkpoint reader (tasks/checkpoint.py) reads through the same
+ranged GETs), so tasks run on any worker; the checkpoint reader (tasks/source/checkpoint.py) reads through the same
 functions.
 """
 
@@ -20,10 +20,12 @@ import numpy as np
 import xxhash
 
 from tasks.errors import CheckpointError
-from tasks import precision, safetensors_file
-from tasks.bulk_write import aligned_empty
-from tasks.file_blocks import each_block, open_at
-from tasks.safetensors_file import ShardHeader, read_header
+from tasks.numerics import precision
+from tasks.source import safetensors_file
+from tasks.io.bulk_write import aligned_empty
+from tasks.io.file_blocks import each_block, open_at
+from tasks.plan import HostTable
+from tasks.source.safetensors_file import ShardHeader, read_header
 
 @dataclass(frozen=True)
 class VerifiedShard:
@@ -184,37 +186,16 @@ def _slot_in_range(header: ShardHeader, key: str, slot: int) -> None:
         raise CheckpointError(header.path, f"slot {slot} is out of range: the bank has slots 0..{shape[0] - 1}", key)
 
 
-@dataclass(frozen=True)
-class HostTable:
-    """A host table (q_norm, k_norm, embed_tokens) left in its shard until the stage writes it: it is streamed into
-    the entry as the float32 the port keeps (`.to(torch.float32)`: F32 copied, BF16 and F16 widened exactly),
-    block by block, so an F32 embed_tokens (1.24 GB) is never whole in memory. What the read task hands on for a
-    host target; the stage reads it through `read_float32`, checking it as it writes it."""
-    header: ShardHeader
-    key: str
-    dtype = np.dtype(np.float32)  # what it is stored and handed out as
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.header.entries[self.key].shape
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def read_float32(self, first: int, out: np.ndarray) -> None:
-        """Values [first, first + out.size) of the flat table as float32 into `out` (contiguous float32)."""
-        _read_as_stored(self.header, self.key, True, first, out)
+def read_host_table(table: HostTable, first: int, out: np.ndarray) -> None:
+    """Values [first, first + out.size) of a host table, flat, as the float32 the port keeps (F32 copied, BF16 and
+    F16 widened exactly) into `out` (contiguous float32): how the stage streams it into the entry."""
+    _read_as_stored(table.header, table.key, True, first, out)
 
 
 def read_weight(header: ShardHeader, key: str, host: bool = False) -> np.ndarray | HostTable:
     """A source tensor as its target is made from it: bf16 as the port's `.to(torch.bfloat16)` makes it, or, for
     a host table (`host`), left in its file to be streamed into the entry at float32 (`HostTable`). The graph's
-    read task; what each source dtype becomes is tasks/precision.py's rule."""
+    read task; what each source dtype becomes is tasks/numerics/precision.py's rule."""
     if host:
         return HostTable(header, key)
     entry = header.entries[key]

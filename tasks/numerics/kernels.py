@@ -1,4 +1,4 @@
-"""tasks/kernels.c through ctypes: ttnn's TILE layout (bfloat16, bfloat8_b), the 2-D transpose and the float32 ->
+"""tasks/numerics/kernels.c through ctypes: ttnn's TILE layout (bfloat16, bfloat8_b), the 2-D transpose and the float32 ->
 bfloat16 rounding, one pass each (ctypes lets go of the GIL, so the graph's two threads run them side by side).
 
 Built on first use with the system C compiler, for this CPU, into a file named by the source, flags and CPU (so an

@@ -23,17 +23,18 @@ from pipeline.jobs.prepare import Prepared
 from pipeline.jobs.reuse import Reuse, plan_reuse
 from pipeline.jobs.run import run, shared_folders
 from pipeline.jobs.summary import peak_rss_bytes, source_bytes_read
-from tasks.bulk_write import writes_finished
+from tasks.io.bulk_write import writes_finished
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import array_documents
-from tasks.entries.names import FRESH_FOR, entry_key, scratch_name
+from tasks.entries.names import entry_key, scratch_name
+from tasks.entries.objects import FRESH_FOR
 from tasks.entries.objects import present_objects
 from tasks.entries.progress import adopt_staged
 from tasks.entries.publish import push
 from tasks.entries.store import Store
 from tasks.errors import CacheError
-from tasks.network import stall_seconds
+from tasks.io.network import stall_seconds
 
 
 def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None = None,
