@@ -150,7 +150,10 @@ def _rss() -> str:
 def _own_files(entry: Path) -> tuple[int, int]:
     """A local entry's chunks and device files that are its own (not hard links of another entry's): what a
     fine-tune changed. Their count and bytes."""
-    own = [p for p in entry.rglob("*") if p.is_file() and p.name not in ("zarr.json", "MANIFEST.json")
+    from tasks.entries.names import MANIFEST
+    from tasks.entries.zarr_v3 import METADATA
+
+    own = [p for p in entry.rglob("*") if p.is_file() and p.name not in (METADATA, MANIFEST)
            and p.stat().st_nlink == 1]
     return len(own), sum(p.stat().st_size for p in own)
 
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         puts["... over the boto3 floor"] = round(beyond / puts["floor_boto3_s"], 2)
         loads = _loads(store, bucket, [rows["release into the bucket"]["entry"], rows["fine-tune into the bucket"]["entry"]],
                        work)
-        result = {"measured": time.strftime("%Y-%m-%d %H:%M:%S"), "command": f"python -m bench.bucket_finetune --scale {scale}",
+        result = {"measured": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": f"{os.cpu_count()} cores", "command": f"python -m bench.bucket_finetune --scale {scale}",
                   "rows": rows, "loads": loads, "release put by boto3": puts, "changed_targets_bytes": changed,
                   "changed_targets_objects": changed_objects,
                   "bytes_sent_over_changed": round(rows["fine-tune into the bucket"]["bytes_sent"] / changed, 3),

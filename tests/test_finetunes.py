@@ -307,7 +307,7 @@ def test_the_hub_fetch_takes_the_weights_and_the_small_files_only():
     """What `--model` downloads of a trainer's repo, filtered by huggingface_hub's own pattern matching."""
     from huggingface_hub.utils import filter_repo_objects
 
-    from pipeline.inputs.folder import HUB_FILES
+    from pipeline.inputs.trainer_files import HUB_FILES
 
     repo = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
             "config.json", "embodiment_id.json", "processor/embodiment_id.json", "experiment_cfg/conf.yaml",

@@ -1,4 +1,4 @@
-"""pipeline/inputs/folder.py's embodiment rules read directly, without a convert: LeRobot's pack step as each LeRobot
+"""pipeline/inputs/trainer_files.py's embodiment rules read directly, without a convert: LeRobot's pack step as each LeRobot
 release saves it (0.5.1's `groot_pack_inputs_v3` for N1.5, 0.6.1's `groot_n1_7_pack_inputs_v1` for N1.7), the map
 it wins with, and the built-in tables against the trainers' own (configs/<version>.toml)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.inputs.embodiments import Embodiments
-from pipeline.inputs.folder import embodiment_map, lerobot_pack, trained_tags
+from pipeline.inputs.trainer_files import embodiment_map, lerobot_pack, trained_tags
 from pipeline.model.versions import load_config
 from tasks.errors import CheckpointError, ConfigError
 
@@ -112,7 +112,8 @@ def test_tie_tables_says_what_to_tie_and_changes_nothing_and_read_folder_ties_it
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.inputs.folder import read_folder, tie_tables
+    from pipeline.inputs.folder import read_folder
+    from pipeline.inputs.tensors import tie_tables
     from tasks.source.checkpoint import Checkpoint
 
     cfg = load_config("n16")

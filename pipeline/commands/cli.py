@@ -20,7 +20,7 @@ from pipeline import cache
 from pipeline.jobs.convert import ConvertOptions, convert, writable_folder
 from pipeline.commands.demo import run_demo
 from pipeline.commands.devices import opened_device
-from pipeline.inputs.folder import TRAINED_RECORDS
+from pipeline.inputs.trainer_files import TRAINED_RECORDS
 from pipeline.commands.inspection import inspect_report
 from pipeline.jobs.load import TRANSFERS, load
 from pipeline.commands.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed, retries_text
@@ -30,6 +30,7 @@ from pipeline.inputs.snapshot import default_hf_cache, hf_cache_folder
 from tasks.io.file_blocks import source_path
 from pipeline.inputs.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthesize_or_nothing
 from pipeline.model.versions import SCALES, VERSIONS
+from tasks.entries.names import is_whole_number
 from tasks.errors import CacheError, ConfigError, PipelineError
 from tasks.io.network import STALL_ENV, STALL_SECONDS
 
@@ -226,7 +227,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def _positive(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+    if not is_whole_number(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
     return int(text)
 

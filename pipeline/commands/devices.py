@@ -7,6 +7,7 @@ import contextlib
 import sys
 
 from tasks.device import ttnn_edge as tt
+from tasks.entries.names import is_whole_number
 from tasks.errors import PipelineError
 
 
@@ -23,7 +24,7 @@ def opened_device(choice: str):
     if not tt.device_present():
         raise PipelineError(f"--device {choice}: no Tenstorrent device on this machine (/dev/tenstorrent is absent "
                             f"and {tt.SIMULATOR_ENV} is not set); use --device none or auto")
-    if choice != "auto" and not (choice.isascii() and choice.isdigit()):
+    if choice != "auto" and not is_whole_number(choice):
         raise PipelineError(f"--device {choice!r} is not none, auto or a device id (0, 1, ...)")
     try:
         dev = tt.open_device(None if choice == "auto" else int(choice))

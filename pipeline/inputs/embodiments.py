@@ -9,15 +9,11 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from pipeline.model.versions import VersionConfig
+from tasks.entries.names import is_whole_number
 from tasks.errors import CacheError, ConfigError
 
 EVERY = "all"
 TRAINED = "trained"  # --embodiments trained: the slots of the tags the fine-tune was trained for
-
-
-def is_slot_id(item: str) -> bool:
-    """A slot id is ASCII digits. (`str.isdigit` also takes '²', which `int` refuses, and '０'.)"""
-    return item.isascii() and item.isdigit()
 
 
 @dataclass(frozen=True)
@@ -79,7 +75,7 @@ class Embodiments:
         tags = tags or TagMap.builtin(cfg)
         ids: set[int] = set()
         for item in self.items:
-            if is_slot_id(item):
+            if is_whole_number(item):
                 slot = int(item)
             elif item in tags.ids:
                 slot = tags.ids[item]
@@ -89,20 +85,20 @@ class Embodiments:
                 raise ConfigError(f"unknown embodiment tag {item!r} for {cfg.version} ({tags.source} knows: "
                                   f"{', '.join(sorted(tags.ids))}); pass a tag or a slot id 0..{n - 1}")
             if not 0 <= slot < n:
-                which = f"slot {slot}" if is_slot_id(item) else f"{item} (slot {slot}, as {tags.source} maps it)"
+                which = f"slot {slot}" if is_whole_number(item) else f"{item} (slot {slot}, as {tags.source} maps it)"
                 raise ConfigError(f"embodiment {which} is out of range for this {cfg.version} checkpoint: its banks "
                                   f"have slots 0..{n - 1}"
-                                  + ("" if is_slot_id(item) else f"; pass a slot id 0..{n - 1}"))
+                                  + ("" if is_whole_number(item) else f"; pass a slot id 0..{n - 1}"))
             ids.add(slot)
         return tuple(sorted(ids))
 
     def one_tag(self) -> str | None:
         """The tag, when the selection is one tag (not a slot id); else None."""
-        return self.items[0] if len(self.items) == 1 and not is_slot_id(self.items[0]) else None
+        return self.items[0] if len(self.items) == 1 and not is_whole_number(self.items[0]) else None
 
     def outside(self, tags: TagMap) -> tuple[str, ...]:
         """The tags named that `tags` does not hold (each gets its trainer's slot for such a tag, or is refused)."""
-        return tuple(item for item in self.items if not is_slot_id(item) and item not in tags.ids)
+        return tuple(item for item in self.items if not is_whole_number(item) and item not in tags.ids)
 
     def one(self, cfg: VersionConfig, what: str) -> int | None:
         """One slot id, or None for every slot: for a reader that takes one embodiment or all (`what` says which)."""

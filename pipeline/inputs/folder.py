@@ -1,62 +1,22 @@
 """What a checkpoint folder says about itself, read once into one record (`Folder`) that convert and inspect take:
 which files are the model's weights, the GR00T version its keys are, the embodiments it was trained for, the
-tag -> slot map it carries, and the tables a save tied. Each trainer's rules (../shared/reference/fine-tunes.md)
-live here and nowhere else:
-
-- Isaac-GR00T N1.5: `experiment_cfg/metadata.json`, keyed by the trained tags;
-- Isaac-GR00T N1.6/N1.7: `experiment_cfg/conf.yaml` / `config.yaml` (`data.datasets[].embodiment_tag`), and the
-  checkpoint's own `embodiment_id.json` (in `checkpoint-N/`, or under `processor/` of the run folder above it);
-- LeRobot: `policy_preprocessor.json` (its pack step's `embodiment_tag` and the `embodiment_mapping` it packed
-  with: a tag outside it trained slot 0), else `config.json` (`"type": "groot"`, `"embodiment_tag"`) and LeRobot's
-  own table; keys under `_groot_model.`, and the dropped `embed_tokens` recorded in the safetensors `__metadata__`.
-
-A fact that cannot be had is one sentence naming the file and the remedy.
+tag -> slot map it carries, and the tables a save tied. The tensors' story is pipeline/inputs/tensors.py, the
+trainers' files pipeline/inputs/trainer_files.py; this module puts them together.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections import Counter
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Mapping
 
-import yaml
-
 from pipeline.inputs.embodiments import TRAINED, Embodiments, TagMap
-from pipeline.model.state_dict import scale_of, tensor_specs
-from pipeline.model.versions import VERSIONS, VersionConfig, load_config
-from tasks.source.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
-from tasks.errors import CheckpointError, ConfigError
-from tasks.numerics.precision import check_dtype
-from tasks.io.file_blocks import file_size, read_whole
-
-EXPERIMENT_CFG = "experiment_cfg"
-N15_METADATA = f"{EXPERIMENT_CFG}/metadata.json"
-ISAAC_CONFIGS = (f"{EXPERIMENT_CFG}/conf.yaml", f"{EXPERIMENT_CFG}/config.yaml")
-EMBODIMENT_MAP = "embodiment_id.json"
-MAP_PLACES = (EMBODIMENT_MAP, f"processor/{EMBODIMENT_MAP}")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
-LEROBOT_PREPROCESSOR = "policy_preprocessor.json"
-# LeRobot's pack step, which puts `embodiment_mapping.get(embodiment_tag, 0)` in the batch: groot_pack_inputs_v3
-# (0.5.1, N1.5), groot_n1_7_pack_inputs_v1 (0.6.1, N1.7).
-_PACK_STEP = re.compile(r"^groot_(?:.*_)?pack_inputs_v\d+$")
-# What `--model` fetches of a hub repo: the weights, the index, and the small files read here (never optimizer
-# states, DeepSpeed's `global_step*/`, or a trainer's other safetensors).
-HUB_FILES = [INDEX_NAME, SINGLE_NAME, "model-*-of-*.safetensors", "config.json", LEROBOT_PREPROCESSOR, N15_METADATA,
-             *ISAAC_CONFIGS, *MAP_PLACES, "adapter_config.json"]
-_RUN_CHECKPOINT = re.compile(r"^checkpoint-\d+")  # a trainer's save inside its run folder (also `-best-…`)
-_SMALL_FILE = 64 << 20  # a trainer's JSON/YAML is kilobytes: anything past this is not one
-
-
-@dataclass(frozen=True)
-class Read:
-    """A fact and the file it was read from (or what it defaulted to)."""
-    value: object
-    source: str
-
+from pipeline.inputs.tensors import check_dtypes, check_shapes, detect_version, recognise, tie_tables
+from pipeline.inputs.trainer_files import (UNREAD, Fact, embodiment_map, lerobot_pack, records_disagreeing,
+                                           refuse_adapter, trained_places, trained_tags, why_left_alone)
+from pipeline.model.versions import VersionConfig, load_config
+from tasks.errors import CheckpointError
+from tasks.source.checkpoint import Checkpoint
 
 @dataclass(frozen=True, kw_only=True)
 class Folder:
@@ -65,10 +25,10 @@ class Folder:
     version: str
     version_found: bool                     # found from the keys (no --version given)
     left_alone: Mapping[str, str]           # *.safetensors not read -> why
-    trained: Read | None                    # tags (a tuple) the trainer recorded, and where
+    trained: Fact | None                    # tags (a tuple) the trainer recorded, and where
     tag_map: TagMap                         # tag -> slot, and where: the trainer's map, else the built-in table
     overridden: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # tag -> (built-in, checkpoint's)
-    ties: Read | None = None                # {key read from its twin: twin}, and who said they are tied
+    ties: Fact | None = None                # {key read from its twin: twin}, and who said they are tied
     map_note: str | None = None             # what to say of a map that was not recorded but assumed
     trained_note: str | None = None         # what to say of a trainer's records that disagree on the tag
     trained_error: CheckpointError | None = None  # why the trained tags cannot be read: said when they are asked for
@@ -88,7 +48,7 @@ class Folder:
         if self.trained_error is not None and TRAINED in embodiments.items:
             raise self.trained_error
         missing = (f"--embodiments trained: {self.checkpoint.dir} records no trained embodiment (looked for "
-                   f"{', '.join(_trained_places(self.checkpoint.dir))}); pass tags or slot ids")
+                   f"{', '.join(trained_places(self.checkpoint.dir))}); pass tags or slot ids")
         return embodiments.with_trained(self.trained.value if self.trained else None, missing)
 
     def slots(self, embodiments: Embodiments) -> tuple[int, ...]:
@@ -119,13 +79,14 @@ class Folder:
                   "checkpoint's" for tag, (ours, theirs) in self.overridden.items()]
         lines += [note for note in (self.map_note, self.trained_note) if note]
         if self.trained_error is not None:  # given the embodiments, the convert does without the record
-            lines.append(f"the trained embodiment is not recorded: {str(self.trained_error).removesuffix(_UNREAD)}")
+            lines.append(f"the trained embodiment is not recorded: {str(self.trained_error).removesuffix(UNREAD)}")
         unknown = self.tag_map.unknown_slot
         for tag in self.chosen(embodiments).outside(self.tag_map) if unknown is not None else ():
             ours = f", not {builtin[tag]} as in {table}" if tag in builtin and builtin[tag] != unknown else ""
             lines.append(f"embodiment {tag}: not in the map of {self.tag_map.source}, and LeRobot trains a tag "
                          f"outside its map as slot {unknown}: using slot {unknown}{ours}")
         return lines
+
 
 
 def read_folder(path: Path, version: str | None = None) -> Folder:
@@ -150,351 +111,13 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
     except CheckpointError as e:  # needed only for --embodiments trained: tags and slot ids do without it
         trained, unreadable = None, e
     return Folder(checkpoint=ck, version=found, version_found=version is None,
-                  left_alone={n: _why_left_alone(n) for n in ck.left_alone}, trained=trained, trained_error=unreadable,
+                  left_alone={n: why_left_alone(n) for n in ck.left_alone}, trained=trained, trained_error=unreadable,
                   tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note,
-                  trained_note=_records_disagreeing(ck.dir, pack))
+                  trained_note=records_disagreeing(ck.dir, pack))
+
 
 
 def snapshot_revision(snapshot: Path) -> str | None:
     """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder. `snapshot`: a
     checkpoint's folder as `Checkpoint.dir` holds it (a Path, or a UPath in an object store)."""
     return snapshot.name if snapshot.parent.name == "snapshots" else None
-
-
-# -- which files are weights ----------------------------------------------------------------------------------------
-def refuse_adapter(path: Path) -> None:
-    """A LoRA adapter folder (Isaac-GR00T N1.5's `utils/peft.py`, or any peft save) holds no base weights."""
-    if not path.is_dir() or not all((path / n).is_file() for n in ADAPTER_FILES) or (path / SINGLE_NAME).exists() \
-            or (path / INDEX_NAME).exists():
-        return
-    doc = _small_json(path / "adapter_config.json", "pass the merged model instead")
-    base = doc.get("base_model_name_or_path") if isinstance(doc, dict) else None
-    raise CheckpointError(path, f"is a LoRA adapter, not a model: it holds no base weights "
-                                f"(base: {base or 'not named in adapter_config.json'}); merge it into its base with "
-                                "peft (PeftModel.from_pretrained(base, folder).merge_and_unload().save_pretrained(out)) "
-                                "and convert the merged folder")
-
-
-def _why_left_alone(name: str) -> str:
-    if name.startswith(("policy_preprocessor_step_", "policy_postprocessor_step_")):
-        return "LeRobot's normalizer statistics, not model weights"
-    if name == ADAPTER_FILES[0]:
-        return "a LoRA adapter, not model weights"
-    return "not one of the model's weight files by name"
-
-
-# -- the version ----------------------------------------------------------------------------------------------------
-@cache
-def _version_keys(version: str) -> frozenset[str]:
-    return frozenset(s.key for s in tensor_specs(version, "full"))
-
-
-def _shares(keys: list[str]) -> dict[str, float]:
-    return {v: sum(k in _version_keys(v) for k in keys) / max(1, len(keys)) for v in VERSIONS}
-
-
-def detect_version(keys: list[str], where: object) -> str:
-    """The GR00T version whose keys these are (90 % of them at least, and one version only)."""
-    shares = _shares(keys)
-    looks = [v for v in VERSIONS if shares[v] >= 0.9]
-    if len(looks) == 1:
-        return looks[0]
-    raise ConfigError(f"{where}: {_unlike(keys, shares)}; pass --version "
-                      f"{'|'.join(looks or VERSIONS)} if it is a GR00T checkpoint")
-
-
-def recognise(version: str, keys: list[str], where: object) -> None:
-    """Refuse, in one sentence, a snapshot that is not this GR00T version: most of its keys are none of the
-    version's (a fine-tune's odd extra key is left to the recipe, which names it)."""
-    shares = _shares(keys)
-    if shares[version] >= 0.9:
-        return
-    looks = [v for v in VERSIONS if shares[v] >= 0.9]
-    like = f"; it is a GR00T {looks[0]} checkpoint: pass --version {looks[0]}" if looks else \
-        "; it matches no GR00T version this project converts"
-    raise ConfigError(f"{where}: not a GR00T {version} checkpoint: {_unlike(keys, shares, version)}{like}")
-
-
-def _unlike(keys: list[str], shares: dict[str, float], version: str | None = None) -> str:
-    prefixes = Counter(".".join(k.split(".")[:2]) for k in keys).most_common(3)
-    best = version or max(shares, key=shares.get)
-    return (f"{len(keys)} tensors, {shares[best]:.0%} of them {best} keys, mostly under "
-            f"{', '.join(f'{p}. ({n})' for p, n in prefixes)}")
-
-
-def check_dtypes(ck: Checkpoint) -> None:
-    """Every tensor is BF16, F16 or F32, before anything is planned or read."""
-    for key in ck.keys():
-        check_dtype(ck.shard_path(ck.shard_of(key)), key, ck.dtype(key))
-
-
-def check_shapes(ck: Checkpoint, cfg: VersionConfig) -> None:
-    """Every key the version knows has the shape it has at the scale most of the keys match, so a tensor saved
-    with another shape is named itself (not a correct one whose rule is read at the wrong dims)."""
-    shapes = {k: ck.shape(k) for k in ck.keys()}
-    specs = {s.key: s.shape for s in tensor_specs(cfg.version, scale_of(cfg, shapes))}
-    for key in ck.keys():
-        if key in specs and shapes[key] != specs[key]:
-            where = ck.shard_path(ck.shard_of(key))
-            if key in ck.tied:  # a dropped table read from its twin: the record that tied them is what is wrong
-                raise CheckpointError(where, f"is read from {ck.tied[key]!r}, which the file's records tie it to, and "
-                                             f"that is of shape {list(shapes[key])}, where GR00T {cfg.version} has "
-                                             f"{list(specs[key])}: the tie names another table; save the fine-tune "
-                                             "with its embeddings", key)
-            raise CheckpointError(where, f"{ck.dtype(key)} tensor of shape {list(shapes[key])}, where GR00T "
-                                         f"{cfg.version} has {list(specs[key])}: the file was saved wrongly or is not "
-                                         "this model's", key)
-
-
-# -- tied tables ----------------------------------------------------------------------------------------------------
-def _config_ties(folder: Path) -> bool | None:
-    """What `config.json` says of `tie_word_embeddings` (at any depth: the LLM's config is nested), or None."""
-    try:
-        doc = _small_json(folder / "config.json", "")
-    except CheckpointError:
-        return None
-    found: list[bool] = []
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("tie_word_embeddings"), bool):
-                found.append(node["tie_word_embeddings"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(doc)
-    return None if not found else all(found)
-
-
-def tie_tables(ck: Checkpoint, cfg: VersionConfig) -> Read | None:
-    """Which table the save dropped is read from which one it is tied to (key -> twin), and where that was said:
-    the file's `__metadata__` first, then `config.json`, else as every GR00T release ties them (embed_tokens to
-    lm_head). None when nothing is tied. Changes nothing: the caller ties them (`Checkpoint.tie`)."""
-    embed, head = f"{cfg.containers['llm']}embed_tokens.weight", f"{cfg.containers['lm_head']}weight"
-    recorded = ck.recorded_ties()
-    said = Read({k: t for k, (t, _) in sorted(recorded.items())},
-                f"the __metadata__ of {sorted({s for _, s in recorded.values()})[0]}") if recorded else None
-    if embed in ck or embed in recorded:
-        return said
-    if head not in ck and head not in recorded:
-        raise CheckpointError(ck.where, f"neither the token embedding nor {head!r} it is tied to is in the checkpoint; "
-                                        "save the fine-tune with its embeddings", embed)
-    ties = _config_ties(ck.dir)
-    if ties is False:
-        raise CheckpointError(ck.where, f"the token embedding is missing and {ck.dir / 'config.json'} does not tie it to "
-                                        f"{head!r} (tie_word_embeddings is false); save the fine-tune with its embeddings", embed)
-    return Read({**(said.value if said else {}), embed: head}, "config.json (tie_word_embeddings)" if ties else
-                f"GR00T {cfg.version}'s own config (every release ties them; the folder says nothing)")
-
-
-# -- embodiments ----------------------------------------------------------------------------------------------------
-def _places(folder: Path) -> list[Path]:
-    """The folder, and the run folder above a trainer's `checkpoint-N/` (Isaac-GR00T keeps its configs there)."""
-    return [folder, folder.parent] if _RUN_CHECKPOINT.match(folder.name) else [folder]
-
-
-# Where `--embodiments trained` reads the trained tags, in this order: LeRobot's pack step, LeRobot's config,
-# Isaac-GR00T N1.6/N1.7's run config, Isaac-GR00T N1.5's metadata.
-TRAINED_RECORDS = (LEROBOT_PREPROCESSOR, "config.json", *ISAAC_CONFIGS, N15_METADATA)
-
-
-def _trained_places(folder: Path) -> list[str]:
-    return [str(p / name) for p in _places(folder) for name in TRAINED_RECORDS]
-
-
-@dataclass(frozen=True)
-class LeRobotPack:
-    """LeRobot's pack step as `policy_preprocessor.json` saved it: the tag it packed and the map it packed with."""
-    path: Path
-    tag: str
-    mapping: Mapping[str, int] | None  # None: the step saved no map (LeRobot's own table was its default)
-
-
-def lerobot_pack(folder: Path) -> LeRobotPack | None:
-    """The pack step of the LeRobot processor pipeline saved with the policy, or None when there is none."""
-    path = folder / LEROBOT_PREPROCESSOR
-    if not path.is_file():
-        return None
-    remedy = _MAP_REMEDY
-    doc = _small_json(path, remedy)
-    steps = doc.get("steps") if isinstance(doc, dict) else None
-    if not isinstance(steps, list):
-        raise CheckpointError(path, f"is not a LeRobot processor pipeline (no list of steps); {remedy}")
-    configs = [step.get("config") for step in steps if isinstance(step, dict)
-               and isinstance(step.get("registry_name"), str) and _PACK_STEP.match(step["registry_name"])]
-    if not configs:
-        return None  # a pipeline without GR00T's pack step records no embodiment
-    if len(configs) > 1:  # which one packed the batches the policy trained on is not ours to guess
-        raise CheckpointError(path, f"holds {len(configs)} GR00T pack steps, and a pipeline packs once; {remedy}")
-    config = configs[0]
-    if not isinstance(config, dict):
-        raise CheckpointError(path, f"its pack step's config must be an object, found {type(config).__name__}; "
-                                    f"{remedy}")
-    tag, mapping = config.get("embodiment_tag"), config.get("embodiment_mapping")
-    if not isinstance(tag, str) or not tag:
-        raise CheckpointError(path, f"its pack step's embodiment_tag must be a tag name, found {tag!r}; {remedy}")
-    if mapping is not None and not _is_tag_table(mapping):
-        raise CheckpointError(path, f"its pack step's embodiment_mapping must be an object of embodiment tag -> slot "
-                                    f"id; {remedy}")
-    return LeRobotPack(path, tag, mapping)
-
-
-def _is_tag_table(doc: object) -> bool:
-    return isinstance(doc, dict) and all(isinstance(k, str) and type(v) is int and 0 <= v for k, v in doc.items())
-
-
-_REMEDY = "pass --embodiments with tags or slot ids instead"  # a trained-tag record that cannot be read
-# A map that cannot be read is refused whatever is selected: the entry records the map, and a later load by tag
-# reads its slot there. Without the file the trainer's own default applies (and the convert says which).
-_MAP_REMEDY = "fix it, or remove it to convert with the trainer's default map"
-_UNREAD = "; " + _REMEDY
-
-
-def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Read | None:
-    """The embodiment tags the fine-tune was trained for, as its trainer recorded them, or None. LeRobot's pack
-    step (`pack`, read from `folder`) is what packed the batches, so it comes before LeRobot's `config.json`."""
-    if pack is not None:
-        return Read((pack.tag,), str(pack.path))
-    for place in _places(folder):
-        lerobot = _lerobot_tag(place / "config.json")
-        if lerobot is not None:
-            return lerobot
-        for name in ISAAC_CONFIGS:
-            if (place / name).is_file():
-                return _isaac_tags(place / name)
-        if (place / N15_METADATA).is_file():
-            doc = _small_json(place / N15_METADATA, _REMEDY)
-            if not isinstance(doc, dict) or not doc:
-                raise CheckpointError(place / N15_METADATA, f"must be an object keyed by embodiment tag; {_REMEDY}")
-            return Read(tuple(sorted(doc)), str(place / N15_METADATA))
-    return None
-
-
-def _records_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
-    """A trainer writes its records of the trained tag from one value: LeRobot its pack step's and `config.json`'s,
-    Isaac-GR00T `conf.yaml` and `config.yaml`. They differ only where one was edited; the one read first stands
-    (LeRobot's pack step packed the batches, and packs them again at inference), and the difference is said."""
-    try:
-        if pack is not None:
-            first, said = Read((pack.tag,), f"the pack step of {pack.path}"), _lerobot_tag(folder / "config.json")
-        else:
-            place = next((p for p in _places(folder) if all((p / n).is_file() for n in ISAAC_CONFIGS)), None)
-            if place is None:
-                return None
-            first, said = _isaac_tags(place / ISAAC_CONFIGS[0]), _isaac_tags(place / ISAAC_CONFIGS[1])
-    except CheckpointError:  # a record that cannot be read: said where the trained tags are asked for
-        return None
-    if said is None or said.value == first.value:
-        return None
-    return (f"embodiment_tag {', '.join(said.value)} in {said.source} differs from {', '.join(first.value)} in "
-            f"{first.source}, which {'packed the batches the policy trained on' if pack else 'is read first'}: using "
-            f"{', '.join(first.value)}")
-
-
-def _lerobot_tag(path: Path) -> Read | None:
-    """The tag in LeRobot's `config.json` (`"type": "groot"`), or None for any other config."""
-    if not path.is_file():
-        return None
-    doc = _small_json(path, _REMEDY)
-    if not isinstance(doc, dict) or doc.get("type") != "groot" or "embodiment_tag" not in doc:
-        return None
-    tag = doc["embodiment_tag"]
-    if not isinstance(tag, str) or not tag:
-        raise CheckpointError(path, f"embodiment_tag must be a tag name, found {tag!r}; {_REMEDY}")
-    return Read((tag,), str(path))
-
-
-class _TrainerYaml(yaml.SafeLoader):
-    """YAML as Isaac-GR00T's `Config.save` writes it (`yaml.dump` of dataclasses): `!!python/...` tags are read
-    as the plain data they hold; nothing is imported or called."""
-
-
-def _plain(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> object:
-    if isinstance(node, yaml.MappingNode):
-        return loader.construct_mapping(node, deep=True)
-    if isinstance(node, yaml.SequenceNode):
-        return loader.construct_sequence(node, deep=True)
-    return loader.construct_scalar(node)
-
-
-_TrainerYaml.add_multi_constructor("tag:yaml.org,2002:python/", _plain)
-
-
-def _isaac_tags(path: Path) -> Read:
-    remedy = _REMEDY
-    try:
-        doc = yaml.load(_small_text(path, remedy), Loader=_TrainerYaml)
-    except (yaml.YAMLError, RecursionError) as e:
-        raise CheckpointError(path, f"is not YAML the trainer could have written ({str(e).splitlines()[0]}); {remedy}") from None
-    if not isinstance(doc, dict):  # a list, a string, nothing: not the run config the trainer dumps
-        raise CheckpointError(path, f"holds {type(doc).__name__ if doc is not None else 'nothing'}, not the mapping "
-                                    f"the trainer writes; {remedy}")
-    datasets = doc.get("data", {}).get("datasets") if isinstance(doc.get("data"), dict) else None
-    tags: list[str] = []
-    for ds in datasets if isinstance(datasets, list) else []:
-        tag = ds.get("embodiment_tag") if isinstance(ds, dict) else None
-        tag = tag[0] if isinstance(tag, list) and len(tag) == 1 else tag  # an enum, dumped as its value
-        if isinstance(tag, str) and tag and tag not in tags:
-            tags.append(tag)
-    if not tags:
-        raise CheckpointError(path, f"names no data.datasets[].embodiment_tag; {remedy}")
-    return Read(tuple(tags), str(path))
-
-
-def embodiment_map(folder: Path, cfg: VersionConfig, pack: LeRobotPack | None = None
-                   ) -> tuple[TagMap, dict[str, tuple[int, int]], str | None]:
-    """The tag -> slot map the trainer trained with, the tags on which it and the built-in table disagree, and a
-    note when the map was assumed rather than read:
-    - LeRobot: the map its pack step saved (`pack`), taken as it is: LeRobot merges nothing into it, and a tag
-      outside it trained slot 0. An export without processors: LeRobot's own table (configs [lerobot]).
-    - Isaac-GR00T: the checkpoint's `embodiment_id.json` merged over the built-in table, as its processor merges
-      them; a tag outside both is refused, as Isaac-GR00T refuses it.
-    - Otherwise the built-in table."""
-    builtin = dict(cfg.embodiment_ids)
-
-    def differing(theirs: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-        return {t: (builtin[t], s) for t, s in sorted(theirs.items()) if t in builtin and builtin[t] != s}
-
-    lerobot = dict(cfg.lerobot.get("embodiments", {}))
-    unknown_slot = cfg.lerobot.get("unknown_slot", 0)
-    if pack is not None:
-        mapping = pack.mapping if pack.mapping is not None else lerobot
-        return TagMap(mapping, str(pack.path), unknown_slot), differing(mapping), None
-    for place in _places(folder):
-        for name in MAP_PLACES:
-            path = place / name
-            if not path.is_file():
-                continue
-            doc = _small_json(path, _MAP_REMEDY)
-            if not _is_tag_table(doc):
-                raise CheckpointError(path, f"must be an object of embodiment tag -> slot id; {_MAP_REMEDY}")
-            return TagMap({**builtin, **doc}, str(path)), differing(doc), None
-    if _lerobot_tag(folder / "config.json") is not None and lerobot:
-        release = cfg.lerobot.get("release", "?")
-        note = (f"LeRobot saved its tag -> slot map only in {LEROBOT_PREPROCESSOR}, which {folder} lacks: read with "
-                f"LeRobot {release}'s own table, what LeRobot packs with when the base checkpoint has no "
-                f"{EMBODIMENT_MAP}; if yours had one, pass --embodiments with the slot id it gives")
-        return TagMap(lerobot, f"LeRobot {release}'s own table (configs/{cfg.version}.toml [lerobot])", unknown_slot), \
-            differing(lerobot), note
-    return TagMap.builtin(cfg), {}, None
-
-
-# -- small files ----------------------------------------------------------------------------------------------------
-def _small_text(path: Path, remedy: str) -> str:
-    try:
-        if (size := file_size(path)) > _SMALL_FILE:
-            raise CheckpointError(path, f"is {size} bytes, too large for a trainer's config; {remedy}")
-        return read_whole(path).decode()
-    except (OSError, UnicodeDecodeError) as e:  # a folder, a FIFO, a permission, bytes that are not text
-        raise CheckpointError(path, f"cannot be read ({getattr(e, 'strerror', None) or e}); {remedy}") from None
-
-
-def _small_json(path: Path, remedy: str) -> object:
-    text = _small_text(path, remedy)  # its refusal is a ValueError too: not to be called invalid JSON
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError(path, f"is not valid JSON ({str(e)[:200]}); {remedy}") from None

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from pipeline.model.versions import VERSIONS, VersionConfig
-from pipeline.inputs.folder import HUB_FILES
+from pipeline.inputs.trainer_files import HUB_FILES
 from tasks.source.checkpoint import INDEX_NAME, SINGLE_NAME
 from tasks.io.file_blocks import is_url, source_path
 from tasks.errors import CheckpointError, ConfigError

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Hashable, Mapping
@@ -27,11 +28,6 @@ from tasks.errors import CacheError, ConfigError, PipelineError
 from tasks.io.file_blocks import is_remote
 from tasks.io.network import retries_so_far, stall_seconds
 
-IN_PROCESS = ("threads", "sync")  # the schedulers that run every task in this process
-# A running cluster's scheduler: tls:// takes its certificates from dask's own configuration (distributed.comm.tls.*,
-# or DASK_DISTRIBUTED__COMM__TLS__* in the environment), as `dask scheduler --tls-*` does; tcp:// lets anyone who
-# reaches the address run code on the workers
-CLUSTER_SCHEMES = ("tcp://", "tls://")
 TLS_SETTINGS = ("ca-file", "client.cert", "client.key")
 EXPECTED = "expected threads, sync, processes, or a running cluster's tls://host:port (or tcp://host:port) address"
 
@@ -197,83 +193,138 @@ def check_workers_see(client, scheduler: str, shared: Mapping[str, str]) -> None
                          f"({len(missing)} of the workers cannot); {shared[gone[0]]}")
 
 
+@dataclass(frozen=True)
+class _Job:
+    """One run of a graph, as every scheduler takes it."""
+    graph: Mapping
+    key: Hashable
+    scheduler: str
+    workers: int
+    progress: bool
+    shared: Mapping[str, str] | None  # folders every worker of a cluster must see, each with the remedy to name
+    store_url: str | None             # the object store every worker of a cluster must reach
+
+
+def _in_this_process(job: _Job, compute: Callable[[], object]) -> tuple[object, dict]:
+    """`compute()` under the stage timer and a progress display, both of which see every task in this process."""
+    timer = StageTimer()
+    # A redrawn bar only makes sense on a terminal; in logs and CI it would print hundreds of lines.
+    bar = (ProgressBar(out=sys.stderr, minimum=1.0, dt=0.5) if sys.stderr.isatty() else LogProgress()) \
+        if job.progress else Callback()
+    with timer, bar:
+        result = compute()
+    return result, {"stage_seconds": dict(timer.seconds), "stage_tasks": dict(timer.counts)}
+
+
+def _run_sync(job: _Job) -> tuple[object, dict]:
+    return _in_this_process(job, lambda: dask.get(dict(job.graph), job.key))
+
+
+def _run_threads(job: _Job) -> tuple[object, dict]:
+    def compute() -> object:
+        pool = ThreadPoolExecutor(job.workers)
+        gc.freeze()  # what lives through the run (graph, plan, headers): not walked again by every collection
+        try:
+            return _off_the_main_thread(
+                lambda: dask.threaded.get(dict(job.graph), job.key, num_workers=job.workers, pool=pool))
+        finally:
+            gc.unfreeze()
+            # On an error Dask raises at once while other tasks still run: wait for those (and drop the queued
+            # ones), so that the caller's cleanup of the entry being built never races a task writing into it.
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return _in_this_process(job, compute)
+
+
+def _run_processes(job: _Job) -> tuple[object, dict]:
+    from distributed import LocalCluster  # lazy: distributed takes ~1 s to import, and only two schedulers use it
+
+    cluster = LocalCluster(n_workers=min(job.workers, 2), threads_per_worker=1, processes=True,
+                           dashboard_address=":0" if job.progress else None)
+    try:
+        if job.progress and cluster.dashboard_link:
+            print(f"dask dashboard: {cluster.dashboard_link}", file=sys.stderr, flush=True)
+        return _on_client(job, cluster)
+    finally:
+        cluster.close()
+
+
+def _run_on_cluster(job: _Job) -> tuple[object, dict]:
+    return _on_client(job, job.scheduler, remote=True)
+
+
+def _on_client(job: _Job, cluster, remote: bool = False) -> tuple[object, dict]:
+    """The graph on a dask.distributed cluster. `remote`: its workers are other machines, which are asked first
+    whether they see the shared folders and reach the store."""
+    from distributed import Client, get_task_stream, progress as dist_progress
+
+    client = Client(cluster)
+    try:
+        if remote and job.shared:
+            check_workers_see(client, job.scheduler, job.shared)
+        if remote and job.store_url:
+            check_workers_reach(client, job.scheduler, job.store_url, stall_seconds())
+        retried_before = client.run(retries_so_far)
+        with get_task_stream(client) as stream:
+            future = client.get(dict(job.graph), job.key, sync=False)
+            if job.progress and sys.stderr.isatty():
+                with contextlib.redirect_stdout(sys.stderr):  # distributed's bar writes to stdout
+                    dist_progress(future)
+            elif job.progress:
+                t0 = time.perf_counter()
+                while not future.done():
+                    time.sleep(0.2)
+                    if time.perf_counter() - t0 >= 10 and int(time.perf_counter() - t0) % 10 == 0:
+                        print(f"progress: running on {job.scheduler}, {time.perf_counter() - t0:.0f} s",
+                              file=sys.stderr, flush=True)
+                        time.sleep(0.8)
+            result = client.gather(future)
+        seconds, counts = _distributed_stage_seconds(stream.data)
+        return result, {"stage_seconds": seconds, "stage_tasks": counts,
+                        "worker_retries": _worker_retries(client, retried_before)}
+    finally:
+        client.close()
+
+
+# Each scheduler, by name or by the scheme of a running cluster's address. A running cluster's scheduler: tls://
+# takes its certificates from dask's own configuration (distributed.comm.tls.*, or DASK_DISTRIBUTED__COMM__TLS__* in
+# the environment), as `dask scheduler --tls-*` does; tcp:// lets anyone who reaches the address run code on the
+# workers.
+SCHEDULERS: dict[str, Callable[[_Job], tuple[object, dict]]] = {
+    "threads": _run_threads, "sync": _run_sync, "processes": _run_processes,
+    "tls://": _run_on_cluster, "tcp://": _run_on_cluster,
+}
+IN_PROCESS = ("threads", "sync")  # the schedulers that run every task in this process
+CLUSTER_SCHEMES = tuple(name for name in SCHEDULERS if name.endswith("://"))
+
+
+def _scheduler(scheduler: str) -> Callable[[_Job], tuple[object, dict]] | None:
+    if scheduler.startswith(CLUSTER_SCHEMES):
+        return SCHEDULERS[scheduler[:scheduler.index("://") + 3]]
+    return SCHEDULERS.get(scheduler)
+
+
 def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int | None = None,
         progress: bool = True, shared: Mapping[str, str] | None = None,
         store_url: str | None = None) -> tuple[object, dict]:
-    """Compute `key` of `graph`; returns (result, {"stage_seconds", "stage_tasks"}). `shared`: folders every worker
-    of a cluster must see, each with the remedy to name when one cannot; `store_url`: the object store every worker
-    must reach. (Over 50 lines: one branch per scheduler, each with its own progress output and its own way to fail,
-    kept side by side to be compared.)"""
+    """Compute `key` of `graph` on `scheduler` (SCHEDULERS); returns (result, {"stage_seconds", "stage_tasks"}, and
+    for a dask.distributed one "worker_retries"). `shared`: folders every worker of a cluster must see, each with the
+    remedy to name when one cannot; `store_url`: the object store every worker must reach."""
+    runner = _scheduler(scheduler)
+    if runner is None:
+        raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
     # One thread more than the cores: a stage task mostly waited for the disk (O_DIRECT writes), and with one thread
     # per core a core idled meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
     # (4: 10.5 s, more RSS). Measured before stage tasks handed their writes off (tasks/io/bulk_write.py
     # `write_behind`); since, a full fine-tune after its release ran its graph in 4.15 s with 2 threads (one probe)
     # and 4.0-4.6 s with 3.
     workers = workers or (os.cpu_count() or 2) + 1
-    if scheduler in IN_PROCESS:
-        timer = StageTimer()
-        # A redrawn bar only makes sense on a terminal; in logs and CI it would print hundreds of lines.
-        bar = (ProgressBar(out=sys.stderr, minimum=1.0, dt=0.5) if sys.stderr.isatty() else LogProgress()) \
-            if progress else Callback()
-        with timer, bar:
-            if scheduler == "sync":
-                result = dask.get(dict(graph), key)
-            else:
-                pool = ThreadPoolExecutor(workers)
-                gc.freeze()  # what lives through the run (graph, plan, headers): not walked again by every collection
-                try:
-                    result = _off_the_main_thread(
-                        lambda: dask.threaded.get(dict(graph), key, num_workers=workers, pool=pool))
-                finally:
-                    gc.unfreeze()
-                    # On an error Dask raises at once while other tasks still run: wait for those (and drop the queued
-                    # ones), so that the caller's cleanup of the entry being built never races a task writing into it.
-                    pool.shutdown(wait=True, cancel_futures=True)
-        return result, {"stage_seconds": dict(timer.seconds), "stage_tasks": dict(timer.counts)}
-    if scheduler == "processes" or scheduler.startswith(CLUSTER_SCHEMES):
-        # lazy: distributed takes ~1 s to import, and only these two schedulers use it
-        from distributed import Client, LocalCluster, get_task_stream, progress as dist_progress
-
-        cluster = None
-        if scheduler == "processes":
-            cluster = LocalCluster(n_workers=min(workers, 2), threads_per_worker=1, processes=True,
-                                   dashboard_address=":0" if progress else None)
-            if progress and cluster.dashboard_link:
-                print(f"dask dashboard: {cluster.dashboard_link}", file=sys.stderr, flush=True)
-        client = Client(cluster or scheduler)
-        try:
-            if cluster is None and shared:
-                check_workers_see(client, scheduler, shared)
-            if cluster is None and store_url:
-                check_workers_reach(client, scheduler, store_url, stall_seconds())
-            retried_before = client.run(retries_so_far)
-            with get_task_stream(client) as stream:
-                future = client.get(dict(graph), key, sync=False)
-                if progress and sys.stderr.isatty():
-                    with contextlib.redirect_stdout(sys.stderr):  # distributed's bar writes to stdout
-                        dist_progress(future)
-                elif progress:
-                    t0 = time.perf_counter()
-                    while not future.done():
-                        time.sleep(0.2)
-                        if time.perf_counter() - t0 >= 10 and int(time.perf_counter() - t0) % 10 == 0:
-                            print(f"progress: running on {scheduler}, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
-                                  flush=True)
-                            time.sleep(0.8)
-                result = client.gather(future)
-            seconds, counts = _distributed_stage_seconds(stream.data)
-            return result, {"stage_seconds": seconds, "stage_tasks": counts,
-                            "worker_retries": _worker_retries(client, retried_before)}
-        finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
-    raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
+    return runner(_Job(graph, key, scheduler, workers, progress, shared, store_url))
 
 
 def check_scheduler(scheduler: str) -> None:
     """Refuse an unknown scheduler before anything is read, built or replaced."""
-    if scheduler not in (*IN_PROCESS, "processes") and not scheduler.startswith(CLUSTER_SCHEMES):
+    if _scheduler(scheduler) is None:
         raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
     if scheduler.startswith("tls://"):  # say now, not as distributed's TypeError about an ssl_context
         import distributed.config  # noqa: F401 (its defaults, under the configuration read from the environment)

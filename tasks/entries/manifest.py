@@ -19,7 +19,7 @@ import xxhash
 from tasks.numerics import precision
 from tasks.io.file_blocks import each_read
 from tasks.entries.names import (CACHE_FORMAT, CONTENT_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, is_object_key,
-                                 slot_of, WHOLE)
+                                 is_whole_number, slot_of, WHOLE)
 from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
 from tasks.plan import Plan, Target
 from tasks.source.shards import checked_against
@@ -178,7 +178,7 @@ def _is_size(value: object) -> bool:
 
 
 def _is_slot(key: object, shape: list[int]) -> bool:
-    return isinstance(key, str) and key.isascii() and key.isdigit() and bool(shape) and int(key) < shape[0]
+    return is_whole_number(key) and bool(shape) and int(key) < shape[0]
 
 
 @dataclass(frozen=True, kw_only=True)

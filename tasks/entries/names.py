@@ -94,6 +94,12 @@ def chunk_key(slot: int | None) -> str:
     return WHOLE if slot is None else str(slot)
 
 
+def is_whole_number(text: object) -> bool:
+    """The one rule for a number as typed or stored as text (a slot id, a chunk key, a device id, a count): ASCII
+    digits. (`str.isdigit` also takes '²', which `int` refuses, and '０'.)"""
+    return isinstance(text, str) and text.isascii() and text.isdigit()
+
+
 def slot_of(key: str) -> int | None:
     return None if key == WHOLE else int(key)
 

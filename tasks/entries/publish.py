@@ -29,6 +29,7 @@ from tasks.entries.names import (MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR,
                                  object_key, set_aside_name)
 from tasks.entries.objects import FRESH_FOR, present_objects, still_held
 from tasks.entries.store import Store, store_at
+from tasks.entries.zarr_v3 import METADATA
 from tasks.device.ttnn_edge import Uploaded
 
 
@@ -145,7 +146,7 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     tmp_dir, final_dir = Path(tmp), Path(final)
     writes_finished(tmp_dir)  # the stage tasks' writes handed off in this process (tasks/stage.py)
     manifest, staged = _manifest(identity, array_meta, units, verified, str(tmp_dir))
-    write_json_atomic(tmp_dir / "zarr.json", group_document(array_meta, identity))
+    write_json_atomic(tmp_dir / METADATA, group_document(array_meta, identity))
     shutil.rmtree(tmp_dir / PROGRESS_DIR, ignore_errors=True)
     for orphan in tmp_dir.rglob("*.partial"):  # a killed run's half-written temporaries: never part of an entry
         orphan.unlink(missing_ok=True)

@@ -26,6 +26,8 @@ import numpy as np
 from tasks.io.bulk_write import write_bytes_in_place
 from tasks.entries.store import link_or_copy
 
+METADATA = "zarr.json"  # a group's or an array's document, as the Zarr v3 spec names it
+
 
 STORAGE_DTYPE = np.dtype("<u2")
 # attributes.dtype -> (Zarr data_type, numpy dtype of the stored bytes)
@@ -61,11 +63,11 @@ def create_array(array_dir: Path, meta: Mapping[str, object], like: Sequence[Pat
     reading and comparing the other one."""
     array_dir.mkdir(exist_ok=True)
     doc = (json.dumps(meta, indent=1) + "\n").encode()
-    target = array_dir / "zarr.json"
+    target = array_dir / METADATA
     for other in like:
         try:
-            if (other / "zarr.json").read_bytes() == doc:
-                link_or_copy(other / "zarr.json", target)  # a killed run's is replaced, never written through
+            if (other / METADATA).read_bytes() == doc:
+                link_or_copy(other / METADATA, target)  # a killed run's is replaced, never written through
                 return
         except OSError:  # gone meanwhile: written below
             continue
