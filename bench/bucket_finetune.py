@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.model.state_dict import tensor_specs
         from pipeline.inputs.synth import synthesize
         from tasks.entries.object_stores import S3Store
-        from tasks.entries.store import open_store
+        from tasks.entries.cache_root import open_store
 
         boto3.client("s3").create_bucket(Bucket="gr00t")
         head = frozenset(s.key for s in tensor_specs("n16", scale) if s.key.startswith("action_head."))

@@ -39,7 +39,7 @@ def _tensor_digest(tensors: dict) -> str:
 def _one_run(condition: str, i: int, proxy, rate: float, hf: Path, scale: str, work: Path) -> dict:
     from pipeline.jobs.convert import ConvertOptions, convert
     from pipeline.jobs.load import load
-    from tasks.entries.store import open_store
+    from tasks.entries.cache_root import open_store
     from tests.buckets import entry_md5s
 
     bucket = f"s3://gr00t/{condition}-{i}"

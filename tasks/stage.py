@@ -25,7 +25,7 @@ from tasks.entries.chunks import write_chunk, write_host_chunk
 from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum
 from tasks.entries.names import PACKED_SUFFIX, object_key, packed_path
 from tasks.entries.objects import Present, still_held
-from tasks.entries.store import store_at
+from tasks.entries.cache_root import store_at
 from tasks.plan import HostTable
 from tasks.source.shards import read_host_table
 from tasks.entries.progress import in_folder, record_progress

@@ -24,7 +24,8 @@ from pipeline.cache import roots
 from pipeline.inputs.synth import fine_tune_form
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
-from tasks.entries.store import LocalStore, open_store
+from tasks.entries.cache_root import open_store
+from tasks.entries.store import LocalStore
 from tests.required import needs
 from tests.buckets import entry_md5s, forget_s3_clients, named_objects, upload
 from tests.conftest import ROOT, _free_port, run_cli

@@ -16,7 +16,8 @@ import torch
 
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
-from tasks.entries.store import LocalStore, open_store
+from tasks.entries.cache_root import open_store
+from tasks.entries.store import LocalStore
 from tasks.io.network import STALL_ENV
 from tests.buckets import entry_md5s, forget_s3_clients, manifest_doc, upload
 from tests.conftest import run_cli

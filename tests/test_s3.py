@@ -16,7 +16,8 @@ import torch
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
 from tasks.errors import CacheError
-from tasks.entries.store import LocalStore, open_store
+from tasks.entries.cache_root import open_store
+from tasks.entries.store import LocalStore
 from tests.buckets import entry_md5s, manifest_doc, named_objects, upload
 from tests.conftest import run_cli
 

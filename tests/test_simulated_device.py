@@ -158,7 +158,7 @@ def test_a_convert_with_a_device_open_into_the_bucket_pushes_what_it_built(simul
     """With a device open, a convert into an object store is built beside the device and pushed: its chunks and
     device files as objects named by their sha256, then its manifest. The bucket's entry is byte for byte the local
     build, and a load from the bucket onto the device gives what ttnn serializes as the entry's device files."""
-    from tasks.entries.store import open_store
+    from tasks.entries.cache_root import open_store
     from tests.buckets import entry_md5s
 
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))

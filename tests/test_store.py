@@ -21,7 +21,8 @@ from tasks.entries.entry import open_entry
 from tasks.entries.names import WHOLE
 from tasks.entries.publish import push
 from tasks.errors import CacheError
-from tasks.entries.store import LocalStore, Store, open_store
+from tasks.entries.cache_root import open_store
+from tasks.entries.store import LocalStore, Store
 from tests.buckets import manifest_doc
 
 

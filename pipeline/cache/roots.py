@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tasks.entries.entry import Entry, open_entry
 from tasks.entries.names import ENTRIES, HF, TMP_MARK, tmp_name, tmp_owner
-from tasks.entries.store import LocalStore, Store, is_url, open_store
+from tasks.entries.cache_root import open_store
+from tasks.entries.store import LocalStore, Store, is_url
 from tasks.errors import CacheError
 
 

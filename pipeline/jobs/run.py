@@ -161,7 +161,7 @@ def shared_folders(source: Path, entry: Path | None = None) -> dict[str, str]:
 def _cannot_reach(url: str, stall: float) -> str | None:
     """On a worker: why it cannot use the object store at `url` with the credentials it has, or None. One listing
     of a single key (retried as every request is: tasks/io/network.py)."""
-    from tasks.entries.store import store_at
+    from tasks.entries.cache_root import store_at
 
     try:
         store_at(url, stall).children("refs")

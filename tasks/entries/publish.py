@@ -28,7 +28,8 @@ from tasks.entries.entry import Entry
 from tasks.entries.names import (MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key,
                                  object_key, set_aside_name)
 from tasks.entries.objects import FRESH_FOR, present_objects, still_held
-from tasks.entries.store import Store, store_at
+from tasks.entries.cache_root import store_at
+from tasks.entries.store import Store
 from tasks.entries.zarr_v3 import METADATA
 from tasks.device.ttnn_edge import Uploaded
 

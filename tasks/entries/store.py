@@ -1,5 +1,5 @@
 """Where cache entries live: one small interface (`Store`), with a local directory (`LocalStore`, here) or an object
-store (tasks/entries/object_stores.py) behind it; `open_store` picks one for a cache root.
+store (tasks/entries/object_stores.py) behind it; tasks/entries/cache_root.py `open_store` picks one for a cache root.
 
 Keys are `/`-separated paths relative to the cache root. Callers ask a store what it can do, never what it is
 (tests/test_store.py pins each answer for both stores):
@@ -21,7 +21,6 @@ Everything else â€” listing, reading a chunk into a caller's buffer, verifying â
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -290,21 +289,3 @@ def link_or_copy(src: Path, dst: Path) -> None:
         raise
     except OSError:
         shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
-
-
-def open_store(root: Store | Path | str, stall: float | None = None) -> Store:
-    """A store for a cache root: a local folder, or an object-store URL (`s3://bucket/prefix`; `stall`: its stall
-    limit, default tasks/io/network.py `stall_seconds()`)."""
-    if isinstance(root, Store):
-        return root
-    if not is_url(root):
-        return LocalStore(Path(root))
-    from tasks.entries.object_stores import FsspecStore, S3Store  # only here: boto3 and fsspec load with a URL
-    return S3Store(root, stall) if root.startswith(("s3://", "s3a://")) else FsspecStore(root)
-
-
-@functools.cache
-def store_at(url: str, stall: float | None = None) -> Store:
-    """The store at an object-store URL, one per process and stall limit: a Dask worker's tasks reuse its client
-    and connections, and keep the stall limit the client was given (a worker has its own environment)."""
-    return open_store(url, stall)
