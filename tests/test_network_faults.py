@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -142,20 +143,22 @@ def test_a_network_that_never_lets_a_request_through_is_one_sentence_and_nothing
     assert made.returncode == 0, made.stderr[-2000:]
     entry = json_of(run_cli("cache", "ls", "--cache", url, "--json", env=env))["entries"][0]["entry"]
     bad_network.set(**{fault: 1.0})
-    runs = {"load": run_cli("load", "--version", "n16", "--layout", "generic", "--embodiment", "gr1", "--cache", url,
-                            env=env)}
+    commands = {"load": ("load", "--version", "n16", "--layout", "generic", "--embodiment", "gr1", "--cache", url)}
+    source = f"{s3_url}-never-sources/n16"  # a checkpoint in the bucket (a probe at 100% cuts found a traceback)
     if fault == "cut_response":
-        runs["convert"] = run_cli("convert", *common, "--embodiments", "new_embodiment", "--cache", url, env=env)
-        runs["verify"] = run_cli("cache", "verify", entry, "--cache", url, env=env)
+        commands["convert"] = ("convert", *common, "--embodiments", "new_embodiment", "--cache", url)
+        commands["verify"] = ("cache", "verify", entry, "--cache", url)
+        commands["inspect"] = ("inspect", "--snapshot", source)
+    with ThreadPoolExecutor(len(commands)) as pool:  # side by side: each mostly waits out its retries
+        runs = dict(zip(commands, pool.map(lambda args: run_cli(*args, env=env), commands.values())))
+    inspected = runs.pop("inspect", None)
     for command, proc in runs.items():
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (command, proc.stderr[-2000:])
         assert lines[-1].startswith(f"error: {url}/") and said in lines[-1], (command, lines[-1])
         assert "corrupt" not in lines[-1] and "--force" not in lines[-1] and "network fault" in lines[-1]
         assert len([line for line in lines if line.startswith("error:")]) == 1
-    if fault == "cut_response":  # a checkpoint in the bucket, inspected (a probe at 100% cuts found a traceback)
-        source = f"{s3_url}-never-sources/n16"
-        inspected = run_cli("inspect", "--snapshot", source, env=env)
+    if inspected is not None:
         lines = inspected.stderr.strip().splitlines()
         assert inspected.returncode == 2 and "Traceback" not in inspected.stderr, inspected.stderr[-2000:]
         assert len(lines) == 1 and lines[0].startswith(f"error: {source}") and "network fault" in lines[0], lines
