@@ -18,6 +18,7 @@ from pipeline.model.versions import VersionConfig, load_config
 from tasks.errors import CheckpointError
 from tasks.source.checkpoint import Checkpoint
 
+
 @dataclass(frozen=True, kw_only=True)
 class Folder:
     """One checkpoint as its folder describes it."""
@@ -88,7 +89,6 @@ class Folder:
         return lines
 
 
-
 def read_folder(path: Path, version: str | None = None) -> Folder:
     """Open the checkpoint at `path` (a folder or one file) and read everything it says about itself; `version`
     None finds it from the keys."""
@@ -114,7 +114,6 @@ def read_folder(path: Path, version: str | None = None) -> Folder:
                   left_alone={n: why_left_alone(n) for n in ck.left_alone}, trained=trained, trained_error=unreadable,
                   tag_map=tag_map, overridden=overridden, ties=ties, map_note=map_note,
                   trained_note=records_disagreeing(ck.dir, pack))
-
 
 
 def snapshot_revision(snapshot: Path) -> str | None:

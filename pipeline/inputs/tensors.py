@@ -15,15 +15,14 @@ from tasks.errors import CheckpointError, ConfigError
 from tasks.numerics.precision import check_dtype
 from tasks.source.checkpoint import Checkpoint
 
+
 @cache
 def _version_keys(version: str) -> frozenset[str]:
     return frozenset(s.key for s in tensor_specs(version, "full"))
 
 
-
 def _shares(keys: list[str]) -> dict[str, float]:
     return {v: sum(k in _version_keys(v) for k in keys) / max(1, len(keys)) for v in VERSIONS}
-
 
 
 def detect_version(keys: list[str], where: object) -> str:
@@ -34,7 +33,6 @@ def detect_version(keys: list[str], where: object) -> str:
         return looks[0]
     raise ConfigError(f"{where}: {_unlike(keys, shares)}; pass --version "
                       f"{'|'.join(looks or VERSIONS)} if it is a GR00T checkpoint")
-
 
 
 def recognise(version: str, keys: list[str], where: object) -> None:
@@ -49,7 +47,6 @@ def recognise(version: str, keys: list[str], where: object) -> None:
     raise ConfigError(f"{where}: not a GR00T {version} checkpoint: {_unlike(keys, shares, version)}{like}")
 
 
-
 def _unlike(keys: list[str], shares: dict[str, float], version: str | None = None) -> str:
     prefixes = Counter(".".join(k.split(".")[:2]) for k in keys).most_common(3)
     best = version or max(shares, key=shares.get)
@@ -57,12 +54,10 @@ def _unlike(keys: list[str], shares: dict[str, float], version: str | None = Non
             f"{', '.join(f'{p}. ({n})' for p, n in prefixes)}")
 
 
-
 def check_dtypes(ck: Checkpoint) -> None:
     """Every tensor is BF16, F16 or F32, before anything is planned or read."""
     for key in ck.keys():
         check_dtype(ck.shard_path(ck.shard_of(key)), key, ck.dtype(key))
-
 
 
 def check_shapes(ck: Checkpoint, cfg: VersionConfig) -> None:
@@ -81,7 +76,6 @@ def check_shapes(ck: Checkpoint, cfg: VersionConfig) -> None:
             raise CheckpointError(where, f"{ck.dtype(key)} tensor of shape {list(shapes[key])}, where GR00T "
                                          f"{cfg.version} has {list(specs[key])}: the file was saved wrongly or is not "
                                          "this model's", key)
-
 
 
 def tie_tables(ck: Checkpoint, cfg: VersionConfig) -> Fact | None:

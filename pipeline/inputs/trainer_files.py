@@ -30,32 +30,21 @@ from tasks.io.file_blocks import file_size, read_whole
 from tasks.source.checkpoint import INDEX_NAME, SINGLE_NAME
 
 EXPERIMENT_CFG = "experiment_cfg"
-
 N15_METADATA = f"{EXPERIMENT_CFG}/metadata.json"
-
 ISAAC_CONFIGS = (f"{EXPERIMENT_CFG}/conf.yaml", f"{EXPERIMENT_CFG}/config.yaml")
-
 EMBODIMENT_MAP = "embodiment_id.json"
-
 MAP_PLACES = (EMBODIMENT_MAP, f"processor/{EMBODIMENT_MAP}")
-
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
-
 LEROBOT_PREPROCESSOR = "policy_preprocessor.json"
-
 # LeRobot's pack step, which puts `embodiment_mapping.get(embodiment_tag, 0)` in the batch: groot_pack_inputs_v3
 # (0.5.1, N1.5), groot_n1_7_pack_inputs_v1 (0.6.1, N1.7).
 _PACK_STEP = re.compile(r"^groot_(?:.*_)?pack_inputs_v\d+$")
-
 # What `--model` fetches of a hub repo: the weights, the index, and the small files read here (never optimizer
 # states, DeepSpeed's `global_step*/`, or a trainer's other safetensors).
 HUB_FILES = [INDEX_NAME, SINGLE_NAME, "model-*-of-*.safetensors", "config.json", LEROBOT_PREPROCESSOR, N15_METADATA,
              *ISAAC_CONFIGS, *MAP_PLACES, "adapter_config.json"]
-
 _RUN_CHECKPOINT = re.compile(r"^checkpoint-\d+")  # a trainer's save inside its run folder (also `-best-…`)
-
 _SMALL_FILE = 64 << 20  # a trainer's JSON/YAML is kilobytes: anything past this is not one
-
 
 
 @dataclass(frozen=True)
@@ -63,7 +52,6 @@ class Fact:
     """A fact and the file it was read from (or what it defaulted to)."""
     value: object
     source: str
-
 
 
 def refuse_adapter(path: Path) -> None:
@@ -79,14 +67,12 @@ def refuse_adapter(path: Path) -> None:
                                 "and convert the merged folder")
 
 
-
 def why_left_alone(name: str) -> str:
     if name.startswith(("policy_preprocessor_step_", "policy_postprocessor_step_")):
         return "LeRobot's normalizer statistics, not model weights"
     if name == ADAPTER_FILES[0]:
         return "a LoRA adapter, not model weights"
     return "not one of the model's weight files by name"
-
 
 
 def config_ties(folder: Path) -> bool | None:
@@ -111,11 +97,9 @@ def config_ties(folder: Path) -> bool | None:
     return None if not found else all(found)
 
 
-
 def _places(folder: Path) -> list[Path]:
     """The folder, and the run folder above a trainer's `checkpoint-N/` (Isaac-GR00T keeps its configs there)."""
     return [folder, folder.parent] if _RUN_CHECKPOINT.match(folder.name) else [folder]
-
 
 
 # Where `--embodiments trained` reads the trained tags, in this order: LeRobot's pack step, LeRobot's config,
@@ -123,10 +107,8 @@ def _places(folder: Path) -> list[Path]:
 TRAINED_RECORDS = (LEROBOT_PREPROCESSOR, "config.json", *ISAAC_CONFIGS, N15_METADATA)
 
 
-
 def trained_places(folder: Path) -> list[str]:
     return [str(p / name) for p in _places(folder) for name in TRAINED_RECORDS]
-
 
 
 @dataclass(frozen=True)
@@ -135,7 +117,6 @@ class LeRobotPack:
     path: Path
     tag: str
     mapping: Mapping[str, int] | None  # None: the step saved no map (LeRobot's own table was its default)
-
 
 
 def lerobot_pack(folder: Path) -> LeRobotPack | None:
@@ -167,20 +148,15 @@ def lerobot_pack(folder: Path) -> LeRobotPack | None:
     return LeRobotPack(path, tag, mapping)
 
 
-
 def _is_tag_table(doc: object) -> bool:
     return isinstance(doc, dict) and all(isinstance(k, str) and type(v) is int and 0 <= v for k, v in doc.items())
 
 
-
 _REMEDY = "pass --embodiments with tags or slot ids instead"  # a trained-tag record that cannot be read
-
 # A map that cannot be read is refused whatever is selected: the entry records the map, and a later load by tag
 # reads its slot there. Without the file the trainer's own default applies (and the convert says which).
 _MAP_REMEDY = "fix it, or remove it to convert with the trainer's default map"
-
 UNREAD = "; " + _REMEDY
-
 
 
 def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Fact | None:
@@ -201,7 +177,6 @@ def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Fact | None:
                 raise CheckpointError(place / N15_METADATA, f"must be an object keyed by embodiment tag; {_REMEDY}")
             return Fact(tuple(sorted(doc)), str(place / N15_METADATA))
     return None
-
 
 
 def records_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
@@ -225,7 +200,6 @@ def records_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
             f"{', '.join(first.value)}")
 
 
-
 def _lerobot_tag(path: Path) -> Fact | None:
     """The tag in LeRobot's `config.json` (`"type": "groot"`), or None for any other config."""
     if not path.is_file():
@@ -239,11 +213,9 @@ def _lerobot_tag(path: Path) -> Fact | None:
     return Fact((tag,), str(path))
 
 
-
 class _TrainerYaml(yaml.SafeLoader):
     """YAML as Isaac-GR00T's `Config.save` writes it (`yaml.dump` of dataclasses): `!!python/...` tags are read
     as the plain data they hold; nothing is imported or called."""
-
 
 
 def _plain(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> object:
@@ -254,9 +226,7 @@ def _plain(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> object:
     return loader.construct_scalar(node)
 
 
-
 _TrainerYaml.add_multi_constructor("tag:yaml.org,2002:python/", _plain)
-
 
 
 def _isaac_tags(path: Path) -> Fact:
@@ -278,7 +248,6 @@ def _isaac_tags(path: Path) -> Fact:
     if not tags:
         raise CheckpointError(path, f"names no data.datasets[].embodiment_tag; {remedy}")
     return Fact(tuple(tags), str(path))
-
 
 
 def embodiment_map(folder: Path, cfg: VersionConfig, pack: LeRobotPack | None = None
@@ -319,7 +288,6 @@ def embodiment_map(folder: Path, cfg: VersionConfig, pack: LeRobotPack | None = 
     return TagMap.builtin(cfg), {}, None
 
 
-
 def _small_text(path: Path, remedy: str) -> str:
     try:
         if (size := file_size(path)) > _SMALL_FILE:
@@ -327,7 +295,6 @@ def _small_text(path: Path, remedy: str) -> str:
         return read_whole(path).decode()
     except (OSError, UnicodeDecodeError) as e:  # a folder, a FIFO, a permission, bytes that are not text
         raise CheckpointError(path, f"cannot be read ({getattr(e, 'strerror', None) or e}); {remedy}") from None
-
 
 
 def _small_json(path: Path, remedy: str) -> object:
