@@ -38,7 +38,6 @@ def _read_body_into(body, view: memoryview) -> int:
     return filled
 
 
-
 _MISSING = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled", "ExpiredToken",
            "InvalidToken", "AccountProblem"}

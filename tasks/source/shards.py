@@ -27,6 +27,7 @@ from tasks.io.file_blocks import each_block, open_at
 from tasks.plan import HostTable
 from tasks.source.safetensors_file import ShardHeader, read_header
 
+
 @dataclass(frozen=True)
 class VerifiedShard:
     header: ShardHeader
