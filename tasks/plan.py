@@ -5,14 +5,11 @@ conversion. Plain values that the stage functions take; `pipeline/model/recipe.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from tasks.numerics.precision import stored_dtype
-
-if TYPE_CHECKING:  # a type only: the shards' reader is a floor above (tasks/__init__.py)
-    from tasks.source.safetensors_file import ShardHeader
 
 HOST = "HOST"  # the layout of host-only targets: kept on the host as float32, never uploaded
 
@@ -23,7 +20,7 @@ class HostTable:
     the entry as the float32 the port keeps (`.to(torch.float32)`), block by block, so an F32 embed_tokens (1.24 GB)
     is never whole in memory. What the read task hands on for a host target; the stage reads it through
     tasks/source/shards.py `read_host_table`, checking it as it writes it."""
-    header: ShardHeader
+    header: Any  # its shard's ShardHeader (tasks/source/safetensors_file.py), a floor above: named, not imported
     key: str
     dtype = np.dtype(np.float32)  # what it is stored and handed out as
 

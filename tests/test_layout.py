@@ -20,13 +20,10 @@ def _room(module: str) -> str:
     return module.split(".")[1]
 
 
-def _runtime_imports(tree: ast.Module):
-    """Every imported module name, skipping `if TYPE_CHECKING:` blocks (a type named, not a module loaded)."""
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+def _imports(tree: ast.Module):
+    """Every module named in an import, wherever it stands (in a function, or under `if TYPE_CHECKING:`, which
+    still ties the module to the one it names)."""
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -59,7 +56,7 @@ def test_imports_go_only_down():
     upward = []
     for path, module in _modules():
         own = FLOOR_OF[_room(module)]
-        for imported in _runtime_imports(ast.parse(path.read_text())):
+        for imported in _imports(ast.parse(path.read_text())):
             if imported.split(".")[0] == "pipeline":
                 upward.append(f"{module} imports {imported} (pipeline/ is above tasks/)")
             elif imported.startswith("tasks.") and FLOOR_OF[_room(imported)] > own:
