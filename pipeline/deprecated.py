@@ -1,6 +1,8 @@
 """The import paths of earlier versions, kept working for one minor version with a DeprecationWarning that names
 the new import (CHANGELOG.md): `from pipeline.load import load` and `from pipeline.convert import convert, …`
 (pipeline/load.py, pipeline/convert.py), and `load`'s keywords `ttnn_host=` and `device=` (pipeline/jobs/load.py).
+Moved modules and names are tasks/old_paths.py's: `pipeline.jobs.build` (pipeline/jobs/__init__.py), and the
+names that left `pipeline.inputs.folder` (pipeline/inputs/folder.py).
 Importing an old path leaves `pipeline.load` the function (pipeline/__init__.py `_Package`)."""
 
 from __future__ import annotations
@@ -8,14 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-import warnings
 
-REMOVED_IN = "0.3.0"
-
-
-def warn_moved(old: str, new: str, stacklevel: int = 3) -> None:
-    warnings.warn(f"{old} is deprecated and goes in {REMOVED_IN}: use {new}", DeprecationWarning,
-                  stacklevel=stacklevel)
+from tasks.old_paths import warn_moved
 
 
 class _MovedModule(types.ModuleType):
