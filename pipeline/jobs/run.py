@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Mapping
 
