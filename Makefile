@@ -25,7 +25,6 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	@$(PY) -c "from tasks.numerics import kernels; print('C kernels:', kernels.build() or 'not built (no C compiler): the numpy packers give the same bytes, slower')"
 	@$(PY) -c "from tasks.device import tensorbin; print('ttnn .tensorbin headers checked:', tensorbin.check_formats())" 2>/dev/null
-	@command -v dot >/dev/null || { apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; } || echo "warning: could not install graphviz (dot); 'make graph' will write DOT text only" >&2
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m bench.bucket_finetune")
     ap.add_argument("--scale", default="tiny", choices=("tiny", "full"),
-                    help="the synthetic N1.6's size (full: 5.4 GB; results go to bucket-finetune-full-results.json)")
+                    help="the synthetic N1.6's size (full: 6.57 GB; results go to bucket-finetune-full-results.json)")
     scale = ap.parse_args(argv).scale
     out = OUT if scale == "tiny" else OUT.with_name("bucket-finetune-full-results.json")
     work = Path(tempfile.mkdtemp(prefix="bench-bucket-"))

@@ -19,6 +19,7 @@ from pipeline import cache as cache_mod
 from pipeline.cache import entries_dir
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
+from tasks.device.ttnn_edge import QUIET_ENV
 from tests.conftest import run_cli
 
 from tests.conftest import ROOT
@@ -69,8 +70,11 @@ def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries
 
 
 def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path):
-    proc = run_cli("demo", "--json", "--cache", str(tmp_path / "demo-cache"))
+    # as a user's shell starts it: without the logging settings this session has (ttnn's start-up DEBUG line)
+    user_env = {k: v for k, v in os.environ.items() if k not in QUIET_ENV}
+    proc = run_cli("demo", "--json", "--cache", str(tmp_path / "demo-cache"), env=user_env)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "DEBUG" not in proc.stdout + proc.stderr  # the demo speaks only its own lines
     assert json.loads(proc.stdout)["cache_path"].startswith(str(tmp_path / "demo-cache"))  # --cache is honoured
     assert "synthesizing a tiny GR00T N1.7" in proc.stderr
     shown = [line.split()[0] for line in proc.stderr.split("\n4. ", 1)[1].split("\n5. ")[0].splitlines()[1:] if line]
@@ -80,6 +84,16 @@ def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path)
                            f"--cache {tmp_path / 'c'} --json | head -c 1", shell=True, cwd=ROOT, capture_output=True,
                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert shell.stdout == "{" and "Traceback" not in shell.stderr and "BrokenPipe" not in shell.stderr
+
+
+def test_graph_without_graphviz_writes_dot_and_says_what_to_install(hf_cache, tmp_path):
+    """No `dot` on PATH (nothing installs system packages): the picture asked for is DOT text, and one line says
+    what gives the picture."""
+    proc = run_cli("graph", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--out",
+                   str(tmp_path / "g.svg"), env={**os.environ, "PATH": str(tmp_path / "no-programs")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "g.dot").read_text().startswith("digraph") and not (tmp_path / "g.svg").exists()
+    assert "install Graphviz" in proc.stdout and f"dot -Tsvg {tmp_path / 'g.dot'}" in proc.stdout
 
 
 def test_a_reader_that_leaves_early_gets_silence_and_141(hf_cache):

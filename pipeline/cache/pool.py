@@ -12,14 +12,15 @@ from typing import Iterable, Mapping
 
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import decode_manifest
-from tasks.entries.names import ENTRIES, OBJECTS, entry_key, is_temporary, manifest_key
+from tasks.entries.names import ENTRIES, OBJECTS, entry_key, is_temporary, manifest_key, object_key
 from tasks.entries.objects import present_objects
 from tasks.errors import CacheError
 from tasks.entries.store import Store
 
 
 def named_objects(entry: Entry) -> set[str]:
-    return {key for arr in entry.manifest.arrays.values() for rec in arr.chunks.values() for key in rec.objects()}
+    chunks = {key for arr in entry.manifest.arrays.values() for rec in arr.chunks.values() for key in rec.objects()}
+    return chunks | {entry.processor_object(name) for name in entry.manifest.processor}
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,14 @@ def sweep(store: Store, grace_hours: float, dry_run: bool, among: set[str] | Non
 
 
 def _objects_in(doc: object) -> Iterable[str]:
-    """Every object a manifest names, found by its field wherever it is (whatever format wrote it)."""
+    """Every object a manifest names, found by its field wherever it is (whatever format wrote it); a kept processor
+    file is the object of its sha256."""
     if isinstance(doc, dict):
         for key, value in doc.items():
             if key == "object" and isinstance(value, str):
                 yield value
+            elif key == "processor" and isinstance(value, dict):
+                yield from (object_key(str(rec.get("sha256"))) for rec in value.values() if isinstance(rec, dict))
             else:
                 yield from _objects_in(value)
     elif isinstance(doc, list):

@@ -33,6 +33,7 @@ from pipeline.model.versions import SCALES, VERSIONS
 from tasks.entries.names import is_whole_number
 from tasks.errors import CacheError, ConfigError, PipelineError
 from tasks.io.network import STALL_ENV, STALL_SECONDS
+from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
                "that port's conventions, family by family), tt-n16-fused (n16, the port revision that fuses DiT q|k|v) "
@@ -101,6 +102,8 @@ def cmd_graph(a: argparse.Namespace) -> dict:
     if not a.json and a.out != "-":
         extra = f", {result['units']} units, straddling: {', '.join(result['straddling'])}" if "units" in result else ""
         print(f"wrote {result['out']}: {result['tasks']} tasks{extra}")
+        if result.get("picture"):
+            print(result["picture"])
     return result
 
 
@@ -447,6 +450,8 @@ def _reader_left(*streams) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # ttnn reads its logging settings at import, wherever that happens: quiet from the start (its own settings)
+    configure_ttnn_env(os.environ, device_present())
     if getattr(args, "stall_seconds", None):  # read where each store is made (tasks/io/network.py), here and below
         os.environ[STALL_ENV] = f"{args.stall_seconds:g}"
     out = sys.stdout

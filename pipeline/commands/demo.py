@@ -13,6 +13,7 @@ from pipeline.jobs.load import load
 from pipeline.commands.printing import mb, print_convert, print_inspect, print_targets
 from pipeline.cache import synthetic_hf_cache
 from pipeline.inputs.synth import synthesize
+from tasks.device.ttnn_edge import ttnn_module
 
 
 def examples(tensors: dict) -> tuple[str, ...]:
@@ -44,7 +45,7 @@ def run_demo(cache_root: Path | str | None) -> dict:  # what `demo --json` print
     print_convert(summary)
     print("\n3. converting again: the cache entry is reused")
     print_convert(convert(replace(opts, progress=False)))
-    import ttnn  # noqa: F401  imported before the load: its line times the reload, not ttnn's first import
+    ttnn_module()  # imported before the load (its line times the reload, not ttnn's first import), quietly
 
     loaded = load("n17", cache_root, embodiment="new_embodiment", into="ttnn", synthetic=True)
     print(f"\n4. reloaded {loaded.stats['tensors']} tensors for embodiment new_embodiment (slot {loaded.slot}) "

@@ -91,10 +91,15 @@ def write_graph(opts, out: Path, stream=None) -> dict:
             dot.edge(s, unit, color="red" if straddles else "gray")
         dot.edge(unit, "publish", color="gray")
     dot.node("publish", "publish\\n(manifest, rename)", shape="doubleoctagon")
+    picture = None
     if out.suffix == ".dot" or shutil.which("dot") is None:
         path = out.with_suffix(".dot")
         path.write_text(dot.source)
+        if out.suffix != ".dot":  # the picture needs Graphviz's `dot` program, which nothing here installs
+            picture = (f"for the {out.suffix.lstrip('.')} picture, install Graphviz (which gives `dot`: "
+                       f"https://graphviz.org/download/) and run the command again, or `dot -T{out.suffix.lstrip('.')} "
+                       f"{path} -o {out}`")
     else:
         path = Path(dot.render(outfile=str(out), format=out.suffix.lstrip("."), cleanup=True))
     return {"out": str(path), "tasks": len(graph), "units": len(units),
-            "straddling": [u for u, i in units.items() if len(i["shards"]) > 1]}
+            "straddling": [u for u, i in units.items() if len(i["shards"]) > 1], "picture": picture}

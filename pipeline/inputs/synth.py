@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline.model.state_dict import TensorSpec, tensor_specs
 from pipeline.inputs.snapshot import repo_folder, synthetic_repo_id
+from pipeline.inputs.synth_processor import isaac_processor_files
 from pipeline.model.versions import load_config
 from tasks.source.checkpoint import INDEX_NAME, SYNTHETIC_MARK
 from tasks.errors import PipelineError
@@ -213,10 +214,9 @@ def _isaac_files(folder: Path, version: str, tag: str, ids: dict[str, int], *, p
         for name in ("final_model_config.json", "final_processor_config.json", "dataset_statistics.json"):
             _json(cfg_dir / name, {tag: {}} if name == "dataset_statistics.json" else {})
         (cfg_dir / "initial_actions.npz").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip archive
-    if processor is not None and version != "n15":
-        _json(folder / processor / "processor_config.json", {"processor_class": f"{MODEL_TYPES[version]}Processor"})
-        _json(folder / processor / "statistics.json", {tag: {}})
-        _json(folder / processor / "embodiment_id.json", ids)
+    if processor is not None and version != "n15":  # the trainer's processor, with statistics of robot data
+        for name, doc in isaac_processor_files(version, tag, ids).items():
+            _json(folder / processor / name, doc)
     if trainer_state:
         rng = np.random.default_rng(0)
         for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):

@@ -97,7 +97,7 @@ def config_ties(folder: Path) -> bool | None:
     return None if not found else all(found)
 
 
-def _places(folder: Path) -> list[Path]:
+def places(folder: Path) -> list[Path]:
     """The folder, and the run folder above a trainer's `checkpoint-N/` (Isaac-GR00T keeps its configs there)."""
     return [folder, folder.parent] if _RUN_CHECKPOINT.match(folder.name) else [folder]
 
@@ -108,7 +108,7 @@ TRAINED_RECORDS = (LEROBOT_PREPROCESSOR, "config.json", *ISAAC_CONFIGS, N15_META
 
 
 def trained_places(folder: Path) -> list[str]:
-    return [str(p / name) for p in _places(folder) for name in TRAINED_RECORDS]
+    return [str(p / name) for p in places(folder) for name in TRAINED_RECORDS]
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def trained_tags(folder: Path, pack: LeRobotPack | None = None) -> Fact | None:
     step (`pack`, read from `folder`) is what packed the batches, so it comes before LeRobot's `config.json`."""
     if pack is not None:
         return Fact((pack.tag,), str(pack.path))
-    for place in _places(folder):
+    for place in places(folder):
         lerobot = _lerobot_tag(place / "config.json")
         if lerobot is not None:
             return lerobot
@@ -187,7 +187,7 @@ def records_disagreeing(folder: Path, pack: LeRobotPack | None) -> str | None:
         if pack is not None:
             first, said = Fact((pack.tag,), f"the pack step of {pack.path}"), _lerobot_tag(folder / "config.json")
         else:
-            place = next((p for p in _places(folder) if all((p / n).is_file() for n in ISAAC_CONFIGS)), None)
+            place = next((p for p in places(folder) if all((p / n).is_file() for n in ISAAC_CONFIGS)), None)
             if place is None:
                 return None
             first, said = _isaac_tags(place / ISAAC_CONFIGS[0]), _isaac_tags(place / ISAAC_CONFIGS[1])
@@ -269,7 +269,7 @@ def embodiment_map(folder: Path, cfg: VersionConfig, pack: LeRobotPack | None = 
     if pack is not None:
         mapping = pack.mapping if pack.mapping is not None else lerobot
         return TagMap(mapping, str(pack.path), unknown_slot), differing(mapping), None
-    for place in _places(folder):
+    for place in places(folder):
         for name in MAP_PLACES:
             path = place / name
             if not path.is_file():

@@ -31,7 +31,7 @@ from tasks.entries.names import entry_key, scratch_name
 from tasks.entries.objects import FRESH_FOR
 from tasks.entries.objects import present_objects
 from tasks.entries.progress import adopt_staged
-from tasks.entries.publish import push
+from tasks.entries.publish import keep_processor, push
 from tasks.entries.store import Store
 from tasks.errors import CacheError
 from tasks.io.network import stall_seconds
@@ -58,6 +58,7 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
             building, plan, slots, ck, dict(ident.shards), into=key, identified=prep.identified, present=present,
             array_attrs={n: doc["attributes"] for n, doc in arrays.items()}, fresh_after=fresh_after)
         done = dict(reused.records)
+        keep_processor(store if in_store else None, tmp, prep.processor, present)
         if tmp is not None:
             create_arrays(tmp, arrays, like=[building.path(entry_key(e)) for e in reused.holders])
             done = adopt_staged(tmp, plan.targets, slots, reused.records)

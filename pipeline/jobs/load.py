@@ -37,6 +37,16 @@ class Loaded:
     layout: str = "generic"
     banks: tuple[str, ...] = ()    # targets holding every slot of a bank, as [slots, ...]
     source: dict = field(default_factory=dict)  # what the entry was converted from (snapshot, revision, synthetic)
+    processor_files: dict = field(default_factory=dict, repr=False)  # the trainer's files the entry keeps
+    tag: str | None = None         # the embodiment tag asked for (None: asked by slot id, or every slot)
+
+    @property
+    def processor(self):
+        """The trainer's processor for the embodiment loaded (`.state(groups)`, `.actions(output, state=groups)`),
+        from the files the entry keeps; one sentence (ProcessorError) when it keeps none."""
+        from pipeline.model.processor import for_entry
+
+        return for_entry(self.entry, self.source, self.processor_files, self.slot, self.tag)
 
     @property
     def synthetic(self) -> str | None:
@@ -126,7 +136,7 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
                          "chunks": len(chunks), **fetched},
                   layout=opened.manifest.layout,
                   banks=tuple(n for n in tensors if slot is None and opened.manifest.arrays[n].bank),
-                  source=dict(opened.manifest.source))
+                  source=dict(opened.manifest.source), processor_files=opened.processor_files(), tag=wanted.tag)
 
 
 def _into_of_old_keywords(into, deprecated: dict):

@@ -11,6 +11,7 @@ from typing import Mapping
 
 from pipeline import cache
 from pipeline.inputs.folder import read_folder
+from pipeline.inputs.processor_files import ProcessorFiles, embodiments_of, read_processor_files
 from pipeline.inputs.snapshot import hf_cache_folder, resolve_snapshot
 from pipeline.jobs.options import ConvertOptions
 from pipeline.model.recipe import build_plan, recipes_sha256
@@ -34,6 +35,7 @@ class Prepared:
     root: Path
     identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # shard -> tensor xxh3, taken to name it
     notes: tuple[str, ...] = ()  # what the folder holds that the user should hear of (files left alone, …)
+    processor: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # the trainer's files, kept in the entry
 
     @property
     def name(self) -> str:
@@ -50,17 +52,30 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
         where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf,
                                  opts.revision, opts.synthetic, opts.model)
         folder = read_folder(where, opts.version)
-    source = folder.source_record(opts.model)
-    slots, notes = folder.slots(opts.embodiments), folder.notes(opts.embodiments)
+    with said_of_the_store(opts.snapshot):
+        kept = read_processor_files(folder.checkpoint.dir)
+    source = folder.source_record(opts.model) | {"processor": kept.record() if kept else None}
+    slots, notes = folder.slots(opts.embodiments), folder.notes(opts.embodiments) + [processor_note(kept, folder)]
     ck = folder.checkpoint
     shapes = {k: ck.shape(k) for k in ck.keys()}
     plan = build_plan(folder.version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
     with said_of_the_store(opts.snapshot):
         identities, identified = cache.source_identity(root, ck)
     ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
-                        recipes_sha256=recipes_sha256())
+                        recipes_sha256=recipes_sha256(), processor=kept.files if kept else None)
     return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, identified=identified,
-                    notes=tuple(notes))
+                    notes=tuple(notes), processor=dict(kept.files) if kept else {})
+
+
+def processor_note(kept: ProcessorFiles | None, folder) -> str:
+    """The line a convert says of the trainer's processor: kept (whose, from where, for which embodiments), or
+    none found, so that a user knows whether the entry can act without the source folder."""
+    if kept is None:
+        return (f"processor: none in {folder.checkpoint.dir} (no trainer's statistics beside the weights): the entry "
+                "keeps the weights only")
+    tags = embodiments_of(kept)
+    return (f"processor: {kept.trainer}'s, kept in the entry from {kept.where} ({', '.join(sorted(kept.files))}; "
+            f"statistics for {', '.join(tags) or 'no embodiment'})")
 
 
 @contextlib.contextmanager

@@ -18,9 +18,10 @@ import xxhash
 from tasks.errors import CacheError
 from tasks.io.file_blocks import each_read
 from tasks.entries.fetched import Fetched
-from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest, decode_manifest
-from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PACKED_SUFFIX, READABLE_FORMATS, chunk_file, chunk_key,
-                                 entry_key, is_temporary, manifest_key, packed_name, packed_path)
+from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest, decode_manifest, processor_matches
+from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PACKED_SUFFIX, PROCESSOR_DIR, READABLE_FORMATS,
+                                 chunk_file, chunk_key, entry_key, is_temporary, manifest_key, object_key, packed_name,
+                                 packed_path)
 from tasks.entries.store import Store
 
 
@@ -54,6 +55,26 @@ class Entry:
         record = self.manifest.arrays[array].chunks.get(slot)
         named = record.tensorbin.object if record is not None and record.tensorbin is not None else None
         return named or packed_path(PurePosixPath(entry_key(self.name)), array, slot).as_posix()
+
+    def processor_object(self, name: str) -> str:
+        """The store key of a kept processor file: in the entry's folder, or an object store's object of its
+        sha256 (shared, as chunks are, by every entry that keeps the same bytes)."""
+        if self.store.local_path(entry_key(self.name)) is not None:
+            return f"{entry_key(self.name)}/{PROCESSOR_DIR}/{name}"
+        return object_key(str(self.manifest.processor[name]["sha256"]))
+
+    def processor_files(self) -> dict[str, bytes]:
+        """The trainer's processor files the entry keeps, name -> bytes, each checked against its record."""
+        files = {}
+        for name, record in self.manifest.processor.items():
+            key = self.processor_object(name)
+            data = self.store.get(key)
+            if not processor_matches(record, data):
+                raise CacheError(f"{self.store.describe(key)}: processor file {name} is "
+                                 f"{'missing' if data is None else 'not what the manifest records (tampered or corrupt)'};"
+                                 " run `python -m pipeline cache verify` and convert again with --force")
+            files[name] = data
+        return files
 
     def read_chunk(self, array: str, slot: int | None, out: np.ndarray | None = None) -> np.ndarray:
         """One chunk, checked against its manifest record (the pass that touches every byte): read into `out`
@@ -164,7 +185,13 @@ class Entry:
                    for array, arr in self.manifest.arrays.items() for slot, rec in arr.chunks.items()]
         with ThreadPoolExecutor(threads) as pool:
             found = pool.map(lambda o: self._problems(*o), objects)
-            return [problem for problems in found for problem in problems]
+            problems = [problem for problems in found for problem in problems]
+        for name, record in self.manifest.processor.items():
+            key = self.processor_object(name)
+            data = self.store.get(key)
+            if not processor_matches(record, data):
+                problems.append(f"{self.store.describe(key)}: processor file {'listed in the manifest is missing' if data is None else 'does not match the manifest checksum (tampered or corrupt)'}")
+        return problems
 
     def _problems(self, key: str, record: ChunkRecord, packed: str) -> list[str]:
         problems = []

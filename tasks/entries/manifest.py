@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -199,24 +200,33 @@ class Identity:
     slots: list[int]
     source: Mapping[str, object]       # snapshot folder, revision, synthetic mark (recorded, not hashed)
     source_shapes: Mapping[str, list[int]]
+    # the trainer's processor files kept beside the weights: name -> {nbytes, sha256, xxh3}; their sha256s are
+    # hashed (a fine-tune whose statistics alone changed is another entry, sharing every tensor)
+    processor: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, plan: Plan, *, source: Mapping[str, object], shard_sha: Mapping[str, str], slots: tuple[int, ...],
-           source_shapes: Mapping[str, tuple[int, ...]], recipes_sha256: str) -> "Identity":
+           source_shapes: Mapping[str, tuple[int, ...]], recipes_sha256: str,
+           processor: Mapping[str, bytes] | None = None) -> "Identity":
         """Everything that determines an entry's bytes, and its fingerprint (sha256 of the canonical JSON); plus
         `source` (the snapshot folder, the revision read, and whether it is synthetic), recorded but not hashed
         beyond the revision and the synthetic mark: the same bytes in another folder are the same entry.
         `source_shapes` (every checkpoint key's shape, a function of the hashed shards) is recorded so that a
-        consumer's own constructors can be run from the entry alone (pipeline/port_n16/)."""
+        consumer's own constructors can be run from the entry alone (pipeline/port_n16/). `processor`: the
+        trainer's processor files (name -> bytes), kept in the entry by content."""
+        kept = {name: processor_record(data) for name, data in sorted((processor or {}).items())}
         doc = {"cache_format": CACHE_FORMAT, "converter": CONVERTER_VERSION, "version": plan.version,
                "revision": source.get("revision"), "synthetic": source.get("synthetic"), "layout": plan.layout,
                "profile": plan.profile, "shards": dict(sorted(shard_sha.items())), "recipes_sha256": recipes_sha256,
                "slots": list(slots),
                "targets": [[t.name, list(t.sources), t.transform, list(t.params), t.device_dtype, t.device_layout]
                            for t in plan.targets]}
+        if kept:  # only then: an entry without a processor keeps the fingerprint it always had
+            doc["processor"] = {name: rec["sha256"] for name, rec in kept.items()}
         fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-        return cls(fingerprint=fingerprint, **{k: v for k, v in doc.items() if k != "targets"}, source=dict(source),
-                   source_shapes={k: list(v) for k, v in sorted(source_shapes.items())})
+        return cls(fingerprint=fingerprint, **{k: v for k, v in doc.items() if k not in ("targets", "processor")},
+                   source=dict(source), source_shapes={k: list(v) for k, v in sorted(source_shapes.items())},
+                   processor=kept)
 
     @property
     def name(self) -> str:
@@ -227,8 +237,11 @@ class Identity:
         """Shard -> what its bytes were checked against: a published sha256 (an HF blob name), or its content."""
         return {shard: checked_against(identity) for shard, identity in sorted(self.shards.items())}
 
-    def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(Identity)}  # (a Manifest's identity part, too)
+    def to_json(self) -> dict:  # (a Manifest's identity part, too)
+        doc = {f.name: getattr(self, f.name) for f in fields(Identity)}
+        if not self.processor:  # what entries without one always wrote
+            del doc["processor"]
+        return doc
 
 
 @dataclass(frozen=True)
@@ -261,7 +274,7 @@ class Manifest(Identity):
                    layout=doc.get("layout", "generic"), profile=doc["profile"], shards=doc.get("shards", {}),
                    recipes_sha256=doc.get("recipes_sha256", ""), slots=doc.get("slots", []),
                    source=doc.get("source", {}), source_shapes=doc.get("source_shapes", {}),
-                   published_unix=doc.get("published_unix", 0.0),
+                   processor=_processor_records(doc.get("processor", {})), published_unix=doc.get("published_unix", 0.0),
                    arrays={n: _array(n, a) for n, a in doc["arrays"].items()},
                    bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0),
                    shards_sha256=doc.get("shards_sha256", {}))  # absent in entries written before 2026-12-04
@@ -294,6 +307,34 @@ class Manifest(Identity):
             if arr.bank and any(s not in arr.chunks for s in wanted):
                 return False
         return True
+
+
+def processor_record(data: bytes) -> dict:
+    """A kept processor file's record: its size, its sha256 (its name in an object store, and its part of the
+    entry's identity) and its xxh3 (checked on every read, as a chunk's is)."""
+    return {"nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "xxh3": checksum(data)}
+
+
+def processor_matches(record: Mapping[str, object], data: bytes | None) -> bool:
+    return data is not None and len(data) == record["nbytes"] and checksum(data) == record["xxh3"] and \
+        hashlib.sha256(data).hexdigest() == record["sha256"]
+
+
+_FILE_NAME = re.compile(r"^[\w.-]{1,200}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _processor_records(doc: object) -> dict[str, dict]:
+    """The manifest's processor records, checked: each a plain file name (never a path: the name is where it is
+    kept in a folder) with its size and checksums."""
+    if not isinstance(doc, dict):
+        raise ValueError("has a processor record that is not an object")
+    for name, rec in doc.items():
+        if not _FILE_NAME.match(name) or name in (".", "..") or not isinstance(rec, dict) or \
+                not _is_size(rec.get("nbytes")) or not _SHA256.match(str(rec.get("sha256"))) or \
+                not isinstance(rec.get("xxh3"), str):
+            raise ValueError(f"records processor file {str(name)[:60]!r} without a plain name, size and checksums")
+    return dict(doc)
 
 
 def _array(name: str, doc: object) -> ArrayRecord:

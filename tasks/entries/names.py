@@ -30,6 +30,7 @@ OBJECTS = "objects"         # objects/<sha256>[.tensorbin]: an object store's ch
 FETCHED = "fetched"         # fetched/<xxh3>-<size>: what loads from an object store keep (tasks/entries/fetched.py)
 PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
+PROCESSOR_DIR = "processor"  # the trainer's processor files, kept beside the weights (`Identity.processor`)
 PACKED_DIR = "tensorbin"    # ttnn's `.tensorbin` device files, outside the Zarr arrays
 PACKED_SUFFIX = ".tensorbin"  # ttnn's load_tensor refuses a device file named otherwise
 WHOLE = "all"               # the manifest key of a whole-array chunk; a bank's chunks are keyed by slot

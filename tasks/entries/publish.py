@@ -23,10 +23,10 @@ from typing import Iterator, Mapping, Sequence
 from tasks.errors import CacheError
 from tasks.source.shards import VerifiedShard
 from tasks.io.bulk_write import write_json_atomic, writes_finished
-from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
+from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays, processor_record
 from tasks.entries.entry import Entry
-from tasks.entries.names import (MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key,
-                                 object_key, set_aside_name)
+from tasks.entries.names import (MANIFEST, OBJECTS, PACKED_SUFFIX, PROCESSOR_DIR, PROGRESS_DIR, entry_key,
+                                 manifest_key, object_key, set_aside_name)
 from tasks.entries.objects import FRESH_FOR, present_objects, still_held
 from tasks.entries.cache_root import store_at
 from tasks.entries.store import Store
@@ -131,6 +131,10 @@ def publish_into_store(store_url: str, stall: float, name: str, identity: Identi
 def check_objects_there(store: Store, manifest: Manifest, entry: str) -> None:
     """Every object the manifest names is in the store with its size, or nothing is published."""
     there = store.sizes(OBJECTS)
+    for name, kept in manifest.processor.items():
+        if there.get(object_key(str(kept["sha256"]))) != kept["nbytes"]:
+            raise CacheError(f"{store.describe(object_key(str(kept['sha256'])))}: processor file {name} is not in the "
+                             f"store as {entry} was published; nothing was published — convert again")
     for arr in manifest.arrays.values():
         for record in arr.chunks.values():
             for rec in (record, record.tensorbin):
@@ -167,6 +171,22 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
         shutil.rmtree(tmp_dir, ignore_errors=True)  # another process published the same fingerprint first
         won = False
     return _result(str(final_dir), won, manifest, staged, units)
+
+
+def keep_processor(store: Store | None, tmp: Path | None, files: Mapping[str, bytes],
+                   present: Mapping[str, tuple[int, float]]) -> None:
+    """The trainer's processor files into the entry being built, before its manifest names them: into its folder
+    (`tmp`), or into the object store (`store`) as the objects of their sha256, each sent once."""
+    if tmp is not None:
+        folder = tmp / PROCESSOR_DIR
+        folder.mkdir(exist_ok=True)
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        return
+    for name, data in files.items():
+        key = object_key(processor_record(data)["sha256"])
+        if present.get(key, (None,))[0] != len(data):
+            store.put(key, data)
 
 
 # -- from a local entry to an object store ---------------------------------------------------------------------
@@ -212,6 +232,8 @@ def push(local: Entry, store: Store, progress: bool = False) -> int:
                 files.append((path, packed.object, rec.tensorbin.nbytes))
             chunks[slot] = dataclasses.replace(rec, tensorbin=packed, object=key)
         arrays[array] = dataclasses.replace(arr, chunks=chunks)
+    files += [(local.store.path(local.processor_object(n)), object_key(str(rec["sha256"])), int(rec["nbytes"]))
+              for n, rec in local.manifest.processor.items()]
     held = still_held(store, {key: size for _, key, size in files}, present, fresh_after)
     missing = list({f[1]: f for f in files if f[1] not in held}.values())  # bytes an entry holds twice: sent once
     total, sent, t0 = sum(size for *_, size in missing), 0, time.perf_counter()
