@@ -30,6 +30,9 @@ TEST_DEVICE = os.environ.setdefault("GR00T_TEST_DEVICE", "wh")
 SIMULATED = simulator.use(os.environ, TEST_DEVICE)
 configure_ttnn_env(os.environ, device_present())
 os.environ["HF_HUB_OFFLINE"] = "1"  # the tests never reach the hub; the offline path says what to run
+# Retries wait 0.01 s doubling, not 0.1 s: the fault tests make thousands of them, and wait for none of them to
+# learn anything (tasks/io/network.py; the tries, the doubling and the cap are the same)
+os.environ.setdefault("GR00T_BACKOFF_SECONDS", "0.01")
 
 # For the tests of the O_DIRECT writer, which tmpfs refuses: /var/tmp is on a disk by convention, where /tmp may not be.
 DISK_TMP = Path("/var/tmp") if os.access("/var/tmp", os.W_OK) else Path(tempfile.gettempdir())

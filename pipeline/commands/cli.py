@@ -32,7 +32,7 @@ from pipeline.inputs.synth import FORMS, ISAAC_FORMS, new_fine_tune_form, synthe
 from pipeline.model.versions import SCALES, VERSIONS
 from tasks.entries.names import is_whole_number
 from tasks.errors import CacheError, ConfigError, PipelineError
-from tasks.io.network import STALL_ENV, STALL_SECONDS
+from tasks.io.network import STALL_ENV, STALL_SECONDS, backoff_base, stall_seconds
 from tasks.device.ttnn_edge import configure_ttnn_env, device_present
 
 LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), tt-port (n15's and n17's default: "
@@ -458,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = _json_channel() if args.json and argv is None else sys.stdout
         with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            stall_seconds(), backoff_base()  # a malformed setting is refused before anything is read or written
             result = args.fn(args)
         if args.json:
             print(json.dumps(result, indent=1, default=str), file=out, flush=True)

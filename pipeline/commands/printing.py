@@ -63,6 +63,8 @@ def print_convert(s: ConvertSummary) -> None:
     for shard, against in (s.get("shards_checked_against") or {}).items():
         sha = (s.get("shards_sha256") or {}).get(shard)
         print(f"  checked       {shard} against its {against}" + (f"; sha256 {sha}" if sha else ""))
+    if s.get("processor"):
+        print(f"  processor     {s['processor']}")
     for note in s.get("notes", []):
         print(f"  note          {note}")
     print(f"  cache entry   {s['cache_path']}")

@@ -69,7 +69,7 @@ def refuse_adapter(path: Path) -> None:
 
 def why_left_alone(name: str) -> str:
     if name.startswith(("policy_preprocessor_step_", "policy_postprocessor_step_")):
-        return "LeRobot's normalizer statistics, not model weights"
+        return "LeRobot's normalizer statistics, not model weights: kept with the processor"
     if name == ADAPTER_FILES[0]:
         return "a LoRA adapter, not model weights"
     return "not one of the model's weight files by name"

@@ -67,7 +67,8 @@ def convert(options: ConvertOptions | str | None = None, /, **keywords) -> Conve
                            profile=plan.profile, fingerprint=ident.fingerprint,
                            cache_path=store.describe(entry_key(prep.name)), slots=list(prep.slots),
                            targets=len(plan.targets), skipped=dict(plan.skipped), source=ident.source,
-                           notes=list(prep.notes), shards_checked_against=ident.shards_checked_against)
+                           notes=list(prep.notes), shards_checked_against=ident.shards_checked_against,
+                           processor=prep.processor_said)
     with prep.checkpoint:
         existing = cache.find_entry(store, prep.name) if not opts.force else None
         if opts.check_against_cache and existing is None:

@@ -36,6 +36,7 @@ class Prepared:
     identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # shard -> tensor xxh3, taken to name it
     notes: tuple[str, ...] = ()  # what the folder holds that the user should hear of (files left alone, …)
     processor: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # the trainer's files, kept in the entry
+    processor_said: str = ""  # what the convert says of them
 
     @property
     def name(self) -> str:
@@ -54,8 +55,8 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
         folder = read_folder(where, opts.version)
     with said_of_the_store(opts.snapshot):
         kept = read_processor_files(folder.checkpoint.dir)
-    source = folder.source_record(opts.model) | {"processor": kept.record() if kept else None}
-    slots, notes = folder.slots(opts.embodiments), folder.notes(opts.embodiments) + [processor_note(kept, folder)]
+    source = folder.source_record(opts.model) | ({"processor": kept.record()} if kept else {})
+    slots, notes = folder.slots(opts.embodiments), folder.notes(opts.embodiments)
     ck = folder.checkpoint
     shapes = {k: ck.shape(k) for k in ck.keys()}
     plan = build_plan(folder.version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
@@ -64,18 +65,18 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
                         recipes_sha256=recipes_sha256(), processor=kept.files if kept else None)
     return Prepared(checkpoint=ck, plan=plan, slots=slots, identity=ident, root=root, identified=identified,
-                    notes=tuple(notes), processor=dict(kept.files) if kept else {})
+                    notes=tuple(notes), processor=dict(kept.files) if kept else {},
+                    processor_said=processor_line(kept, folder.checkpoint.dir))
 
 
-def processor_note(kept: ProcessorFiles | None, folder) -> str:
-    """The line a convert says of the trainer's processor: kept (whose, from where, for which embodiments), or
-    none found, so that a user knows whether the entry can act without the source folder."""
+def processor_line(kept: ProcessorFiles | None, folder: Path) -> str:
+    """What a convert says of the trainer's processor: kept (whose, from where, for which embodiments), or none
+    found, so that a user knows whether the entry can act without the source folder."""
     if kept is None:
-        return (f"processor: none in {folder.checkpoint.dir} (no trainer's statistics beside the weights): the entry "
-                "keeps the weights only")
+        return f"none in {folder} (no trainer's statistics beside the weights): the entry keeps the weights only"
     tags = embodiments_of(kept)
-    return (f"processor: {kept.trainer}'s, kept in the entry from {kept.where} ({', '.join(sorted(kept.files))}; "
-            f"statistics for {', '.join(tags) or 'no embodiment'})")
+    return (f"{kept.trainer}'s, kept in the entry from {kept.where} ({', '.join(sorted(kept.files))}; statistics "
+            f"for {', '.join(tags) or 'no embodiment'})")
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ class ConvertSummary(Mapping):
     skipped: dict[str, str]        # source key -> why the recipe leaves it out
     source: dict                   # the manifest's source record (snapshot, revision, trained tags, ties, ...)
     notes: list[str]               # what the folder holds that the user should hear of
+    processor: str = ""            # the trainer's processor: kept (whose, for which embodiments), or none found
     shards_checked_against: dict[str, str]  # shard -> "published sha256" or "content identity"
     # how it went: set once the convert is over
     cache_hit: bool | None = None

@@ -6,7 +6,7 @@ when a transfer counts as stalled, and the one sentence said when the retries ru
   retried. A refusal, a missing key, and bytes that arrive whole and fail their check are not the network's:
   they are raised at once, and only the last is called corruption.
 - **Retries** (`with_retries`): `ATTEMPTS` tries in all, each after a wait drawn at random up to
-  `BACKOFF_BASE * 2**n` seconds, capped at `BACKOFF_CAP` ("full jitter", so that a fleet of clients cut at once
+  `BACKOFF_BASE * 2**n` seconds (`GR00T_BACKOFF_SECONDS` for the base), capped at `BACKOFF_CAP` ("full jitter", so that a fleet of clients cut at once
   do not come back at once). A throttled request (503, `SlowDown`) waits `THROTTLE_FACTOR` times longer, and holds
   every request of this process until then: a store that says "slow down" is asked less, as botocore's `adaptive`
   mode does. Each retry is counted (`retries_so_far`), by what happened.
@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from typing import Callable, TypeVar
 
-from tasks.errors import PipelineError
+from tasks.errors import ConfigError, PipelineError
 
 ATTEMPTS = 8              # tries in all, the first included
 BACKOFF_BASE = 0.1        # seconds: the first retry waits up to this, each next one up to twice as long
@@ -42,6 +42,7 @@ THROTTLE_FACTOR = 4       # a throttled request waits this many times longer (up
 STALL_SECONDS = 30.0      # default stall limit: no byte moved for this long and the request is abandoned
 CONNECT_SECONDS = 10.0    # a connection not made within this is a timeout
 STALL_ENV = "GR00T_STALL_SECONDS"
+BACKOFF_ENV = "GR00T_BACKOFF_SECONDS"
 
 UNREACHABLE, CUT, TIMEOUT, THROTTLED, SERVER = "unreachable", "connection cut", "timeout", "throttled", "server error"
 RETRIED = {UNREACHABLE: "the object store cannot be reached", CUT: "the connection was cut",
@@ -70,12 +71,29 @@ def whole(response: dict, field: str, what: str) -> dict:
 
 def stall_seconds() -> float:
     """The stall limit in force: `GR00T_STALL_SECONDS` (what `--stall-seconds` sets), else `STALL_SECONDS`."""
-    text = os.environ.get(STALL_ENV, "")
+    return _seconds_from(STALL_ENV, STALL_SECONDS, "the stall limit, a number of seconds above 0 such as 30")
+
+
+def backoff_base() -> float:
+    """The first retry's longest wait: `GR00T_BACKOFF_SECONDS`, else `BACKOFF_BASE` (a test of many faults, or a
+    user on a fast local store, may shorten every wait; the doubling, the cap and the tries are the same)."""
+    return _seconds_from(BACKOFF_ENV, BACKOFF_BASE, "the first retry's longest wait, a number of seconds above 0 such "
+                                                    "as 0.1")
+
+
+def _seconds_from(name: str, default: float, what: str) -> float:
+    """A number of seconds from the environment, or `default` where it is unset; a value that is not one is one
+    sentence (never silently the default: a user who set it meant something)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
     try:
         value = float(text)
     except ValueError:
-        return STALL_SECONDS
-    return value if value > 0 else STALL_SECONDS
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise ConfigError(f"{name}={text[:40]!r} is not {what}; set it so, or unset it for {default:g}")
+    return value
 
 
 def _names(e: BaseException) -> set[str]:
@@ -139,7 +157,7 @@ class _Pacing:
             time.sleep(pause)
 
     def retry_after(self, fault: str, attempt: int) -> None:
-        base = BACKOFF_BASE * (THROTTLE_FACTOR if fault == THROTTLED else 1)
+        base = backoff_base() * (THROTTLE_FACTOR if fault == THROTTLED else 1)
         cap = BACKOFF_CAP * (THROTTLE_FACTOR if fault == THROTTLED else 1)
         pause = random.uniform(0, min(cap, base * 2 ** attempt))
         with self.lock:
