@@ -41,6 +41,7 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
                      "trained_for": m and m.source.get("trained_embodiments"),
                      "trained_from": m and m.source.get("trained_from"),
                      "embodiment_map": m and m.source.get("embodiment_map"),
+                     "processor": m and m.source.get("processor"),
                      "shards_checked_against": m and m.shards_checked_against,
                      "shards_sha256": m and dict(m.shards_sha256),
                      "bytes": size, "unique_bytes": unique, "shared_bytes": size - unique,

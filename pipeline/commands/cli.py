@@ -112,7 +112,8 @@ def cmd_load(a: argparse.Namespace) -> dict:
         loaded = load(a.version, a.cache, a.embodiment, into="torch" if dev is None else dev, profile=a.profile,
                       layout=a.layout, entry=a.entry, revision=a.revision, source=a.source,
                       synthetic=True, transfers=a.transfers)  # (it prints SYNTHETIC itself)
-    result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source, **loaded.stats}
+    result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source,
+              "processor": processor_of(loaded), **loaded.stats}
     if not a.json:
         if loaded.source.get("synthetic"):
             print(f"SYNTHETIC weights: {loaded.source['synthetic']}")
@@ -124,7 +125,25 @@ def cmd_load(a: argparse.Namespace) -> dict:
                                                         f"the next load ({result['not_kept_because']})")))
         print(f"loaded {result['tensors']} tensors ({mb(result['bytes_read'])}{fetched}) from {loaded.entry} "
               f"in {result['seconds']:.3f} s" + (f"; {retried}" if retried else ""))
+        said = result["processor"]
+        print(f"processor: {said['trainer']}'s for {said['embodiment']} (slot {said['embodiment_id']}): state "
+              f"{_groups(said['state'])}; actions {_groups(said['action'])} over {said['action_horizon']} steps"
+              if "trainer" in said else f"processor: {said['none']}")
     return result
+
+
+def processor_of(loaded) -> dict:
+    """What `load` says of the processor the entry keeps for the embodiment loaded (or why there is none)."""
+    from pipeline.model.processor import ProcessorError
+
+    try:
+        return loaded.processor.describe()
+    except ProcessorError as e:
+        return {"none": str(e)}
+
+
+def _groups(dims: dict) -> str:
+    return ", ".join(f"{name} {width}" for name, width in dims.items())
 
 
 def parse_size(text: str) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.inputs.embodiments import Embodiments
 from pipeline.inputs.folder import read_folder
+from pipeline.inputs.processor_files import read_processor_files
 from pipeline.inputs.snapshot import resolve_snapshot
 from pipeline.jobs.prepare import said_of_the_store
 from pipeline.model.state_dict import straddling_unit
@@ -40,4 +41,14 @@ def inspect_report(version: str | None, snapshot: Path | None, hf_cache: Path | 
                 "embodiment_tags": dict(folder.tag_map.ids), "embodiment_map": folder.tag_map.source,
                 "trained_embodiments": list(folder.trained.value) if folder.trained else None,
                 "trained_from": folder.trained.source if folder.trained else None,
-                "trained_slots": slots, "notes": notes}
+                "trained_slots": slots, "notes": notes, "processor": processor_summary(ck.dir)}
+
+
+def processor_summary(folder) -> dict | None:
+    """The trainer's processor files found beside the weights (whose, where, which, for which embodiments), or
+    None: what a convert would keep in the entry."""
+    try:
+        kept = read_processor_files(folder)
+    except PipelineError as e:  # what the convert would refuse, said as what the folder holds
+        return {"refused": str(e)}
+    return None if kept is None else kept.record()

@@ -38,6 +38,14 @@ def print_inspect(r: dict) -> None:
         slots = (f": slots {', '.join(map(str, r['trained_slots']))}, by {r['embodiment_map']}"
                  if r["trained_slots"] else "")
         print(f"  trained for {', '.join(r['trained_embodiments'])} ({r['trained_from']}){slots}")
+    kept = r.get("processor")
+    if kept is None:
+        print("  processor   none beside the weights (a convert keeps the weights only)")
+    elif "refused" in kept:
+        print(f"  processor   would be refused: {kept['refused']}")
+    else:
+        print(f"  processor   {kept['trainer']}'s in {kept['from']} ({', '.join(kept['files'])}), statistics for "
+              f"{', '.join(kept['embodiments']) or 'no embodiment'}: kept in the entry by a convert")
     for note in r.get("notes", []):
         print(f"  note: {note}")
 
@@ -105,7 +113,9 @@ def print_cache_rows(rows: list[dict], totals: dict, where: str, sources: bool =
                 (f"  (trained for {', '.join(r['trained_for'])}" + (f", read from {r['trained_from']}"
                                                                      if r.get("trained_from") else "") +
                  (f", slots by {r['embodiment_map']}" if r.get("embodiment_map") else "") + ")"
-                 if r.get("trained_for") else "")
+                 if r.get("trained_for") else "") + \
+                (f"  processor: {r['processor']['trainer']}'s, for {', '.join(r['processor'].get('embodiments') or ['-'])}"
+                 if r.get("processor") else "")
             age = _age(r["age_s"]) if r["age_s"] is not None else "-"
             print(f"{r['entry']:46} {r['version'] or '-':7} {r['layout'] or '-':8} {r['profile'] or '-':7} "
                   f"{_slots(r['slots'], r['bank_slots']):8} {(r['revision'] or '-')[:10]:10} {src:10} {size_text(r['bytes']):>10} "

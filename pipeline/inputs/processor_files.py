@@ -40,7 +40,8 @@ class ProcessorFiles:
 
     def record(self) -> dict:
         """What the entry's source records of it (not hashed: the files' own bytes are)."""
-        return {"trainer": self.trainer, "from": self.where, "files": sorted(self.files)}
+        return {"trainer": self.trainer, "from": self.where, "files": sorted(self.files),
+                "embodiments": embodiments_of(self)}
 
 
 def read_processor_files(folder: Path) -> ProcessorFiles | None:
