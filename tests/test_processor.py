@@ -92,6 +92,15 @@ def test_a_bad_observation_is_one_sentence(mutate, says):
     assert "\n" not in str(e.value)
 
 
+def test_an_end_effector_pose_that_is_no_rotation_is_one_sentence():
+    _, processor = _processor("n16", {})
+    observed = {g: v[0] for g, v in _observations(np.random.default_rng(1), batch=1).items()}
+    observed["wrist"] = np.zeros_like(observed["wrist"])  # rot6d rows of zero length
+    with pytest.raises(ProcessorError, match="cannot be made absolute against state group 'wrist'.*no rotation") as e:
+        processor.actions(np.zeros((16, processor.max_action_dim)), state=observed)
+    assert "\n" not in str(e.value)
+
+
 def test_relative_actions_need_the_state():
     _, processor = _processor("n16", {})
     with pytest.raises(ProcessorError, match="trained relative to the state: pass state="):

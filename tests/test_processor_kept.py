@@ -128,3 +128,43 @@ def test_a_tag_the_statistics_do_not_have_is_one_sentence(snapshots, tmp_path):
     loaded = load("n16", tmp_path / "cache", "gr1", synthetic=True)
     with pytest.raises(ProcessorError, match="do not cover embodiment gr1 .*new_embodiment"):
         loaded.processor
+
+
+def test_the_readmes_processor_lines_run_as_written(snapshots, tmp_path):
+    """README "Run a fine-tune from the cache", in a process of its own on a cache holding an Isaac-GR00T N1.6
+    fine-tune (its folder deleted). Kernels do not run on the simulated device, so the port's model is the one name
+    the test gives: a stand-in whose `run_flow_matching` returns a seeded output of the port's shape; every other
+    line runs as written, and the actions it gives are the trainer's own on that output."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    folder, docs = _checkpoint(snapshots, "n16", tmp_path / "run")
+    convert("n16", snapshot=folder, embodiments="trained", cache_root=tmp_path / "cache", progress=False)
+    shutil.rmtree(tmp_path / "run")
+    block = re.search(r"```python processor\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    output = np.random.default_rng(5).uniform(-1, 1, (1, 16, 29)).astype(np.float32)
+    np.save(tmp_path / "output.npy", output)
+    stand_in = f'''
+import numpy, torch
+class _PortModel:  # kernels do not run here: the port's output, of its shape [1, action_horizon, max_action_dim]
+    def run_flow_matching(self, features, state, embodiment_id):
+        assert tuple(state.shape) == (1, 29) and state.dtype == torch.float32 and embodiment_id == 10
+        return torch.from_numpy(numpy.load({str(tmp_path / "output.npy")!r}))
+model, features = _PortModel(), None
+'''
+    report = "\nimport json; print(json.dumps({g: a.tolist() for g, a in actions.items()}))\n"
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", stand_in + block + report], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GR00T_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    rng = np.random.default_rng(0)  # the README's stand-in readings, made again
+    observed = {g: rng.normal(size=(1, 1, len(v["min"])))
+                for g, v in docs["statistics.json"][TRAINED_TAG]["state"].items()}
+    want = Oracle(docs, TRAINED_TAG).actions(output, observed)
+    assert got.keys() == want.keys()
+    for group, values in want.items():
+        np.testing.assert_allclose(np.asarray(got[group]), values, rtol=1e-5, atol=1e-9)

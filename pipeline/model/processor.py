@@ -108,7 +108,12 @@ class Processor:
                 raise ProcessorError(f"action group {g.name!r} of embodiment {self.embodiment} was trained relative "
                                      f"to the state: pass state= the raw state groups given to .state()")
             reference = self._group(state, self._state_group(key, g), "state")
-            actions[g.name] = arithmetic.absolute(actions[g.name], reference[..., -1, :], g.kind, g.pose)
+            try:
+                actions[g.name] = arithmetic.absolute(actions[g.name], reference[..., -1, :], g.kind, g.pose)
+            except ValueError as e:  # scipy's refusal of a rotation that is none (zero rows, NaN)
+                raise ProcessorError(f"action group {g.name!r} cannot be made absolute against state group {key!r} "
+                                     f"of embodiment {self.embodiment}: its pose is no rotation ({str(e)[:80]}); "
+                                     f"pass the end effector's pose as the robot reads it ({g.pose})") from None
         return actions
 
     def describe(self) -> dict:

@@ -85,8 +85,13 @@ def _matrix(flat: np.ndarray, pose: str) -> np.ndarray:
 def _rot6d_matrix(rot6d: np.ndarray) -> np.ndarray:
     """The rotation whose first two rows the six numbers are, made orthonormal by Gram-Schmidt."""
     first, second = rot6d[:3], rot6d[3:6]
-    first = first / np.linalg.norm(first)
+    length = np.linalg.norm(first)
+    if not np.isfinite(rot6d).all() or length == 0:
+        raise ValueError("its rot6d rows are not finite, or the first is zero")
+    first = first / length
     second = second - np.dot(first, second) * first
+    if np.linalg.norm(second) == 0:
+        raise ValueError("its rot6d rows are parallel")
     second = second / np.linalg.norm(second)
     return np.vstack([first, second, np.cross(first, second)])
 
