@@ -10,7 +10,8 @@ keeps working, with a DeprecationWarning, for one minor version):
 - `convert(version, **options)` or `convert(ConvertOptions(...))` -> `ConvertSummary`;
 - `load(version, cache_root=None, embodiment=None, *, into="torch", ...)` -> `Loaded`;
 - `build_model(...)` -> tt-metal's GR00T N1.6 port's own model, built from a cache entry;
-- the errors, all `PipelineError`s: `ConfigError`, `CheckpointError`, `RecipeError`, `CacheError`, `NetworkError`;
+- the errors, all `PipelineError`s: `ConfigError`, `CheckpointError`, `RecipeError`, `CacheError`, `NetworkError`,
+  `ProcessorError`;
 - `__version__`.
 
 Everything else is internal and may move. The rooms beneath, each using only those listed after it:
@@ -42,7 +43,7 @@ _EXPORTS = {
     "ConvertSummary": "pipeline.jobs.summary", "load": "pipeline.jobs.load", "Loaded": "pipeline.jobs.load",
     "build_model": "pipeline.port_n16", "PipelineError": "tasks.errors", "ConfigError": "tasks.errors",
     "CheckpointError": "tasks.errors", "RecipeError": "tasks.errors", "CacheError": "tasks.errors",
-    "NetworkError": "tasks.io.network",
+    "NetworkError": "tasks.io.network", "ProcessorError": "pipeline.model.processor",
 }
 __all__ = ["__version__", *_EXPORTS]
 

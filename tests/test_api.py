@@ -18,7 +18,7 @@ import torch
 from tests.conftest import ROOT
 
 STABLE = {"convert", "ConvertOptions", "ConvertSummary", "load", "Loaded", "build_model", "PipelineError",
-          "ConfigError", "CheckpointError", "RecipeError", "CacheError", "NetworkError", "__version__"}
+          "ConfigError", "CheckpointError", "RecipeError", "CacheError", "NetworkError", "ProcessorError", "__version__"}
 
 
 def test_the_package_exports_the_stable_names_and_its_version():

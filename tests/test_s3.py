@@ -327,3 +327,16 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]  # free again once closed: nothing listens there
+
+
+def test_a_bucket_that_does_not_exist_is_named_as_missing_by_every_command(s3_url, tmp_path):
+    """A typo in --cache (the bucket moto holds is team-weights) is never an empty cache: load, cache ls and cache
+    verify each say the bucket does not exist, in one sentence, exit 2."""
+    url = s3_url.replace("team-weights", "team-weightz")
+    env = {**os.environ, "GR00T_CACHE": str(tmp_path / "client")}
+    for args in (("load", "--version", "n16", "--embodiment", "gr1"), ("cache", "ls"), ("cache", "verify")):
+        proc = run_cli(*args, "--cache", url, env=env)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
+        assert lines == [f"error: {url}: the bucket s3://team-weightz does not exist; create it (for S3: `aws s3 mb "
+                         "s3://team-weightz`) or name one that does"], (args, lines)

@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.model.state_dict import TensorSpec, tensor_specs
 from pipeline.inputs.snapshot import repo_folder, synthetic_repo_id
-from pipeline.inputs.synth_processor import isaac_processor_files
+from pipeline.inputs.synth_processor import isaac_processor_files, n15_metadata
 from pipeline.model.versions import load_config
 from tasks.source.checkpoint import INDEX_NAME, SYNTHETIC_MARK
 from tasks.errors import PipelineError
@@ -205,7 +205,7 @@ def _isaac_files(folder: Path, version: str, tag: str, ids: dict[str, int], *, p
     its processor files go ("" the folder itself, "processor" a subfolder, None nowhere)."""
     _json(folder / "config.json", {"model_type": MODEL_TYPES[version], "model_dtype": "bfloat16"})
     if version == "n15":  # N1.5: one DatasetMetadata per embodiment tag, copied into every checkpoint
-        _json(folder / "experiment_cfg" / "metadata.json", {tag: {"statistics": {}, "modalities": {}}})
+        _json(folder / "experiment_cfg" / "metadata.json", n15_metadata(tag))
     else:
         cfg_dir = folder / "experiment_cfg"
         cfg_dir.mkdir(parents=True, exist_ok=True)

@@ -101,3 +101,21 @@ def isaac_processor_files(version: str, tag: str, ids: Mapping[str, int], seed: 
     return {"processor_config.json": {"processor_class": f"{MODEL_TYPES[version]}Processor",
                                       "processor_kwargs": kwargs},
             "statistics.json": statistics, "embodiment_id.json": dict(ids)}
+
+
+def n15_metadata(tag: str, seed: int = 0) -> dict:
+    """`experiment_cfg/metadata.json` as Isaac-GR00T N1.5 writes it: per tag, the dataset's statistics per state and
+    action key, and the modalities (each key's shape and whether it is absolute); the normalization modes are the
+    caller's data config's, in code, not here."""
+    state, actions = robot_data(seed)
+    flat = {g: v.reshape(-1, v.shape[-1]) for g, v in actions.items()}
+
+    def modality(groups: dict) -> dict:
+        return {g: {"absolute": True, "rotation_type": None, "shape": [v.shape[-1]], "continuous": True}
+                for g, v in groups.items()}
+
+    return {tag: {"statistics": {"state": {g: _stats(v) for g, v in state.items()},
+                                 "action": {g: _stats(v) for g, v in flat.items()}},
+                  "modalities": {"video": {"ego_view": {"resolution": [256, 256], "channels": 3, "fps": 20.0}},
+                                 "state": modality(state), "action": modality(flat)},
+                  "embodiment_tag": tag}}

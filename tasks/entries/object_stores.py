@@ -39,6 +39,7 @@ def _read_body_into(body, view: memoryview) -> int:
 
 
 _MISSING = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
+NO_BUCKET = "NoSuchBucket"  # never read as empty: a typo in --cache would look like a cache with nothing in it
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled", "ExpiredToken",
            "InvalidToken", "AccountProblem"}
 
@@ -83,7 +84,7 @@ def _speaks(method):
         except Exception as e:
             said = object_store_failure(e)
             missing = isinstance(e, FileNotFoundError) or _s3_code(e) in _MISSING
-            if said is None and missing and method.__name__ in WRITES:
+            if said is None and (_s3_code(e) == NO_BUCKET or missing and method.__name__ in WRITES):
                 bucket = f"{self.url.split('://')[0]}://{self.bucket}"
                 said = f"the bucket {bucket} does not exist; create it (for S3: `aws s3 mb {bucket}`) or name one that does"
             if said is None:
@@ -122,7 +123,7 @@ class S3Store(_ObjectStore):
     requests run on as many threads as ask: 2.5 GB in 100 objects from moto, 16 in flight, took 1.7-1.9 s through
     boto3 and 3.5-4.3 s through s3fs. Every request goes through `with_retries` (tasks/io/network.py): a network
     fault is retried, and said in one sentence when it outlasts them; a refusal is one sentence (`_speaks`); a
-    bucket that does not exist reads as empty and refuses writes in one sentence. Every request may run twice: a
+    bucket that does not exist is said to be missing, in one sentence, by every request. Every request may run twice: a
     PUT writes a whole object whose bytes do not change between tries (one under `objects/` is named by its
     sha256; a manifest or a ref is the same document), a DELETE of what is gone is no error, and the rest read."""
 
@@ -135,12 +136,11 @@ class S3Store(_ObjectStore):
                              "s3 extra (pip install 'gr00t-tt-weights[s3]')") from None
 
     def _get_object(self, key: str) -> dict | None:
-        """boto3's response to a GET of `key`; None when there is no such key, or no such bucket (it reads as
-        empty)."""
+        """boto3's response to a GET of `key`; None when there is no such key (no such bucket: `_speaks` says so)."""
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as e:
-            if _s3_code(e) in _MISSING:
+            if _s3_code(e) in _MISSING - {NO_BUCKET}:
                 return None
             raise
         return whole(response, "ContentLength", "a GET")
@@ -200,7 +200,7 @@ class S3Store(_ObjectStore):
                 try:
                     response = self._client.list_objects_v2(**kwargs)
                 except Exception as e:
-                    if _s3_code(e) in _MISSING:
+                    if _s3_code(e) in _MISSING - {NO_BUCKET}:
                         return {}
                     raise
                 return whole(response, "IsTruncated", "a listing")  # a cut one must never read as empty
