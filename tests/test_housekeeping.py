@@ -127,3 +127,25 @@ def test_max_bytes_goes_on_past_an_entry_a_live_reader_keeps(tmp_path):
         result = collect_garbage(store, max_bytes=limit, include_current=True)
     assert [r["entry"] for r in result if r.get("kept")] == [names[0]]
     assert list(_removed(result)) == [names[1]] and _names(tmp_path) == sorted([names[0], names[2]])
+
+
+def test_gc_never_deletes_an_object_it_cannot_date(tmp_path):
+    """A backend that lists an object without its time (an fsspec store whose listing has no LastModified, mtime,
+    created or last_modified) may be listing a convert's object in flight: gc leaves it, whatever the grace period;
+    the same object, dated long ago, goes."""
+    import os
+
+    from pipeline.cache.pool import sweep
+    from tasks.entries.store import LocalStore
+
+    class Undated(LocalStore):
+        def written(self, prefix: str) -> dict[str, float]:
+            return {}
+
+    (tmp_path / "objects").mkdir()
+    orphan = tmp_path / "objects" / ("ab" * 32)
+    orphan.write_bytes(b"named by no manifest")
+    os.utime(orphan, (1, 1))  # 1970: past any grace period
+    assert sweep(Undated(tmp_path), grace_hours=0, dry_run=False) == (None, 1) and orphan.exists()
+    row, _ = sweep(LocalStore(tmp_path), grace_hours=1, dry_run=False)
+    assert row is not None and not orphan.exists()

@@ -30,19 +30,26 @@ def _poses(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.concatenate([rng.normal([0.4, 0.0, 0.3], 0.1, (n, 3)), rot[:, :2, :].reshape(n, 6)], axis=1)
 
 
-def _relative_poses(reference: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """Each step's pose in the reference's frame (T_ref^-1 @ T_step), as xyz + rot6d."""
-    def matrix(p: np.ndarray) -> np.ndarray:
-        first, second = p[3:6] / np.linalg.norm(p[3:6]), p[6:9]
-        second = second - first @ second * first
-        second = second / np.linalg.norm(second)
-        m = np.eye(4)
-        m[:3, :3], m[:3, 3] = np.vstack([first, second, np.cross(first, second)]), p[:3]
-        return m
+def _matrices(poses: np.ndarray) -> np.ndarray:
+    """Poses `[..., 9]` (xyz + rot6d) as 4x4 matrices `[..., 4, 4]`, their rotations made orthonormal as the
+    trainer's rot6d reading makes them (Gram-Schmidt)."""
+    first = poses[..., 3:6] / np.linalg.norm(poses[..., 3:6], axis=-1, keepdims=True)
+    second = poses[..., 6:9] - (first * poses[..., 6:9]).sum(-1, keepdims=True) * first
+    second = second / np.linalg.norm(second, axis=-1, keepdims=True)
+    out = np.zeros((*poses.shape[:-1], 4, 4))
+    out[..., :3, :3] = np.stack([first, second, np.cross(first, second)], axis=-2)
+    out[..., :3, 3], out[..., 3, 3] = poses[..., :3], 1.0
+    return out
 
-    base = np.linalg.inv(matrix(reference))
-    rel = [base @ matrix(s) for s in steps]
-    return np.stack([np.concatenate([r[:3, 3], r[:2, :3].reshape(6)]) for r in rel])
+
+def _relative_poses(references: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Each step's pose `[N, T, 9]` in its reference's frame `[N, 9]` (T_ref^-1 @ T_step), as xyz + rot6d."""
+    ref, step = _matrices(references), _matrices(steps)
+    rotation_t = np.swapaxes(ref[:, :3, :3], -1, -2)  # a rigid transform's inverse: R^T, -R^T t
+    inverse = np.zeros_like(ref)
+    inverse[:, :3, :3], inverse[:, :3, 3], inverse[:, 3, 3] = rotation_t, -(rotation_t @ ref[:, :3, 3:])[..., 0], 1.0
+    rel = inverse[:, None] @ step
+    return np.concatenate([rel[..., :3, 3], rel[..., :2, :3].reshape(*rel.shape[:-2], 6)], axis=-1)
 
 
 def _stats(samples: np.ndarray) -> dict[str, list]:
@@ -74,7 +81,7 @@ def isaac_processor_files(version: str, tag: str, ids: Mapping[str, int], seed: 
     `processor_kwargs`: use_percentiles, clip_outliers, apply_sincos_state_encoding, use_relative_action)."""
     state, actions = robot_data(seed)
     relative = {"arm": actions["arm"] - state["arm"][:, None, :],
-                "wrist": np.stack([_relative_poses(s, a) for s, a in zip(state["wrist"], actions["wrist"])])}
+                "wrist": _relative_poses(state["wrist"], actions["wrist"])}
     statistics = {tag: {"state": {g: _stats(v) for g, v in state.items()},
                         "action": {g: _stats(v.reshape(-1, v.shape[-1])) for g, v in actions.items()},
                         "relative_action": {g: _stats(v) for g, v in relative.items()}}}

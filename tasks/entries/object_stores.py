@@ -311,7 +311,7 @@ class FsspecStore(_ObjectStore):
     def written(self, prefix: str) -> dict[str, float]:
         out = {}
         for p, info in sorted(self._found(prefix).items()):
-            when = info.get("LastModified") or info.get("mtime") or info.get("created")
+            when = info.get("LastModified") or info.get("last_modified") or info.get("mtime") or info.get("created")
             if when is not None:
                 out[p[len(self.base) + 1:]] = when.timestamp() if hasattr(when, "timestamp") else float(when)
         return out

@@ -6,6 +6,7 @@ written again)."""
 
 from __future__ import annotations
 
+import time
 from typing import Mapping
 
 from tasks.entries.names import OBJECTS
@@ -19,9 +20,10 @@ Present = Mapping[str, tuple[int, float]]  # key -> (size, when last written)
 
 
 def present_objects(store: Store) -> dict[str, tuple[int, float]]:
-    """Every object under `objects/` with its size and when it was last written."""
-    written = store.written(OBJECTS)
-    return {key: (size, written.get(key, 0.0)) for key, size in store.sizes(OBJECTS).items()}
+    """Every object under `objects/` with its size and when it was last written. One the store lists without a time
+    is taken as written now: gc never deletes what it cannot date (a convert may be pushing it)."""
+    written, now = store.written(OBJECTS), time.time()
+    return {key: (size, written.get(key, now)) for key, size in store.sizes(OBJECTS).items()}
 
 
 def still_held(store: Store, wanted: Mapping[str, int], present: Present, fresh_after: float) -> set[str]:
