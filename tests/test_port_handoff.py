@@ -417,3 +417,27 @@ def _torch_tensors(node, seen=None):
     if hasattr(node, "__dict__") and type(node).__module__.startswith("models."):
         return [t for v in vars(node).values() for t in _torch_tensors(v, seen)]
     return []
+
+
+def test_the_ports_model_of_a_fine_tune_comes_with_its_trainers_processor(attn, tmp_path):
+    """An Isaac-GR00T `checkpoint-N/` of the attn snapshot, trained (by its own embodiment_id.json) as slot 1:
+    `build_model` hands out the port's model and the trainer's processor for that slot, from the cache alone."""
+    import json
+
+    import numpy as np
+
+    from pipeline.inputs.synth import TRAINED_TAG, fine_tune_form
+    from tests.isaac_oracle import Oracle
+    from tests.test_processor import _observations
+
+    folder = fine_tune_form(attn[0], "n16", "checkpoint", tmp_path / "run")
+    (folder / "embodiment_id.json").write_text(json.dumps({TRAINED_TAG: 1}))  # the attn scale's banks have 2 slots
+    docs = {n: json.loads((folder / n).read_text()) for n in ("processor_config.json", "statistics.json")}
+    convert(ConvertOptions(None, embodiments="trained", snapshot=folder, cache_root=tmp_path / "cache",
+                           progress=False))
+    shutil.rmtree(tmp_path / "run")
+    built = port_n16.build_model(tmp_path / "cache", PORT, check=False, synthetic=True)
+    processor = built.processor
+    assert (processor.embodiment, processor.embodiment_id, built.slots) == (TRAINED_TAG, 1, (1,))
+    observed = {g: v[0] for g, v in _observations(np.random.default_rng(2), batch=1).items()}
+    np.testing.assert_allclose(processor.state(observed), Oracle(docs, TRAINED_TAG).state(observed), atol=1e-6)

@@ -173,6 +173,9 @@ def for_entry(entry: str, source: Mapping[str, object], files: Mapping[str, byte
                              "arithmetic this version does not run yet; read them with Loaded.processor_files")
     where = f"entry {entry} ({kept.get('from')})"
     tag = tag or _tag_of(source, embodiments_in(files), slot, where)
+    if slot is None:  # every slot loaded: the tag's own, by the map the convert used
+        table = source.get("embodiment_table") or {}
+        slot = (table.get("ids") or {}).get(tag) if isinstance(table, dict) else None
     return from_files(files, tag, slot, where, trainer)
 
 

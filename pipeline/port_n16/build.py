@@ -46,7 +46,20 @@ class PortModel:
     layout: str
     slots: tuple[int, ...]
     stats: dict
+    source: dict = field(default_factory=dict)                    # what the entry was converted from
+    processor_files: dict = field(default_factory=dict, repr=False)  # the trainer's files the entry keeps
 
+    @property
+    def processor(self):
+        """The trainer's processor for the embodiment it trained (pipeline/model/processor.py); `processor_for(tag)`
+        for another embodiment its statistics hold."""
+        return self.processor_for(None)
+
+    def processor_for(self, tag: str | None):
+        from pipeline.model.processor import for_entry
+
+        slot = self.slots[0] if len(self.slots) == 1 else None
+        return for_entry(self.entry, self.source, self.processor_files, slot, tag)
 
 
 @dataclass(kw_only=True)
@@ -156,7 +169,8 @@ def load_model(listed: Listed, *, embodiments: Embodiments | str | int | None = 
              "tensor_bytes": nbytes - sum(opened.manifest.arrays[n].chunks[None].nbytes for n in host)  # stored...
                              + sum(t.numel() * 4 for t in host.values())}  # ...as the float32 the port holds
     return PortModel(model=model, entry=opened.name, revision=code.revision, layout=opened.manifest.layout,
-                     slots=slots, stats=stats)
+                     slots=slots, stats=stats, source=dict(opened.manifest.source),
+                     processor_files=opened.processor_files())
 
 
 def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked: tuple[int, ...] | None, config,
