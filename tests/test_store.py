@@ -74,6 +74,7 @@ def test_written_times_each_object_and_last_written_is_the_newest_under_the_pref
     assert before - 1 <= first < newest <= time.time() + 1
     assert store.last_written("e/b/second") == newest and store.last_written("nothing") is None
     assert store.written("e") == {"e/a/first": first, "e/b/second": newest}
+    assert store.sizes_and_times("e") == {"e/a/first": (1, first), "e/b/second": (1, newest)}  # one listing
 
 
 def test_freshening_writes_the_time_again_and_never_the_bytes(store):

@@ -225,6 +225,12 @@ class S3Store(_ObjectStore):
                 for o in sorted(self._listed(prefix)[0], key=lambda o: o["Key"])}
 
     @_speaks
+    def sizes_and_times(self, prefix: str) -> dict[str, tuple[int, float | None]]:
+        return {self._relative(o["Key"]): (int(o["Size"]), o["LastModified"].timestamp() if o.get("LastModified")
+                                           else None)
+                for o in sorted(self._listed(prefix)[0], key=lambda o: o["Key"])}
+
+    @_speaks
     def children(self, prefix: str) -> list[str]:
         objects, folders = self._listed(prefix, "/")
         return sorted({k.rstrip("/").rsplit("/", 1)[-1] for k in [o["Key"] for o in objects] + folders})

@@ -22,8 +22,8 @@ Present = Mapping[str, tuple[int, float]]  # key -> (size, when last written)
 def present_objects(store: Store) -> dict[str, tuple[int, float]]:
     """Every object under `objects/` with its size and when it was last written. One the store lists without a time
     is taken as written now: gc never deletes what it cannot date (a convert may be pushing it)."""
-    written, now = store.written(OBJECTS), time.time()
-    return {key: (size, written.get(key, now)) for key, size in store.sizes(OBJECTS).items()}
+    now = time.time()
+    return {key: (size, now if when is None else when) for key, (size, when) in store.sizes_and_times(OBJECTS).items()}
 
 
 def still_held(store: Store, wanted: Mapping[str, int], present: Present, fresh_after: float) -> set[str]:

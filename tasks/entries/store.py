@@ -70,6 +70,12 @@ class Store(ABC):
     def written(self, prefix: str) -> dict[str, float]:
         """Every key under `prefix` (recursively), sorted, with when it was last written (unix seconds)."""
 
+    def sizes_and_times(self, prefix: str) -> dict[str, tuple[int, float | None]]:
+        """Every key under `prefix` with its size and when it was last written (None: the backend did not say), in
+        one listing where the backend's listing holds both (a bucket's: a listing is a request per 1,000 keys)."""
+        written = self.written(prefix)
+        return {key: (size, written.get(key)) for key, size in self.sizes(prefix).items()}
+
     def last_written(self, prefix: str) -> float | None:
         """When the newest object under `prefix` was written; None when there is none. How `cache gc` tells an
         abandoned push from one in flight."""
