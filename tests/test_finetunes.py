@@ -311,11 +311,13 @@ def test_the_hub_fetch_takes_the_weights_and_the_small_files_only():
 
     repo = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
             "config.json", "embodiment_id.json", "processor/embodiment_id.json", "experiment_cfg/conf.yaml",
-            "experiment_cfg/config.yaml", "experiment_cfg/metadata.json", "optimizer.pt", "rng_state.pth",
-            "global_step1000/mp_rank_00_model_states.pt", "zero_to_fp32.py", "latest", "statistics.json",
-            "policy_preprocessor_step_3_normalizer_processor.safetensors", "experiment_cfg/initial_actions.npz"]
+            "experiment_cfg/config.yaml", "experiment_cfg/metadata.json",
+            "statistics.json", "processor_config.json", "processor/statistics.json", "policy_postprocessor.json",
+            "policy_preprocessor_step_3_normalizer_processor.safetensors",  # the processor files the entry keeps
+            "optimizer.pt", "rng_state.pth", "global_step1000/mp_rank_00_model_states.pt", "zero_to_fp32.py", "latest",
+            "experiment_cfg/initial_actions.npz", "experiment_cfg/dataset_statistics.json"]
     fetched = sorted(filter_repo_objects(repo, allow_patterns=HUB_FILES))
-    assert fetched == sorted(repo[:9])
+    assert fetched == sorted(repo[:14])
 
 
 def test_a_model_repo_offline_names_the_download_command(tmp_path, monkeypatch):

@@ -39,10 +39,14 @@ LEROBOT_PREPROCESSOR = "policy_preprocessor.json"
 # LeRobot's pack step, which puts `embodiment_mapping.get(embodiment_tag, 0)` in the batch: groot_pack_inputs_v3
 # (0.5.1, N1.5), groot_n1_7_pack_inputs_v1 (0.6.1, N1.7).
 _PACK_STEP = re.compile(r"^groot_(?:.*_)?pack_inputs_v\d+$")
-# What `--model` fetches of a hub repo: the weights, the index, and the small files read here (never optimizer
-# states, DeepSpeed's `global_step*/`, or a trainer's other safetensors).
+# What `--model` fetches of a hub repo: the weights, the index, the small files read here, and the trainer's
+# processor files the entry keeps (pipeline/inputs/processor_files.py); never optimizer states, DeepSpeed's
+# `global_step*/`, or a trainer's other files.
+PROCESSOR_HUB_FILES = ["processor_config.json", "statistics.json", "processor/processor_config.json",
+                       "processor/statistics.json", "policy_postprocessor.json",
+                       "policy_preprocessor_step_*.safetensors", "policy_postprocessor_step_*.safetensors"]
 HUB_FILES = [INDEX_NAME, SINGLE_NAME, "model-*-of-*.safetensors", "config.json", LEROBOT_PREPROCESSOR, N15_METADATA,
-             *ISAAC_CONFIGS, *MAP_PLACES, "adapter_config.json"]
+             *ISAAC_CONFIGS, *MAP_PLACES, "adapter_config.json", *PROCESSOR_HUB_FILES]
 _RUN_CHECKPOINT = re.compile(r"^checkpoint-\d+")  # a trainer's save inside its run folder (also `-best-…`)
 _SMALL_FILE = 64 << 20  # a trainer's JSON/YAML is kilobytes: anything past this is not one
 
