@@ -336,3 +336,13 @@ def test_each_bench_row_has_its_own_childs_peak_rss():
     assert small["rusage_maxrss_bytes"] >= 0.9 * parent  # what the rows used to show: the parent's peak
     assert 20e6 < small["peak_rss_bytes"] < min(200e6, parent / 2)
     assert large["peak_rss_bytes"] - small["peak_rss_bytes"] > 200e6
+
+
+@pytest.mark.parametrize("name, value, default", [("GR00T_STALL_SECONDS", "abc", "30"),
+                                                   ("GR00T_BACKOFF_SECONDS", "-1", "0.1")])
+def test_a_malformed_network_setting_is_one_sentence(tmp_path, name, value, default):
+    """Never silently the default: a user who set it meant something."""
+    proc = run_cli("cache", "ls", "--cache", str(tmp_path), env={**os.environ, name: value})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith(f"error: {name}={value!r} is not ") and lines[0].endswith(f"unset it for {default}")

@@ -58,7 +58,7 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
             building, plan, slots, ck, dict(ident.shards), into=key, identified=prep.identified, present=present,
             array_attrs={n: doc["attributes"] for n, doc in arrays.items()}, fresh_after=fresh_after)
         done = dict(reused.records)
-        keep_processor(store if in_store else None, tmp, prep.processor, present)
+        keep_processor(store if in_store else None, tmp, prep.processor)
         if tmp is not None:
             create_arrays(tmp, arrays, like=[building.path(entry_key(e)) for e in reused.holders])
             done = adopt_staged(tmp, plan.targets, slots, reused.records)

@@ -173,20 +173,18 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     return _result(str(final_dir), won, manifest, staged, units)
 
 
-def keep_processor(store: Store | None, tmp: Path | None, files: Mapping[str, bytes],
-                   present: Mapping[str, tuple[int, float]]) -> None:
+def keep_processor(store: Store | None, tmp: Path | None, files: Mapping[str, bytes]) -> None:
     """The trainer's processor files into the entry being built, before its manifest names them: into its folder
-    (`tmp`), or into the object store (`store`) as the objects of their sha256, each sent once."""
+    (`tmp`), or into the object store (`store`) as the objects of their sha256. Sent even where the store has
+    them: a few kilobytes, and the put dates them now, so that `cache gc` leaves them until the manifest names them."""
     if tmp is not None:
         folder = tmp / PROCESSOR_DIR
         folder.mkdir(exist_ok=True)
         for name, data in files.items():
             (folder / name).write_bytes(data)
         return
-    for name, data in files.items():
-        key = object_key(processor_record(data)["sha256"])
-        if present.get(key, (None,))[0] != len(data):
-            store.put(key, data)
+    for data in files.values():
+        store.put(object_key(processor_record(data)["sha256"]), data)
 
 
 # -- from a local entry to an object store ---------------------------------------------------------------------
