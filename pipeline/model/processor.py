@@ -43,11 +43,6 @@ class Group:
     pose: str = arithmetic.HOMOGENEOUS         # an end effector's pose format
     state_key: str | None = None               # the state group a relative action is made absolute against
 
-    @property
-    def model_width(self) -> int:
-        """What the group takes of the model's state vector (sin/cos doubles it)."""
-        return 2 * self.width if self.mode == arithmetic.SIN_COS else self.width
-
 
 @dataclass(frozen=True)
 class Processor:

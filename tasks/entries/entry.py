@@ -66,15 +66,20 @@ class Entry:
     def processor_files(self) -> dict[str, bytes]:
         """The trainer's processor files the entry keeps, name -> bytes, each checked against its record."""
         files = {}
-        for name, record in self.manifest.processor.items():
-            key = self.processor_object(name)
-            data = self.store.get(key)
-            if not processor_matches(record, data):
+        for name, key, data, whole in self._processor_reads():
+            if not whole:
                 raise CacheError(f"{self.store.describe(key)}: processor file {name} is "
                                  f"{'missing' if data is None else 'not what the manifest records (tampered or corrupt)'};"
                                  " run `python -m pipeline cache verify` and convert again with --force")
             files[name] = data
         return files
+
+    def _processor_reads(self) -> Iterator[tuple[str, str, bytes | None, bool]]:
+        """Each kept processor file: its name, its key, its bytes (None: missing), and whether they match."""
+        for name, record in self.manifest.processor.items():
+            key = self.processor_object(name)
+            data = self.store.get(key)
+            yield name, key, data, processor_matches(record, data)
 
     def read_chunk(self, array: str, slot: int | None, out: np.ndarray | None = None) -> np.ndarray:
         """One chunk, checked against its manifest record (the pass that touches every byte): read into `out`
@@ -186,10 +191,8 @@ class Entry:
         with ThreadPoolExecutor(threads) as pool:
             found = pool.map(lambda o: self._problems(*o), objects)
             problems = [problem for problems in found for problem in problems]
-        for name, record in self.manifest.processor.items():
-            key = self.processor_object(name)
-            data = self.store.get(key)
-            if not processor_matches(record, data):
+        for _, key, data, whole in self._processor_reads():
+            if not whole:
                 problems.append(f"{self.store.describe(key)}: processor file {'listed in the manifest is missing' if data is None else 'does not match the manifest checksum (tampered or corrupt)'}")
         return problems
 
