@@ -81,10 +81,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_url():
-    """A real S3 API: moto's server on 127.0.0.1, started once per session (an object store: no rename)."""
+    """A real S3 API: moto's server on 127.0.0.1 (tests/s3_server.py), started once per session (an object store: no
+    rename)."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, "-m", "tests.s3_server", "-H", "127.0.0.1", "-p", str(port)],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                             "AWS_DEFAULT_REGION")}
