@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import torch
 
@@ -15,6 +16,7 @@ from tasks.entries.cache_root import open_store
 from tasks.entries.store import LocalStore
 from tests.buckets import manifest_doc, upload
 from tests.conftest import run_cli
+from tests.test_simulated_device import dumped, entry_files
 
 
 def test_a_load_keeps_what_it_fetched_and_the_next_load_fetches_only_what_differs(s3_url, hf_cache, tmp_path,
@@ -150,3 +152,31 @@ def test_a_load_that_cannot_keep_what_it_fetched_says_so(s3_url, hf_cache, tmp_p
     assert str(client / "fetched") in stats["not_kept_because"]
     said = run_cli(*args, env=env)
     assert said.returncode == 0 and "could not be kept here for the next load" in said.stdout, said.stdout
+
+
+def test_a_convert_with_a_device_open_into_the_bucket_pushes_what_it_built(simulated_device, hf_cache, tmp_path,
+                                                                          s3_url, monkeypatch):
+    """With a device open, a convert into an object store is built beside the device and pushed: its chunks and
+    device files as objects named by their sha256, then its manifest. The bucket's entry is byte for byte the local
+    build, and a load from the bucket onto the device gives what ttnn serializes as the entry's device files. (Here,
+    not in tests/test_simulated_device.py: nothing in it depends on the architecture, and tests/test_blackhole.py
+    runs that file again on a Blackhole.)"""
+    from tasks.entries.cache_root import open_store
+    from tests.buckets import entry_md5s
+
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    url = f"{s3_url}-device"
+    summary = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=url,
+                                     progress=False, device=simulated_device))
+    name, built = summary["cache_path"].rsplit("/", 1)[1], Path(summary["local_build"])
+    bucket = open_store(url)
+    assert built.name == name and summary["pushed_bytes"] == sum(n for k, n in bucket.sizes("").items()
+                                                                 if not k.startswith("refs/"))
+    assert bucket.list(f"entries/{name}") == [f"entries/{name}/MANIFEST.json"]  # the bytes are objects/
+    assert entry_md5s(bucket, name) == entry_md5s(LocalStore(built.parent.parent), name)
+    loaded = load("n16", url, "gr1", into=simulated_device, entry=name, synthetic=True)
+    files = entry_files(built.parent.parent, name)
+    assert set(loaded.tensors) >= {t for t, _ in files} and len(files) > 900
+    for (target, slot), path in files.items():
+        if slot in (None, loaded.slot):
+            assert dumped(loaded.tensors[target]) == path.read_bytes(), target

@@ -151,29 +151,3 @@ def test_upload_keeps_values_of_every_dtype_and_layout(simulated_device):
         reference = ttnn.from_torch(torch.from_numpy(x.view(np.int16)).view(torch.bfloat16), dtype=getattr(ttnn, dtype),
                                     layout=ttnn.TILE_LAYOUT if layout == "TILE" else ttnn.ROW_MAJOR_LAYOUT)
         assert dumped(on_device) == dumped(reference), (dtype, layout)
-
-
-def test_a_convert_with_a_device_open_into_the_bucket_pushes_what_it_built(simulated_device, hf_cache, tmp_path,
-                                                                          s3_url, monkeypatch):
-    """With a device open, a convert into an object store is built beside the device and pushed: its chunks and
-    device files as objects named by their sha256, then its manifest. The bucket's entry is byte for byte the local
-    build, and a load from the bucket onto the device gives what ttnn serializes as the entry's device files."""
-    from tasks.entries.cache_root import open_store
-    from tests.buckets import entry_md5s
-
-    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
-    url = f"{s3_url}-device"
-    summary = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=url,
-                                     progress=False, device=simulated_device))
-    name, built = summary["cache_path"].rsplit("/", 1)[1], Path(summary["local_build"])
-    bucket = open_store(url)
-    assert built.name == name and summary["pushed_bytes"] == sum(n for k, n in bucket.sizes("").items()
-                                                                 if not k.startswith("refs/"))
-    assert bucket.list(f"entries/{name}") == [f"entries/{name}/MANIFEST.json"]  # the bytes are objects/
-    assert entry_md5s(bucket, name) == entry_md5s(LocalStore(built.parent.parent), name)
-    loaded = load("n16", url, "gr1", into=simulated_device, entry=name, synthetic=True)
-    files = entry_files(built.parent.parent, name)
-    assert set(loaded.tensors) >= {t for t, _ in files} and len(files) > 900
-    for (target, slot), path in files.items():
-        if slot in (None, loaded.slot):
-            assert dumped(loaded.tensors[target]) == path.read_bytes(), target
