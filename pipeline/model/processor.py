@@ -6,7 +6,8 @@ Isaac-GR00T N1.6 and N1.7: `processor_config.json` (`processor_kwargs`: the moda
 `max_state_dim`, `max_action_dim`, `use_percentiles`, `clip_outliers`, `apply_sincos_state_encoding`,
 `use_relative_action`), `statistics.json` (per tag: `state`, `action`, `relative_action` statistics per group) and
 `embodiment_id.json` (tag -> slot). Every fact is checked as it is read: a processor that cannot act is one
-sentence (`ProcessorError`) naming the file and what is wrong.
+sentence (`ProcessorError`) naming the file and what is wrong. LeRobot's GR00T N1.7 pipelines:
+pipeline/model/lerobot_processor.py.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Processor:
     max_action_dim: int
     clip_outliers: bool
     source: str = ""                           # where its files were kept, for the sentences
+    clip_actions: bool = True                  # the model's output clipped to [-1, 1] before min/max unnormalizing
+    libero_gripper: bool | None = None         # LeRobot's LIBERO gripper on the last action value: binarized or not
 
     @property
     def state_dims(self) -> dict[str, int]:
@@ -94,7 +97,9 @@ class Processor:
         for g in self.action_groups:
             part = out[..., :self.action_horizon, start:start + g.width]
             start += g.width
-            actions[g.name] = arithmetic.unnormalize(part, g.mode, g.stats)
+            actions[g.name] = arithmetic.unnormalize(part, g.mode, g.stats, self.clip_actions)
+            if self.libero_gripper is not None:
+                actions[g.name] = arithmetic.libero_gripper(actions[g.name], self.libero_gripper)
         for g in self.action_groups:
             if not g.relative:
                 continue
@@ -163,10 +168,14 @@ def for_entry(entry: str, source: Mapping[str, object], files: Mapping[str, byte
                              f"folder without the trainer's statistics); convert it again: python -m pipeline convert "
                              f"--snapshot {snapshot} --embodiments trained")
     trainer = str(kept.get("trainer"))
+    where = f"entry {entry} ({kept.get('from')})"
+    if trainer == "LeRobot":
+        from pipeline.model.lerobot_processor import from_lerobot_files
+
+        return from_lerobot_files(files, tag, slot, where)
     if not trainer.startswith("Isaac-GR00T") or trainer == "Isaac-GR00T N1.5":
         raise ProcessorError(f"entry {entry} keeps {trainer}'s processor files ({', '.join(sorted(files))}), whose "
                              "arithmetic this version does not run yet; read them with Loaded.processor_files")
-    where = f"entry {entry} ({kept.get('from')})"
     tag = tag or _tag_of(source, embodiments_in(files), slot, where)
     if slot is None:  # every slot loaded: the tag's own, by the map the convert used
         table = source.get("embodiment_table") or {}

@@ -8,6 +8,12 @@ zero-padded to the model's width; an action group is unnormalized and, when it w
 against the last step of the raw state. The quirks are the trainer's and are kept: min/max maps to [-1, 1] where
 max and min are not `isclose`, leaves 0 elsewhere, and clips the model's output to [-1, 1] before unnormalizing;
 mean/std leaves a value whose std is 0 as it is.
+
+LeRobot's GR00T N1.7 steps (`GrootN17PackInputsStep`, `GrootActionUnpackUnnormalizeStep`: lerobot 0.6.1's
+policies/groot/processor_groot.py; the tests hold this to what LeRobot's own saved pipeline gives) differ in the
+details, which are theirs and kept too: one flat state and one flat action, float32 throughout; min/max maps where
+`max - min != 0` (not `isclose`), as `2 * (x - min) / (max - min) - 1`, and clips only when told; unnormalizing
+gives `min` where the spread is 0, and clips the model's output only when told.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Mapping
 import numpy as np
 
 MIN_MAX, MEAN_STD, SIN_COS = "min_max", "mean_std", "sin_cos"
+LEROBOT_MIN_MAX, IDENTITY = "lerobot_min_max", "identity"
 JOINT, END_EFFECTOR = "NON_EEF", "EEF"
 XYZ_ROT6D, XYZ_ROTVEC, HOMOGENEOUS = "XYZ_ROT6D", "XYZ_ROTVEC", "DEFAULT"
 POSE_WIDTH = {XYZ_ROT6D: 9, XYZ_ROTVEC: 6, HOMOGENEOUS: 16}
@@ -26,6 +33,13 @@ def normalize(values: np.ndarray, mode: str, stats: Mapping[str, np.ndarray], cl
     """One state group's raw values `[..., D]` as the model takes them (`[..., 2D]` for sin/cos)."""
     if mode == SIN_COS:
         return np.concatenate([np.sin(values), np.cos(values)], axis=-1)
+    if mode == IDENTITY:
+        return values
+    if mode == LEROBOT_MIN_MAX:
+        low, spread = stats["min"], stats["max"] - stats["min"]
+        mapped = np.float32(2) * (values - low) / np.where(spread != 0, spread, np.float32(1)) - np.float32(1)
+        scaled = np.where(spread != 0, mapped, np.float32(0))
+        return np.clip(scaled, np.float32(-1), np.float32(1)) if clip else scaled
     if mode == MEAN_STD:
         std = stats["std"]
         return np.where(std != 0, (values - stats["mean"]) / np.where(std != 0, std, 1), values).astype(values.dtype)
@@ -35,13 +49,32 @@ def normalize(values: np.ndarray, mode: str, stats: Mapping[str, np.ndarray], cl
     return np.clip(scaled, -1.0, 1.0) if clip else scaled
 
 
-def unnormalize(values: np.ndarray, mode: str, stats: Mapping[str, np.ndarray]) -> np.ndarray:
-    """One action group of the model's output `[..., T, D]` in the units its statistics were taken in."""
+def unnormalize(values: np.ndarray, mode: str, stats: Mapping[str, np.ndarray], clip: bool = True) -> np.ndarray:
+    """One action group of the model's output `[..., T, D]` in the units its statistics were taken in. `clip`:
+    LeRobot's `clip_normalized_action` (Isaac-GR00T always clips min/max)."""
+    if mode == IDENTITY:
+        return values
+    if mode == LEROBOT_MIN_MAX:
+        low, spread = stats["min"], stats["max"] - stats["min"]
+        given = np.clip(values, np.float32(-1), np.float32(1)) if clip else values
+        back = (given + np.float32(1)) * np.float32(0.5) * np.where(spread != 0, spread, np.float32(1)) + low
+        return np.where(spread != 0, back, low)
     if mode == MEAN_STD:
         std = stats["std"]
         return np.where(std != 0, values * std + stats["mean"], values).astype(values.dtype)
     low, high = stats["min"], stats["max"]
     return (np.clip(values, -1.0, 1.0) + 1.0) / 2.0 * (high - low) + low
+
+
+def libero_gripper(actions: np.ndarray, binarize: bool) -> np.ndarray:
+    """LeRobot's LIBERO gripper (`libero_gripper_action`, on actions at least 7 wide): the last value `g` becomes
+    `-sign(2g - 1)`, or `-(2g - 1)` when not binarized."""
+    if actions.shape[-1] < 7:
+        return actions
+    out = actions.copy()
+    flipped = np.float32(2) * actions[..., -1] - np.float32(1)
+    out[..., -1] = -np.sign(flipped) if binarize else -flipped
+    return out
 
 
 def absolute(relative: np.ndarray, reference: np.ndarray, kind: str, pose: str) -> np.ndarray:
