@@ -35,9 +35,10 @@ demo: $(STAMP)
 simulator: $(STAMP)
 	$(PY) -m devkit.simulator build
 
-# One worker per core (pytest-xdist), each test file on one worker so its module fixtures are built once.
+# One worker per core (pytest-xdist), each test file on one worker so its module fixtures are built once; the files
+# handed out longest first (tests/file_order.py), not xdist's default of the most tests first.
 test: $(STAMP) simulator
-	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 convert: $(STAMP)
 	$(PY) -m pipeline convert --version $(VERSION) $(if $(LAYOUT),--layout $(LAYOUT)) $(if $(PROFILE),--profile $(PROFILE)) --embodiments $(EMBODIMENTS) --scheduler $(SCHEDULER) $(if $(SNAPSHOT),--snapshot $(SNAPSHOT)) $(if $(SYNTHETIC),--synthetic $(SYNTHETIC)) $(if $(REVISION),--revision $(REVISION))

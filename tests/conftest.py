@@ -177,6 +177,12 @@ def disk_path():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    from tests.file_order import longest_first
+
+    longest_first(items)  # whole files to the xdist workers, the longest first (tests/file_order.py)
+
+
 def pytest_report_header(config) -> str:
     return TEMPORARIES
 
