@@ -20,7 +20,7 @@ def run() -> int:
         signal.signal(signal.SIGINT, previous)
     if interrupted:
         print("interrupted while starting: nothing was changed", file=sys.stderr, flush=True)
-        os._exit(130)  # now: a half-imported library's shutdown may re-raise the signal (exit -2 seen once)
+        os._exit(130)  # now: a half-imported library's shutdown may re-raise the signal (and exit -2)
     return main()
 
 

@@ -28,9 +28,10 @@ def test_a_network_that_never_lets_a_request_through_is_one_sentence_and_nothing
     url = f"{s3_url}-never-{fault}"
     env = _through(bad_network, GR00T_CACHE=str(tmp_path / "client"))
     common = ("--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--layout", "generic")
-    made = run_cli("convert", *common, "--embodiments", "gr1", "--cache", url, env=env)
+    direct = {**env, "AWS_ENDPOINT_URL": bad_network.moto}  # the entry that is there is made without the proxy
+    made = run_cli("convert", *common, "--embodiments", "gr1", "--cache", url, env=direct)
     assert made.returncode == 0, made.stderr[-2000:]
-    entry = json_of(run_cli("cache", "ls", "--cache", url, "--json", env=env))["entries"][0]["entry"]
+    entry = json_of(run_cli("cache", "ls", "--cache", url, "--json", env=direct))["entries"][0]["entry"]
     bad_network.set(**{fault: 1.0})
     commands = {"load": ("load", "--version", "n16", "--layout", "generic", "--embodiment", "gr1", "--cache", url)}
     source = f"{s3_url}-never-sources/n16"  # a checkpoint in the bucket (a probe at 100% cuts found a traceback)

@@ -47,13 +47,10 @@ def entries_dir(root: Path) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether a process of this id runs on this machine (one owned by another user counts)."""
+    import psutil
+
+    return psutil.pid_exists(pid)
 
 
 def claim_tmp(root: Path, name: str) -> Path:

@@ -147,17 +147,19 @@ def _groups(dims: dict) -> str:
 
 
 def parse_size(text: str) -> int:
-    """`20000000`, `500M`, `10G`, `1.5T` (powers of 1000, as `cache ls` prints them)."""
-    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    t = text.strip().upper().removesuffix("B")
-    unit = t[-1] if t and t[-1] in units else ""
+    """`20000000`, `500M`, `10G`, `1.5T`, `10GB` (powers of 1000, as `cache ls` prints them; `10GiB` is 1024's),
+    read by dask's own `parse_bytes`."""
+    from dask.utils import parse_bytes
+
     try:
-        value = float(t[:len(t) - len(unit)])
+        value = parse_bytes(text) if text.strip() else None
     except ValueError:
-        raise CacheError(f"size {text!r} is not a number with an optional K, M, G or T suffix (e.g. 10G)") from None
+        value = None
+    if value is None:
+        raise CacheError(f"size {text!r} is not a number with an optional K, M, G or T suffix (e.g. 10G)")
     if value < 0:
         raise CacheError(f"size {text!r} is negative")
-    return int(value * units[unit])
+    return value
 
 
 def cmd_cache(a: argparse.Namespace) -> dict:
@@ -447,7 +449,7 @@ def _json_channel():
 def _raised_by_interrupt(error: BaseException) -> bool:
     """Whether `error` was raised while a Ctrl-C was being handled: Dask's synchronous executor, interrupted inside
     `Future.set_result`, sets the exception on the finished future and raises InvalidStateError from the
-    KeyboardInterrupt (seen once in a clean-clone run of tests/test_trust.py)."""
+    KeyboardInterrupt."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, KeyboardInterrupt):

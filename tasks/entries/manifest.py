@@ -277,7 +277,7 @@ class Manifest(Identity):
                    processor=_processor_records(doc.get("processor", {})), published_unix=doc.get("published_unix", 0.0),
                    arrays={n: _array(n, a) for n, a in doc["arrays"].items()},
                    bytes=doc.get("bytes", 0), chunks=doc.get("chunks", 0),
-                   shards_sha256=doc.get("shards_sha256", {}))  # absent in entries written before 2026-12-04
+                   shards_sha256=doc.get("shards_sha256", {}))  # older entries of this format lack it
 
     def __post_init__(self) -> None:
         if not isinstance(self.slots, list) or not all(_is_size(s) for s in self.slots) or \
