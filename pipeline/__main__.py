@@ -16,6 +16,9 @@ def run() -> int:
         from pipeline.commands.cli import main
     except KeyboardInterrupt:
         interrupted.append(signal.SIGINT)
+    except BaseException:  # an extension module's import interrupted says ImportError (numpy's C API does)
+        if not interrupted:
+            raise
     finally:
         signal.signal(signal.SIGINT, previous)
     if interrupted:

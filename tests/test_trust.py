@@ -340,6 +340,28 @@ def test_an_error_raised_while_ctrl_c_is_handled_is_the_interrupt(monkeypatch, c
         cli.main(["convert", "--version", "n16", "--synthetic", "tiny"])
 
 
+def test_ctrl_c_inside_an_extension_modules_import_is_one_line_too():
+    """A Ctrl-C that lands while a C extension imports comes out of the import as that module's ImportError (numpy's
+    C API says "numpy._core.umath failed to import"; a clean-clone run's Ctrl-C 0.3 s into a start met it): still the
+    one line and exit 130, never the traceback. Made certain here: the import of the CLI interrupts itself so."""
+    code = ("import builtins, os, signal, sys, time\n"
+            "real = builtins.__import__\n"
+            "def importing(name, *args, **kwargs):\n"
+            "    if name == 'pipeline.commands.cli':\n"
+            "        try:\n"
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "            time.sleep(5)\n"
+            "        except KeyboardInterrupt:\n"
+            "            raise ImportError('numpy._core.umath failed to import') from None\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = importing\n"
+            "from pipeline.__main__ import run\n"
+            "sys.exit(run())\n")
+    proc = subprocess.run([sys.executable, "-c", code, "cache", "ls"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stderr) == (130, "interrupted while starting: nothing was changed\n"), proc.stderr
+
+
 def test_ctrl_c_is_one_line_at_start_up_and_during_convert_which_resumes(two_entries, hf_cache, tmp_path):
     """As from a terminal: each child starts with SIGINT at its default (`_start_as_from_a_terminal`)."""
     root, _, _ = two_entries
