@@ -1,9 +1,10 @@
 """The order in which `make test` hands whole test files to its workers: the longest first.
 
 pytest-xdist's `--dist loadfile` gives each worker one file at a time, in the order of the collection, and by
-default reorders the files by their number of tests. A file of one long test (the simulated Blackhole's child
-session, the cluster's README lines) then came last, and one worker ran it for minutes while the other had nothing
-left: longest first (with `--no-loadscope-reorder`), the two finish within about the length of the last file.
+default reorders the files by their number of tests, which puts a file of one long test (the simulated Blackhole's
+child session: 80-130 s) among the last. Longest first (with `--no-loadscope-reorder`), a long file never starts
+last, and the two workers finish within about the length of the last file (measured: the workers were busy for
+98% of a run's wall time).
 
 The seconds are a run's worker-seconds per file (tests/file_seconds.json); a file not listed goes last, as a new
 file is usually short. To measure them again:

@@ -431,9 +431,10 @@ def test_a_worker_dying_mid_graph_never_publishes_a_bad_entry(hf_cache, tmp_path
     from distributed.scheduler import KilledWorker
 
     clean = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path / "clean", progress=False))
-    before = {c.pid for c in psutil.Process().children(recursive=True)}  # not the session's moto server, say
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        workers = [c for c in psutil.Process().children(recursive=True) if "python" in c.name() and c.pid not in before]
+        # the cluster's own worker processes (each nanny's), never another child: its resource tracker, the
+        # session's moto server
+        workers = [psutil.Process(nanny.process.process.pid) for nanny in cluster.workers.values()]
         opts = ConvertOptions("n16", scheduler=cluster.scheduler_address, hf_cache=hf_cache, synthetic="tiny",
                               cache_root=tmp_path / "dist", progress=False)
         import threading
