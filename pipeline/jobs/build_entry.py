@@ -28,7 +28,7 @@ from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import array_documents
 from tasks.entries.names import entry_key, scratch_name
-from tasks.entries.objects import FRESH_FOR
+from tasks.entries.objects import FRESH_FOR, Listing
 from tasks.entries.objects import present_objects
 from tasks.entries.progress import adopt_staged
 from tasks.entries.publish import keep_processor, push
@@ -55,8 +55,8 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
     try:
         arrays = array_documents(plan, slots)
         reused = Reuse() if opts.force or not opts.reuse else plan_reuse(  # --force: "rebuild from the source"
-            building, plan, slots, ck, dict(ident.shards), into=key, identified=prep.identified, present=present,
-            array_attrs={n: doc["attributes"] for n, doc in arrays.items()}, fresh_after=fresh_after)
+            building, prep, building_at=key, array_attrs={n: doc["attributes"] for n, doc in arrays.items()},
+            listing=Listing(present, fresh_after))
         done = dict(reused.records)
         keep_processor(store if in_store else None, tmp, prep.processor)
         if tmp is not None:
@@ -74,18 +74,8 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp),
                               store.describe("") if in_store else None)
     except BaseException as e:
-        # A kill -9 never gets here and Ctrl-C is let through, so their directory stays for the next run to
-        # resume; an error must not leave a half-built directory behind (nor a write handed off make it again).
-        if tmp is None:
-            raise
-        with contextlib.suppress(Exception):  # the error being raised is `e`; a handed-off write's is a symptom
-            writes_finished(tmp)
-        if not isinstance(e, KeyboardInterrupt):
-            shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise CacheError(f"{e.filename or tmp}: no space left on the device while staging {name}; nothing was "
-                             f"published and the temporary files were removed — free space or pass --cache DIR on "
-                             f"a larger disk") from e
+        if tmp is not None:
+            _clean_up_after(e, tmp, name)
         raise
     pushed = local_build = None
     if in_store:
@@ -102,6 +92,20 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
                 device_tensors=result["device_tensors"], shards_sha256=result["shards_sha256"],
                 numerics=sorted(result["numerics"], key=lambda n: (n["pcc"], -n["max_abs_err"])),
                 pushed_bytes=pushed, local_build=local_build, worker_retries=timings.get("worker_retries", {}))
+
+
+def _clean_up_after(error: BaseException, tmp, name: str) -> None:
+    """After `error` stopped a build in the folder `tmp`. A kill -9 never gets here and Ctrl-C is let through, so
+    their folder stays for the next run to resume; an error must not leave a half-built folder behind (nor a write
+    handed off make it again). A full disk is said in one sentence."""
+    with contextlib.suppress(Exception):  # the error being raised is `error`; a handed-off write's is a symptom
+        writes_finished(tmp)
+    if not isinstance(error, KeyboardInterrupt):
+        shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise CacheError(f"{error.filename or tmp}: no space left on the device while staging {name}; nothing was "
+                         f"published and the temporary files were removed — free space or pass --cache DIR on a "
+                         f"larger disk") from error
 
 
 def _checked(existing: Entry, opts: ConvertOptions, prep: Prepared, store: Store) -> dict:

@@ -44,7 +44,7 @@ class Loaded:
     def processor(self):
         """The trainer's processor for the embodiment loaded (`.state(groups)`, `.actions(output, state=groups)`),
         from the files the entry keeps; one sentence (ProcessorError) when it keeps none."""
-        from pipeline.model.processor import for_entry
+        from pipeline.model.kept_processor import for_entry
 
         return for_entry(self.entry, self.source, self.processor_files, self.slot, self.tag)
 
@@ -106,6 +106,31 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
         if unknown is not None:  # no entry recorded it either: the tag is unknown, as the table said
             raise unknown from None
         raise
+    slot = _slot_of_chosen(opened, wanted, unknown, layout, profile, synthetic)
+    if into != "torch" and slot is None and any(a.bank for a in opened.manifest.arrays.values()):
+        raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
+                         "slot id")
+    chunks, fetched = reload.plan_reads(opened.manifest, slot), {}
+    if opened.store.local_path("") is None:  # an object store: what this machine fetched before is kept
+        opened = replace(opened, fetched=Fetched(cache.build_root(opened.store) / FETCHED))
+        kept = reload.kept_bytes(opened, chunks, from_device_files=into != "torch" and reload.takes_device_files(
+            None if isinstance(into, str) else into))
+    with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
+        tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, transfers=transfers)
+    if opened.fetched is not None:
+        fetched = _fetched_stats(opened.fetched, nbytes, kept, retried_before)
+    return Loaded(tensors=tensors, entry=opened.name, slot=slot,
+                  stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
+                         "chunks": len(chunks), **fetched},
+                  layout=opened.manifest.layout,
+                  banks=tuple(n for n in tensors if slot is None and opened.manifest.arrays[n].bank),
+                  source=dict(opened.manifest.source), processor_files=opened.processor_files(), tag=wanted.tag)
+
+
+def _slot_of_chosen(opened, wanted, unknown: Exception | None, layout: str | None, profile: str | None,
+                    synthetic: bool) -> int | None:
+    """The slot to load from the entry chosen for `wanted`, once the entry is held to what was asked: the tag
+    (`unknown`: the table's refusal of it, said when no entry recorded it either), the layout and the profile."""
     slot = wanted.slot_in(opened)
     if slot is None and wanted.tag is not None:  # named by --entry, which never recorded that tag
         raise unknown or CacheError(f"{opened.describe()}: does not hold embodiment {wanted.tag}")
@@ -114,29 +139,16 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
         if asked is not None and asked != held:  # a named entry of another kind than asked for
             raise CacheError(f"{opened.describe()}: is a {held} entry, not {what} {asked}; leave out --{what} or "
                              f"name an entry in {asked}")
-    if into != "torch" and slot is None and any(a.bank for a in opened.manifest.arrays.values()):
-        raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
-                         "slot id")
-    chunks = reload.plan_reads(opened.manifest, slot)
-    fetched = {}
-    if opened.store.local_path("") is None:  # an object store: what this machine fetched before is kept
-        opened = replace(opened, fetched=Fetched(cache.build_root(opened.store) / FETCHED))
-        kept = reload.kept_bytes(opened, chunks, from_device_files=into != "torch" and reload.takes_device_files(
-            None if isinstance(into, str) else into))
-    with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
-        tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, transfers=transfers)
-    if opened.fetched is not None:  # and how often a request to the store was tried again (tasks/io/network.py)
-        fetched = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept,
-                   "store_retries": retries_since(retried_before)}
-        not_kept = opened.fetched.not_kept
-        if not_kept["bytes"]:  # the next load fetches these again: say why
-            fetched |= {"bytes_not_kept": not_kept["bytes"], "not_kept_because": not_kept["why"]}
-    return Loaded(tensors=tensors, entry=opened.name, slot=slot,
-                  stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
-                         "chunks": len(chunks), **fetched},
-                  layout=opened.manifest.layout,
-                  banks=tuple(n for n in tensors if slot is None and opened.manifest.arrays[n].bank),
-                  source=dict(opened.manifest.source), processor_files=opened.processor_files(), tag=wanted.tag)
+    return slot
+
+
+def _fetched_stats(fetched: Fetched, nbytes: int, kept: int, retried_before: dict) -> dict:
+    """What a load from an object store fetched and kept here, and how often a request to the store was tried
+    again (tasks/io/network.py)."""
+    said = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept, "store_retries": retries_since(retried_before)}
+    if fetched.not_kept["bytes"]:  # the next load fetches these again: say why
+        said |= {"bytes_not_kept": fetched.not_kept["bytes"], "not_kept_because": fetched.not_kept["why"]}
+    return said
 
 
 def _into_of_old_keywords(into, deprecated: dict):

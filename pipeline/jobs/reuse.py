@@ -20,14 +20,15 @@ from pathlib import PurePosixPath
 from typing import Mapping
 
 from pipeline import cache
+from pipeline.jobs.prepare import Prepared
 from tasks.source.checkpoint import Checkpoint
-from tasks.plan import Plan, work_units
+from tasks.plan import work_units
 from tasks.entries.entry import Entry, list_entries
 from tasks.entries.manifest import Staged, content_id
 from tasks.entries.names import CONVERTER_VERSION, chunk_file, packed_path
 from tasks.errors import CacheError
 from tasks.source.shards import CONTENT_ID, VerifiedShard, identify_shards
-from tasks.entries.objects import Present, still_held
+from tasks.entries.objects import Listing, still_held
 from tasks.entries.store import Store
 
 
@@ -83,18 +84,18 @@ def _tensor_hashes(ck: Checkpoint, entries: list[Entry], identities: dict[str, s
     return hashes
 
 
-def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint, identities: dict[str, str], *,
-               into: str, array_attrs: dict[str, dict], identified: Mapping[str, Mapping[str, str]] | None = None,
-               present: Present | None = None, fresh_after: float = 0.0) -> Reuse:
-    """Give the entry being built under key `into` every chunk (and device file) whose content id a published entry
-    of `store` already holds; returns what was reused. In a local folder each is hard-linked into `into`. In an
-    object store the new manifest names the same objects (`present`: key -> (size, when written) of those there;
-    one written before `fresh_after` is freshened first, so that `cache gc` leaves it until the manifest is out)."""
+def plan_reuse(store: Store, prep: Prepared, *, building_at: str, array_attrs: dict[str, dict],
+               listing: Listing = Listing()) -> Reuse:
+    """Give the entry of `prep` being built under key `building_at` every chunk (and device file) whose content id
+    a published entry of `store` already holds; returns what was reused. In a local folder each is hard-linked into
+    `building_at`. In an object store the new manifest names the same objects (`listing`: those there, and which of
+    them are old enough to be freshened first)."""
     reuse = Reuse()
+    plan, slots = prep.plan, prep.slots
     entries = _published(store, plan.version)
     if not entries:
         return reuse
-    hashes = _tensor_hashes(ck, entries, identities, identified or {}, reuse)
+    hashes = _tensor_hashes(prep.checkpoint, entries, dict(prep.identity.shards), prep.identified or {}, reuse)
     by_id: dict[str, tuple[Entry, str]] = {}
     for e in reversed(entries):  # newest wins
         for name, arr in e.manifest.arrays.items():
@@ -110,12 +111,12 @@ def plan_reuse(store: Store, plan: Plan, slots: tuple[int, ...], ck: Checkpoint,
         rec = entry.manifest.arrays[name].chunks.get(slot)
         if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
             continue
-        at = PurePosixPath(into)  # new key -> (the holder's key, size)
+        at = PurePosixPath(building_at)  # new key -> (the holder's key, size)
         objects = {chunk_file(at, t.name, len(t.shape), slot).as_posix(): (entry.chunk_object(name, slot), rec.nbytes)}
         if rec.tensorbin:
             objects[packed_path(at, t.name, slot).as_posix()] = (entry.device_object(name, slot), rec.tensorbin.nbytes)
         held[(t.name, slot)] = Staged(t.name, slot, rec), entry.name, objects
-    made = _named(store, held, present or {}, fresh_after) if store.pooled else _linked(store, held)
+    made = _named(store, held, listing) if store.pooled else _linked(store, held)
     for unit, (staged, _, objects) in held.items():
         if all(new in made for new in objects):  # a chunk whose holder went meanwhile is converted instead
             reuse.records[unit] = staged
@@ -134,11 +135,11 @@ def _linked(store: Store, held: Mapping) -> set[str]:
         return store.copy_many({new: old for new, (old, _) in wanted.items()})
 
 
-def _named(store: Store, held: Mapping, present: Present, fresh_after: float) -> set[str]:
+def _named(store: Store, held: Mapping, listing: Listing) -> set[str]:
     """In an object store nothing is copied: the new manifest names the holder's objects. Those the store still
     holds count as made (the new keys standing for them), an old one once it is freshened."""
     there = still_held(store, {old: size for _, _, objects in held.values() for old, size in objects.values()},
-                       present, fresh_after)
+                       listing.present, listing.fresh_after)
     return {new for _, _, objects in held.values() for new, (key, _) in objects.items() if key in there}
 
 

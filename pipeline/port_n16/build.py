@@ -56,7 +56,7 @@ class PortModel:
         return self.processor_for(None)
 
     def processor_for(self, tag: str | None):
-        from pipeline.model.processor import for_entry
+        from pipeline.model.kept_processor import for_entry
 
         slot = self.slots[0] if len(self.slots) == 1 else None
         return for_entry(self.entry, self.source, self.processor_files, slot, tag)

@@ -7,6 +7,7 @@ written again)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from tasks.entries.names import OBJECTS
@@ -17,6 +18,15 @@ GRACE_HOURS = 24.0  # `cache gc --grace-hours`: an object (or a push without its
 FRESH_FOR = GRACE_HOURS * 3600 / 2  # seconds: an object older than this that a convert names is freshened first
 
 Present = Mapping[str, tuple[int, float]]  # key -> (size, when last written)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """An object store's `objects/` as one listing saw them (`present`), and the time before which an object
+    counts as old (`fresh_after`): a convert that names an old one freshens it first, so that `cache gc` leaves it
+    until the new manifest is out. Empty for a local folder, which names no objects."""
+    present: Present = field(default_factory=dict)
+    fresh_after: float = 0.0
 
 
 def present_objects(store: Store) -> dict[str, tuple[int, float]]:
