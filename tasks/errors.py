@@ -7,7 +7,7 @@ class PipelineError(Exception):
     """Base of every error this project raises on purpose; the CLI prints it and exits 2."""
 
 
-def crosses_plainly(fn, *args):
+def without_library_causes(fn, *args):
     """`fn(*args)`, its PipelineError stripped of the library errors it was raised from: a Dask worker's error
     reaches the client pickled with the exceptions beneath it (distributed uses tblib), and botocore's do not
     unpickle, so the client would receive `Exception("CacheError(...)")` in its place, under a traceback. The

@@ -140,7 +140,7 @@ def test_a_workers_error_reaches_the_client_as_the_same_sentence():
     import tblib.pickling_support
     from botocore.exceptions import NoCredentialsError
 
-    from tasks.errors import CacheError, CheckpointError, crosses_plainly
+    from tasks.errors import CacheError, CheckpointError, without_library_causes
 
     def refused():
         try:
@@ -156,7 +156,7 @@ def test_a_workers_error_reaches_the_client_as_the_same_sentence():
 
     for task, kind in ((refused, CacheError), (truncated, CheckpointError)):
         try:
-            crosses_plainly(task)
+            without_library_causes(task)
         except kind as e:
             raised = e
         tblib.pickling_support.install(raised)

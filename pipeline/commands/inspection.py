@@ -10,7 +10,7 @@ from pipeline.inputs.embodiments import Embodiments
 from pipeline.inputs.folder import read_folder
 from pipeline.inputs.processor_files import read_processor_files
 from pipeline.inputs.snapshot import resolve_snapshot
-from pipeline.jobs.prepare import said_of_the_store
+from pipeline.jobs.prepare import checkpoint_store_failures_said
 from pipeline.model.state_dict import straddling_unit
 from pipeline.model.versions import load_config
 from tasks.errors import PipelineError
@@ -20,7 +20,7 @@ def inspect_report(version: str | None, snapshot: Path | None, hf_cache: Path | 
                    synthetic: str | None = None, model: str | None = None) -> dict:
     """`version` None: found from the checkpoint's keys, as the convert finds it. A fine-tune's trained tags are
     read with its trainer's own map, as `convert --embodiments trained` reads them."""
-    with said_of_the_store(snapshot):  # a checkpoint in a bucket out of reach: one sentence, as for a convert
+    with checkpoint_store_failures_said(snapshot):  # a checkpoint in a bucket out of reach: one sentence, as for a convert
         folder = read_folder(resolve_snapshot(load_config(version) if version else None, snapshot, hf_cache,
                                               revision, synthetic, model), version)
     version, trained = folder.version, Embodiments.parse("trained") if folder.trained else Embodiments()

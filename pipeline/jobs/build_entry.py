@@ -84,7 +84,7 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
         final = cache.entries_dir(prep.root) / name
         local_build, pushed = str(final), push(cache.entry_at(final), store, opts.progress)
     return dict(cache_hit=False, resumed_chunks=len(done) - len(reused.records), reused_chunks=len(reused.records),
-                reused_bytes=reused.linked_bytes, identified_shards=sorted(reused.identified), tasks=len(graph),
+                reused_bytes=reused.reused_bytes, identified_shards=sorted(reused.identified), tasks=len(graph),
                 bytes_read=source_bytes_read(plan, ck, slots, done),
                 bytes_written=result["file_bytes"] - sum(r.record.file_bytes for r in done.values()),
                 stage_seconds=timings["stage_seconds"], stage_tasks=timings["stage_tasks"],

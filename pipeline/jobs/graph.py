@@ -27,7 +27,7 @@ from typing import Callable, Hashable, Mapping
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
 
 from tasks.source.checkpoint import Checkpoint
-from tasks.errors import crosses_plainly
+from tasks.errors import without_library_causes
 from tasks.device.host_tensors import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device.ttnn_edge import upload_staged
@@ -70,8 +70,8 @@ class GraphInputs:
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
-    # crosses_plainly: a worker's PipelineError reaches the client as itself, one sentence (tasks/errors.py)
-    return Task(key, crosses_plainly, fn, *args)
+    # without_library_causes: a worker's PipelineError reaches the client as itself, one sentence (tasks/errors.py)
+    return Task(key, without_library_causes, fn, *args)
 
 
 def _origin(ck: Checkpoint, t: Target) -> str:

@@ -49,18 +49,18 @@ def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     root = root or cache.build_root(cache.cache_store(opts.cache_root))
     hf = hf_cache_folder(opts.hf_cache) if opts.hf_cache else (
         cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
-    with said_of_the_store(opts.snapshot):
+    with checkpoint_store_failures_said(opts.snapshot):
         where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf,
                                  opts.revision, opts.synthetic, opts.model)
         folder = read_folder(where, opts.version)
-    with said_of_the_store(opts.snapshot):
+    with checkpoint_store_failures_said(opts.snapshot):
         kept = read_processor_files(folder.checkpoint.dir)
     source = folder.source_record(opts.model) | ({"processor": kept.record()} if kept else {})
     slots, notes = folder.slots(opts.embodiments), folder.notes(opts.embodiments)
     ck = folder.checkpoint
     shapes = {k: ck.shape(k) for k in ck.keys()}
     plan = build_plan(folder.version, shapes, opts.profile, opts.layout, {k: ck.dtype(k) for k in ck.keys()})
-    with said_of_the_store(opts.snapshot):
+    with checkpoint_store_failures_said(opts.snapshot):
         identities, identified = cache.source_identity(root, ck)
     ident = Identity.of(plan, source=source, shard_sha=identities, slots=slots, source_shapes=shapes,
                         recipes_sha256=recipes_sha256(), processor=kept.files if kept else None)
@@ -80,7 +80,7 @@ def processor_line(kept: ProcessorFiles | None, folder: Path) -> str:
 
 
 @contextlib.contextmanager
-def said_of_the_store(snapshot: object):
+def checkpoint_store_failures_said(snapshot: object):
     """A checkpoint in an object store that refuses, or cannot be reached: one sentence naming its URL."""
     try:
         yield

@@ -37,7 +37,7 @@ class Reuse:
     records: dict = field(default_factory=dict)    # (target, slot) -> Staged, linked from another entry
     verified: dict = field(default_factory=dict)   # shard -> VerifiedShard identified before the graph by its identity
     identified: set = field(default_factory=set)   # shards known by identity alone: verified only if read from
-    linked_bytes: int = 0
+    reused_bytes: int = 0                          # what the reused chunks and device files hold: linked here, or named in a bucket
     objects: set = field(default_factory=set)      # the keys the reused chunks and device files were given
     holders: list = field(default_factory=list)    # the entries given from, the one giving most first
 
@@ -120,7 +120,7 @@ def plan_reuse(store: Store, prep: Prepared, *, building_at: str, array_attrs: d
     for unit, (staged, _, objects) in held.items():
         if all(new in made for new in objects):  # a chunk whose holder went meanwhile is converted instead
             reuse.records[unit] = staged
-            reuse.linked_bytes += sum(size for _, size in objects.values())
+            reuse.reused_bytes += sum(size for _, size in objects.values())
             reuse.objects.update(objects)
     given = Counter(e for _, e, objects in held.values() if all(new in made for new in objects))
     reuse.holders = [e for e, _ in given.most_common()]

@@ -14,7 +14,7 @@ import numpy as np
 
 from tasks.errors import CacheError, PipelineError
 from tasks.io.file_blocks import read_full
-from tasks.io.network import (RETRIED, UNREACHABLE, ShortBody, fault_of, shared_s3_client, stall_seconds, whole,
+from tasks.io.network import (RETRIED, UNREACHABLE, ShortBody, fault_of, shared_s3_client, stall_seconds, with_field,
                               with_retries)
 from tasks.entries.store import IN_FLIGHT, Store, _check_size
 
@@ -72,7 +72,7 @@ def object_store_failure(e: BaseException, instead: str = "pass a local folder a
 WRITES = ("put", "put_many")  # where a missing object can only mean a missing bucket
 
 
-def _speaks(method):
+def _refusals_in_one_sentence(method):
     """An object-store call whose refusal becomes one sentence (CacheError), never a traceback; a network fault
     arrives here as a NetworkError (tasks/io/network.py), which already is one; every other error passes through."""
     @functools.wraps(method)
@@ -122,7 +122,7 @@ class S3Store(_ObjectStore):
     """An S3 bucket (any S3 API: the endpoint comes from AWS_ENDPOINT_URL when set), through boto3's client, whose
     requests run on as many threads as ask: 2.5 GB in 100 objects from moto, 16 in flight, took 1.7-1.9 s through
     boto3 and 3.5-4.3 s through s3fs. Every request goes through `with_retries` (tasks/io/network.py): a network
-    fault is retried, and said in one sentence when it outlasts them; a refusal is one sentence (`_speaks`); a
+    fault is retried, and said in one sentence when it outlasts them; a refusal is one sentence (`_refusals_in_one_sentence`); a
     bucket that does not exist is said to be missing, in one sentence, by every request. Every request may run twice: a
     PUT writes a whole object whose bytes do not change between tries (one under `objects/` is named by its
     sha256; a manifest or a ref is the same document), a DELETE of what is gone is no error, and the rest read."""
@@ -136,23 +136,23 @@ class S3Store(_ObjectStore):
                              "s3 extra (pip install 'gr00t-tt-weights[s3]')") from None
 
     def _get_object(self, key: str) -> dict | None:
-        """boto3's response to a GET of `key`; None when there is no such key (no such bucket: `_speaks` says so)."""
+        """boto3's response to a GET of `key`; None when there is no such key (no such bucket: `_refusals_in_one_sentence` says so)."""
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as e:
             if _s3_code(e) in _MISSING - {NO_BUCKET}:
                 return None
             raise
-        return whole(response, "ContentLength", "a GET")
+        return with_field(response, "ContentLength", "a GET")
 
-    @_speaks
+    @_refusals_in_one_sentence
     def get(self, key: str) -> bytes | None:
         def fetch() -> bytes | None:
             response = self._get_object(key)
             return None if response is None else response["Body"].read()  # botocore checks the length it read
         return self._retried(key, fetch)
 
-    @_speaks
+    @_refusals_in_one_sentence
     def read_into(self, key: str, out: np.ndarray) -> None:
         """The response is read straight into `out`: no whole copy of the object first (a one-embodiment load
         fetches 6.2 GB of a full N1.6, on two cores shared with whatever serves it). An object of another size
@@ -169,11 +169,11 @@ class S3Store(_ObjectStore):
                 raise ShortBody(f"the response ended after {filled} of {out.nbytes} bytes")
         self._retried(key, fetch)
 
-    @_speaks
+    @_refusals_in_one_sentence
     def put(self, key: str, data: bytes | memoryview) -> None:
         self._put(key, data)
 
-    @_speaks
+    @_refusals_in_one_sentence
     def put_many(self, objects: Mapping[str, bytes]) -> None:
         if len(objects) <= 1:
             for key, data in objects.items():
@@ -203,7 +203,7 @@ class S3Store(_ObjectStore):
                     if _s3_code(e) in _MISSING - {NO_BUCKET}:
                         return {}
                     raise
-                return whole(response, "IsTruncated", "a listing")  # a cut one must never read as empty
+                return with_field(response, "IsTruncated", "a listing")  # a cut one must never read as empty
             response = self._retried(prefix, page)
             found += [o for o in response.get("Contents", ()) if not full or o["Key"] == full
                       or o["Key"].startswith(f"{full}/")]
@@ -215,27 +215,27 @@ class S3Store(_ObjectStore):
     def _relative(self, key: str) -> str:
         return key[len(self.prefix) + 1:] if self.prefix else key
 
-    @_speaks
+    @_refusals_in_one_sentence
     def sizes(self, prefix: str) -> dict[str, int]:
         return {self._relative(o["Key"]): int(o["Size"]) for o in sorted(self._listed(prefix)[0], key=lambda o: o["Key"])}
 
-    @_speaks
+    @_refusals_in_one_sentence
     def written(self, prefix: str) -> dict[str, float]:
         return {self._relative(o["Key"]): o["LastModified"].timestamp()
                 for o in sorted(self._listed(prefix)[0], key=lambda o: o["Key"])}
 
-    @_speaks
+    @_refusals_in_one_sentence
     def sizes_and_times(self, prefix: str) -> dict[str, tuple[int, float | None]]:
         return {self._relative(o["Key"]): (int(o["Size"]), o["LastModified"].timestamp() if o.get("LastModified")
                                            else None)
                 for o in sorted(self._listed(prefix)[0], key=lambda o: o["Key"])}
 
-    @_speaks
+    @_refusals_in_one_sentence
     def children(self, prefix: str) -> list[str]:
         objects, folders = self._listed(prefix, "/")
         return sorted({k.rstrip("/").rsplit("/", 1)[-1] for k in [o["Key"] for o in objects] + folders})
 
-    @_speaks
+    @_refusals_in_one_sentence
     def freshen(self, keys: list[str]) -> set[str]:
         def touch(key: str) -> str | None:
             where = {"Bucket": self.bucket, "Key": self._key(key)}
@@ -244,7 +244,7 @@ class S3Store(_ObjectStore):
                 # CopyObject onto itself: a new LastModified, no bytes sent (S3 refuses such a copy unless the
                 # metadata is replaced)
                 try:
-                    whole(self._client.copy_object(**where, CopySource=dict(where), MetadataDirective="REPLACE"),
+                    with_field(self._client.copy_object(**where, CopySource=dict(where), MetadataDirective="REPLACE"),
                           "CopyObjectResult", "a copy")
                 except Exception as e:
                     if _s3_code(e) in _MISSING:
@@ -258,11 +258,11 @@ class S3Store(_ObjectStore):
         with ThreadPoolExecutor(min(IN_FLIGHT, len(keys))) as pool:
             return {key for key in pool.map(touch, keys) if key is not None}
 
-    @_speaks
+    @_refusals_in_one_sentence
     def delete(self, prefix: str) -> None:
         self.delete_many(list(self.sizes(prefix)))
 
-    @_speaks
+    @_refusals_in_one_sentence
     def delete_many(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):  # S3 DeleteObjects: a thousand keys a request
             batch = {"Objects": [{"Key": self._key(k)} for k in keys[start:start + 1000]], "Quiet": True}
@@ -276,7 +276,7 @@ class S3Store(_ObjectStore):
 
 class FsspecStore(_ObjectStore):
     """Any other object store fsspec knows (`gs://`, `memory://`, …), through its filesystem; each request goes
-    through the same retries as S3's (tasks/io/network.py), and a refusal is one sentence (`_speaks`)."""
+    through the same retries as S3's (tasks/io/network.py), and a refusal is one sentence (`_refusals_in_one_sentence`)."""
 
     def __init__(self, url: str):
         import fsspec  # lazy: only object-store caches need it
@@ -287,7 +287,7 @@ class FsspecStore(_ObjectStore):
     def _path(self, key: str) -> str:
         return f"{self.base}/{key}" if key else self.base
 
-    @_speaks
+    @_refusals_in_one_sentence
     def get(self, key: str) -> bytes | None:
         def fetch() -> bytes | None:
             try:
@@ -296,7 +296,7 @@ class FsspecStore(_ObjectStore):
                 return None
         return self._retried(key, fetch)
 
-    @_speaks
+    @_refusals_in_one_sentence
     def put(self, key: str, data: bytes | memoryview) -> None:
         body = bytes(data)
         self._retried(key, lambda: self.fs.pipe_file(self._path(key), body))  # one PUT: atomic per object
@@ -309,11 +309,11 @@ class FsspecStore(_ObjectStore):
                 return {}
         return self._retried(prefix, find)
 
-    @_speaks
+    @_refusals_in_one_sentence
     def sizes(self, prefix: str) -> dict[str, int]:
         return {p[len(self.base) + 1:]: int(info.get("size") or 0) for p, info in sorted(self._found(prefix).items())}
 
-    @_speaks
+    @_refusals_in_one_sentence
     def written(self, prefix: str) -> dict[str, float]:
         out = {}
         for p, info in sorted(self._found(prefix).items()):
@@ -322,7 +322,7 @@ class FsspecStore(_ObjectStore):
                 out[p[len(self.base) + 1:]] = when.timestamp() if hasattr(when, "timestamp") else float(when)
         return out
 
-    @_speaks
+    @_refusals_in_one_sentence
     def freshen(self, keys: list[str]) -> set[str]:
         done = set()
         for key in keys:  # written again with its own bytes: the one write every backend has
@@ -332,7 +332,7 @@ class FsspecStore(_ObjectStore):
                 done.add(key)
         return done
 
-    @_speaks
+    @_refusals_in_one_sentence
     def children(self, prefix: str) -> list[str]:
         def listing() -> list[str]:
             try:
@@ -341,11 +341,11 @@ class FsspecStore(_ObjectStore):
                 return []
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self._retried(prefix, listing))
 
-    @_speaks
+    @_refusals_in_one_sentence
     def delete(self, prefix: str) -> None:
         self.delete_many(list(self.sizes(prefix)))
 
-    @_speaks
+    @_refusals_in_one_sentence
     def delete_many(self, keys: list[str]) -> None:
         def remove(key: str) -> None:
             try:

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.io.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, whole, with_retries
+from tasks.io.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, with_field, with_retries
 
 BLOCK = 16 << 20
 MADV_POPULATE_READ = 22  # <linux/mman.h>; Python's mmap module does not name it
@@ -126,7 +126,7 @@ class _RemoteFile:
         def head() -> int:
             if self.s3:
                 response = shared_s3_client(stall_seconds()).head_object(Bucket=self.bucket, Key=self.key)
-                return int(whole(response, "ContentLength", "a HEAD")["ContentLength"])
+                return int(with_field(response, "ContentLength", "a HEAD")["ContentLength"])
             return int(self.path.fs.size(self.path.path))
         return self._retried(head)
 
@@ -145,7 +145,7 @@ class _RemoteFile:
                 if "InvalidRange" not in str(e):
                     raise
                 self._truncated(0, view, offset)
-            if whole(response, "ContentLength", "a ranged GET")["ContentLength"] < len(view):
+            if with_field(response, "ContentLength", "a ranged GET")["ContentLength"] < len(view):
                 self._truncated(response["ContentLength"], view, offset)
             with response["Body"] as body:
                 filled = read_full(body, view)

@@ -60,7 +60,7 @@ class ShortBody(ConnectionError):
     """A response body that ended before its Content-Length: the connection was cut, not the object."""
 
 
-def whole(response: dict, field: str, what: str) -> dict:
+def with_field(response: dict, field: str, what: str) -> dict:
     """`response` (boto3's) if it holds `field`, which every complete answer to its request does. A connection cut
     inside the response's headers ends them early, and http.client reads that as a complete answer without them
     (a GET or HEAD without its length, a listing without its body: an empty bucket); that is a cut (ShortBody)."""
