@@ -81,20 +81,14 @@ def _entry(opts: ConvertOptions) -> str:
     return Path(convert(opts)["cache_path"]).name
 
 
-_converted: dict[tuple[str, int], str] = {}  # a reference already converted, by its files' bytes and the slot
+_converted: dict[Path, str] = {}  # a reference already converted (the release copy: one per version)
 
 
 def _reference_entry(reference: Path, version: str, slot: int, cache_dir: Path) -> str:
-    """The entry of the reference checkpoint, converted once per content: the all-F32 trainer forms of a version
-    hold the same tensors, so their references are the same bytes (sha256 of its files, in name order)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in reference.iterdir() if p.is_file()):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    key = (digest.hexdigest(), slot)
-    if key not in _converted:  # converted from its own bytes, linking nothing from the form's entry
-        _converted[key] = _entry(ConvertOptions(version, embodiments=str(slot), snapshot=reference,
-                                                cache_root=cache_dir, progress=False, reuse=False))
-    return _converted[key]
+    if reference not in _converted:  # converted from its own bytes, linking nothing from the form's entry
+        _converted[reference] = _entry(ConvertOptions(version, embodiments=str(slot), snapshot=reference,
+                                                      cache_root=cache_dir, progress=False, reuse=False))
+    return _converted[reference]
 
 
 CASES = [(v, f) for v in VERSIONS for f in FORMS if not (v == "n15" and f in N15_ONLY_WITHOUT)]

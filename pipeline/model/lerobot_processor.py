@@ -21,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-from pipeline.model.processor import Group, Processor, ProcessorError
+from pipeline.model.processor import Group, Processor, ProcessorError, kept_json
 from tasks.numerics import state_action as arithmetic
 
 PREPROCESSOR, POSTPROCESSOR, POLICY_CONFIG = "policy_preprocessor.json", "policy_postprocessor.json", "config.json"
@@ -74,12 +74,7 @@ def from_lerobot_files(files: Mapping[str, bytes], tag: str | None, slot: int | 
 
 
 def _pipeline(files: Mapping[str, bytes], name: str, source: str) -> list[dict]:
-    if name not in files:
-        raise ProcessorError(f"{source}: holds no {name}; convert the fine-tune again from the folder LeRobot wrote")
-    try:
-        doc = json.loads(files[name])
-    except (ValueError, RecursionError) as e:
-        raise ProcessorError(f"{source}/{name}: is not valid JSON ({str(e)[:120]})") from None
+    doc = kept_json(files, name, source)
     steps = doc.get("steps") if isinstance(doc, dict) else None
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise ProcessorError(f"{source}/{name}: has no list of steps; keep the file LeRobot wrote")

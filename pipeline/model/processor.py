@@ -160,8 +160,8 @@ def embodiments_in(files: Mapping[str, bytes]) -> list[str]:
 def from_files(files: Mapping[str, bytes], tag: str, slot: int | None, source: str, trainer: str) -> Processor:
     """The processor of embodiment `tag` (trained as slot `slot`) from a trainer's kept files; ProcessorError, one
     sentence, when they cannot make one."""
-    config = _json(files, PROCESSOR_CONFIG, source)
-    statistics = _json(files, STATISTICS, source)
+    config = kept_json(files, PROCESSOR_CONFIG, source)
+    statistics = kept_json(files, STATISTICS, source)
     kwargs = config.get("processor_kwargs") if isinstance(config, dict) else None
     if not isinstance(kwargs, dict):
         raise ProcessorError(f"{source}/{PROCESSOR_CONFIG}: has no processor_kwargs object; keep the file the trainer "
@@ -185,7 +185,9 @@ def from_files(files: Mapping[str, bytes], tag: str, slot: int | None, source: s
                      clip_outliers=reader.flag("clip_outliers", True), source=source)
 
 
-def _json(files: Mapping[str, bytes], name: str, source: str) -> object:
+def kept_json(files: Mapping[str, bytes], name: str, source: str) -> object:
+    """A kept JSON file of a trainer's processor, parsed (no NaN or infinity); ProcessorError when missing or
+    not JSON."""
     if name not in files:
         raise ProcessorError(f"{source}: holds no {name}; convert the fine-tune again from a folder that has it")
     try:

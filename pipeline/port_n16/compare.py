@@ -37,6 +37,10 @@ class _Comparison:
     """One walk of two models side by side: what differs (up to `limit`), and how many of each kind were compared."""
 
     def __init__(self, limit: int, tally: dict, scratch: Path):
+        import torch
+        import ttnn
+
+        self.torch, self.ttnn = torch, ttnn  # imported once, not at every node of the walk
         self.limit, self.tally, self.scratch = limit, tally, scratch
         self.found: list[str] = []
         self.seen: set[tuple[int, int]] = set()
@@ -44,9 +48,7 @@ class _Comparison:
             tally.setdefault(kind, 0)
 
     def walk(self, a, b, path: str) -> None:
-        import torch
-        import ttnn
-
+        torch, ttnn = self.torch, self.ttnn
         if len(self.found) >= self.limit or (id(a), id(b)) in self.seen:
             return
         self.seen.add((id(a), id(b)))
@@ -71,8 +73,7 @@ class _Comparison:
             self._value_or_object(a, b, path)
 
     def _ttnn(self, a, b, path: str) -> None:
-        import ttnn
-
+        ttnn = self.ttnn
         self.tally["ttnn"] += 1
         self.tally["on_device"] += a.storage_type() == ttnn.StorageType.DEVICE
         facts = lambda t: (t.dtype, t.layout, tuple(t.shape), tuple(t.padded_shape), t.storage_type(),  # noqa: E731
@@ -83,8 +84,7 @@ class _Comparison:
             self.found.append(f"{path}: the bytes differ")
 
     def _torch(self, a, b, path: str) -> None:
-        import torch
-
+        torch = self.torch
         self.tally["torch"] += 1
         if (a.dtype, tuple(a.shape)) != (b.dtype, tuple(b.shape)):
             self.found.append(f"{path}: {a.dtype} {list(a.shape)} against {b.dtype} {list(b.shape)}")

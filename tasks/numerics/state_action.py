@@ -11,7 +11,7 @@ mean/std leaves a value whose std is 0 as it is.
 
 LeRobot's GR00T N1.7 steps (`GrootN17PackInputsStep`, `GrootActionUnpackUnnormalizeStep`: lerobot 0.6.1's
 policies/groot/processor_groot.py; the tests hold this to what LeRobot's own saved pipeline gives) differ in the
-details, which are theirs and kept too: one flat state and one flat action, float32 throughout; min/max maps where
+details, which are theirs and kept too: one flat state and one flat action, float32 statistics; min/max maps where
 `max - min != 0` (not `isclose`), as `2 * (x - min) / (max - min) - 1`, and clips only when told; unnormalizing
 gives `min` where the spread is 0, and clips the model's output only when told.
 """
