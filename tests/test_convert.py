@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import zarr
+from dask.task_spec import Task
 from safetensors import safe_open
 
 from pipeline.cache import entries_dir
+from pipeline.commands.render import graph_for
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.model.state_dict import tensor_specs
 from pipeline.model.recipe import build_plan
@@ -127,9 +130,15 @@ def test_all_four_schedulers_produce_identical_entries(hf_cache, tmp_path):
                                              hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path / "tcp", progress=False))
     reference = _entry_bytes(runs["sync"])
     assert len(reference) > 900
+    # every task of the graph as built is counted under its stage, whether its chain ran as one task or not
+    graph = graph_for(ConvertOptions("n16", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+                                     cache_root=tmp_path / "graph"))[0]
+    stage_tasks = Counter(key[0] for key, node in graph.items() if isinstance(node, Task))
     for scheduler, summary in runs.items():
         assert summary["fingerprint"] == runs["sync"]["fingerprint"]
         assert _entry_bytes(summary) == reference, scheduler
+        assert summary["stage_tasks"] == stage_tasks, scheduler
+        assert sum(summary["stage_seconds"].values()) > 0, scheduler
 
 
 def test_flipped_data_byte_fails_verify_and_publishes_nothing(hf_cache, tmp_path):

@@ -192,3 +192,32 @@ def test_a_shard_is_hashed_again_only_when_nothing_before_checked_what_is_read_f
             if ck.shard_of(t.sources[0]) == first and all(ck.shard_of(k) == first for k in t.sources)}
     assert hashed(known=known, done=done) == {first} and (head.name, None) not in done
     assert hashed(known=known, done=done, record_sha256=True) == set()  # its sha256 is not known
+
+
+def test_linear_chains_run_as_one_task_each_and_every_link_is_still_timed():
+    """In this process a chain of tasks, each taken by the next alone, runs as one task under its last key; a task
+    two others take, a task taking two, and a constant stay as they are. The result is Dask's own on the graph as
+    built, and each link is counted under its stage."""
+    import dask
+    from dask.task_spec import DataNode, Task, TaskRef
+
+    from pipeline.jobs.chains import StageSeconds, fuse_chains
+
+    def add(*xs):
+        return sum(xs)
+
+    graph = {("index", 0): Task(("index", 0), add, 1),                        # taken by two reads
+             ("read", "a"): Task(("read", "a"), add, TaskRef(("index", 0)), 10),
+             ("read", "b"): Task(("read", "b"), add, TaskRef(("index", 0)), 20),
+             ("convert", "a"): Task(("convert", "a"), add, TaskRef(("read", "a")), 100),
+             ("stage", "a"): Task(("stage", "a"), add, TaskRef(("convert", "a")), 1000),
+             ("stage", "b"): Task(("stage", "b"), add, TaskRef(("read", "b")), TaskRef(("index", 0))),  # takes two
+             ("stage", "c"): DataNode(("stage", "c"), 7),                        # staged by an earlier run
+             ("unit", 0): Task(("unit", 0), add, TaskRef(("stage", "a")), TaskRef(("stage", "b")),
+                               TaskRef(("stage", "c"))),
+             ("publish",): Task(("publish",), add, TaskRef(("unit", 0)))}
+    timed = StageSeconds()
+    fused = fuse_chains(graph, ("publish",), timed)
+    assert set(fused) == {("index", 0), ("read", "b"), ("stage", "a"), ("stage", "b"), ("stage", "c"), ("publish",)}
+    assert dask.get(fused, ("publish",)) == dask.get(graph, ("publish",)) == 1111 + (21 + 1) + 7
+    assert dict(timed.counts) == {"index": 1, "read": 2, "convert": 1, "stage": 2, "unit": 1, "publish": 1}

@@ -17,37 +17,20 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping
 
 import dask
 import dask.threaded
 from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
+from pipeline.jobs.chains import StageSeconds, fuse_chains, handed_back
 from tasks.errors import CacheError, ConfigError, PipelineError
 from tasks.io.file_blocks import is_remote
 from tasks.io.network import retries_so_far, stall_seconds
 
 TLS_SETTINGS = ("ca-file", "client.cert", "client.key")
 EXPECTED = "expected threads, sync, processes, or a running cluster's tls://host:port (or tcp://host:port) address"
-
-
-class StageTimer(Callback):
-    """Seconds spent per stage (the first element of each task key), summed over tasks."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
-        self._started: dict[Hashable, float] = {}
-
-    def _pretask(self, key, dsk, state) -> None:
-        self._started[key] = time.perf_counter()
-
-    def _posttask(self, key, result, dsk, state, worker_id) -> None:
-        stage = key[0] if isinstance(key, tuple) else str(key)
-        self.seconds[stage] += time.perf_counter() - self._started.pop(key, time.perf_counter())
-        self.counts[stage] += 1
 
 
 class LogProgress(Callback):
@@ -118,15 +101,14 @@ def _off_the_main_thread(scheduler_loop: Callable[[], object]) -> object:
     return outcome["result"]
 
 
-def _distributed_stage_seconds(task_stream: list[dict]) -> tuple[dict, dict]:
+def _summed(timings: Iterable[tuple[dict[str, float], dict[str, int]]]) -> tuple[dict, dict]:
+    """Every worker's seconds and task counts per stage, added up."""
     seconds, counts = defaultdict(float), defaultdict(int)
-    for rec in task_stream:
-        key = rec.get("key")
-        stage = str(key[0]) if isinstance(key, tuple) else str(key)
-        for span in rec.get("startstops", ()):
-            if span.get("action") == "compute":
-                seconds[stage] += span["stop"] - span["start"]
-        counts[stage] += 1
+    for worker_seconds, worker_counts in timings:
+        for stage, n in worker_seconds.items():
+            seconds[stage] += n
+        for stage, n in worker_counts.items():
+            counts[stage] += n
     return dict(seconds), dict(counts)
 
 
@@ -205,28 +187,30 @@ class _Job:
     store_url: str | None             # the object store every worker of a cluster must reach
 
 
-def _in_this_process(job: _Job, compute: Callable[[], object]) -> tuple[object, dict]:
-    """`compute()` under the stage timer and a progress display, both of which see every task in this process."""
-    timer = StageTimer()
+def _in_this_process(job: _Job, compute: Callable[[dict], object]) -> tuple[object, dict]:
+    """`compute(graph)` of the job's graph, its linear chains fused (pipeline/jobs/chains.py), each link timed, under
+    a progress display."""
+    timed = StageSeconds()
+    graph = fuse_chains(job.graph, job.key, timed)
     # A redrawn bar only makes sense on a terminal; in logs and CI it would print hundreds of lines.
     bar = (ProgressBar(out=sys.stderr, minimum=1.0, dt=0.5) if sys.stderr.isatty() else LogProgress()) \
         if job.progress else Callback()
-    with timer, bar:
-        result = compute()
-    return result, {"stage_seconds": dict(timer.seconds), "stage_tasks": dict(timer.counts)}
+    with bar:
+        result = compute(graph)
+    return result, {"stage_seconds": dict(timed.seconds), "stage_tasks": dict(timed.counts)}
 
 
 def _run_sync(job: _Job) -> tuple[object, dict]:
-    return _in_this_process(job, lambda: dask.get(dict(job.graph), job.key))
+    return _in_this_process(job, lambda graph: dask.get(graph, job.key))
 
 
 def _run_threads(job: _Job) -> tuple[object, dict]:
-    def compute() -> object:
+    def compute(graph: dict) -> object:
         pool = ThreadPoolExecutor(job.workers)
         gc.freeze()  # what lives through the run (graph, plan, headers): not walked again by every collection
         try:
             return _off_the_main_thread(
-                lambda: dask.threaded.get(dict(job.graph), job.key, num_workers=job.workers, pool=pool))
+                lambda: dask.threaded.get(graph, job.key, num_workers=job.workers, pool=pool))
         finally:
             gc.unfreeze()
             # On an error Dask raises at once while other tasks still run: wait for those (and drop the queued
@@ -256,7 +240,7 @@ def _run_on_cluster(job: _Job) -> tuple[object, dict]:
 def _on_client(job: _Job, cluster, remote: bool = False) -> tuple[object, dict]:
     """The graph on a dask.distributed cluster. `remote`: its workers are other machines, which are asked first
     whether they see the shared folders and reach the store."""
-    from distributed import Client, get_task_stream, progress as dist_progress
+    from distributed import Client, progress as dist_progress
 
     client = Client(cluster)
     try:
@@ -265,21 +249,21 @@ def _on_client(job: _Job, cluster, remote: bool = False) -> tuple[object, dict]:
         if remote and job.store_url:
             check_workers_reach(client, job.scheduler, job.store_url, stall_seconds())
         retried_before = client.run(retries_so_far)
-        with get_task_stream(client) as stream:
-            future = client.get(dict(job.graph), job.key, sync=False)
-            if job.progress and sys.stderr.isatty():
-                with contextlib.redirect_stdout(sys.stderr):  # distributed's bar writes to stdout
-                    dist_progress(future)
-            elif job.progress:
-                t0 = time.perf_counter()
-                while not future.done():
-                    time.sleep(0.2)
-                    if time.perf_counter() - t0 >= 10 and int(time.perf_counter() - t0) % 10 == 0:
-                        print(f"progress: running on {job.scheduler}, {time.perf_counter() - t0:.0f} s",
-                              file=sys.stderr, flush=True)
-                        time.sleep(0.8)
-            result = client.gather(future)
-        seconds, counts = _distributed_stage_seconds(stream.data)
+        timed = StageSeconds()
+        future = client.get(fuse_chains(job.graph, job.key, timed), job.key, sync=False)
+        if job.progress and sys.stderr.isatty():
+            with contextlib.redirect_stdout(sys.stderr):  # distributed's bar writes to stdout
+                dist_progress(future)
+        elif job.progress:
+            t0 = time.perf_counter()
+            while not future.done():
+                time.sleep(0.2)
+                if time.perf_counter() - t0 >= 10 and int(time.perf_counter() - t0) % 10 == 0:
+                    print(f"progress: running on {job.scheduler}, {time.perf_counter() - t0:.0f} s",
+                          file=sys.stderr, flush=True)
+                    time.sleep(0.8)
+        result = client.gather(future)
+        seconds, counts = _summed(client.run(handed_back, timed.run).values())
         return result, {"stage_seconds": seconds, "stage_tasks": counts,
                         "worker_retries": _worker_retries(client, retried_before)}
     finally:

@@ -287,7 +287,8 @@ class Manifest(Identity):
     def encoded(self) -> bytes:
         """`MANIFEST.json` as an object store keeps it: compact and gzipped (1.28 MB -> a quarter of it for a tiny
         N1.6 of every slot, most of what is left being hashes), since it is sent with every entry and read by every
-        load. A folder's is plain indented JSON, for the reader's eye; `decode_manifest` reads both."""
+        load. A folder's is indented JSON, one line per array and chunk, for the reader's eye; `decode_manifest`
+        reads both."""
         return gzip.compress(json.dumps(self.to_json(), separators=(",", ":")).encode(), compresslevel=6, mtime=0)
 
     @property

@@ -194,7 +194,18 @@ def _write_direct(tmp: Path, data: memoryview) -> bool:
 
 
 def write_json_atomic(path: Path, doc: object, durable: bool = False) -> None:
-    write_bytes_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), durable)
+    write_bytes_atomic(path, (readable_json(doc) + "\n").encode(), durable)
+
+
+def readable_json(doc: object, depth: int = 2, indent: str = " ") -> str:
+    """`doc` as JSON indented for `depth` levels and compact below them: an entry's manifest reads one line per
+    array or chunk, and is written by json's C encoder (its indenting one is Python: 0.19 s for a tiny N1.7's
+    manifest of every slot, against 0.03 s)."""
+    if depth == 0 or not isinstance(doc, dict) or not doc:
+        return json.dumps(doc)
+    inner = indent * 2 if depth > 1 else indent
+    lines = [f"{indent}{json.dumps(str(k))}: {readable_json(v, depth - 1, inner)}" for k, v in doc.items()]
+    return "{\n" + ",\n".join(lines) + "\n" + indent[:-1] + "}"
 
 
 # -- writes handed off ----------------------------------------------------------------------------------------------
