@@ -17,7 +17,7 @@ import hashlib
 from concurrent.futures import Future
 from pathlib import Path
 
-from tasks.io.bulk_write import write_behind, write_bytes_in_place
+from tasks.io.bulk_write import DIRECT_MIN, write_behind, write_bytes_in_place
 import numpy as np
 
 from tasks.device.host_tensors import Converted, NonFinite
@@ -45,7 +45,7 @@ def stage_target(entry: Path | str, converted: Converted, behind: bool = False) 
         record_progress(entry, staged)
         return staged
     packed = converted.packed
-    if not behind:
+    if not behind or not _waits_for_the_disk(data.nbytes, packed):
         write_chunk(entry, converted.name, converted.slot, data)
         staged = _staged(converted, data.nbytes, checksum(data))
         _write_device_file(entry, converted, staged)
@@ -56,6 +56,13 @@ def stage_target(entry: Path | str, converted: Converted, behind: bool = False) 
     write_behind(entry, 0 if packed is None else len(packed),
                  lambda: _write_device_file(entry, converted, staged, after=chunk_written))
     return staged
+
+
+def _waits_for_the_disk(chunk_bytes: int, packed: bytes | None) -> bool:
+    """Whether the target's writes go to the disk directly (O_DIRECT) and hold a thread until it has them: smaller
+    ones land in the page cache at once, and handing them off costs more than writing them (a tiny N1.7 of every
+    slot on the threads scheduler: 1.8-2.5 s with every write handed off, 1.55-1.75 s with these written here)."""
+    return chunk_bytes >= DIRECT_MIN or (packed is not None and len(packed) >= DIRECT_MIN)
 
 
 def _write_device_file(entry: Path, converted: Converted, staged: Staged, after: Future | None = None) -> None:

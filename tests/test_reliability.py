@@ -410,17 +410,29 @@ def test_kill_9_at_ten_seeded_points_and_mid_staging_never_publishes_and_resumes
     assert [p.name for p in cache_mod.entries_dir(root).iterdir()] == [Path(resumed["cache_path"]).name]  # adopted
 
 
-def test_disk_full_is_a_clean_error(hf_cache, tmp_path, capsys):
-    mount = tmp_path / "small"
+@pytest.mark.parametrize("handed_off", [False, True], ids=["written-by-the-task", "handed-off"])
+def test_disk_full_is_a_clean_error(hf_cache, tmp_path, capsys, monkeypatch, handed_off):
+    """Both ways a stage task writes: itself (a tiny checkpoint's files are all below DIRECT_MIN), and handed off to
+    the writer threads (as a real checkpoint's big ones are), whose failure the next hand-off or the publish raises."""
+    import tasks.stage
+
+    handed = []
+    if handed_off:
+        monkeypatch.setattr(tasks.stage, "DIRECT_MIN", 0)
+        monkeypatch.setattr(tasks.stage, "write_behind", lambda *a, write=tasks.stage.write_behind: (
+            handed.append(a[1]), write(*a))[1])
+    mount = tmp_path / "small"  # room for the array documents (a page each on tmpfs), not for every chunk
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True).returncode:
         pytest.skip(needs("root", "cannot mount a small tmpfs here: disk-full not exercised"))
     try:
         rc = main(["convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(mount), "--json"])
         err = capsys.readouterr().err
         assert rc == 2 and "no space left on the device while staging" in err and err.count("\n") == 1
         assert [p for p in cache_mod.entries_dir(mount).iterdir()] == []  # temporaries removed, nothing published
-        TABLE.append(("disk full during staging", err.strip()[len("error: "):].replace(str(mount), "<tmpfs>")))
+        assert bool(handed) == handed_off, err
+        if not handed_off:
+            TABLE.append(("disk full during staging", err.strip()[len("error: "):].replace(str(mount), "<tmpfs>")))
     finally:
         subprocess.run(["umount", str(mount)], check=False)
 
