@@ -144,8 +144,9 @@ def test_publishing_writes_the_manifest_and_renames_the_whole_entry(tmp_path):
 
 
 def test_the_publish_waits_for_the_writes_a_stage_handed_off(tmp_path, monkeypatch):
-    """With the threads scheduler a stage task hands its writes off and returns; the manifest and the rename come
-    only once every chunk, device file and progress record is on disk."""
+    """With the threads scheduler a stage task hands its writes that go to the disk directly off and returns; the
+    manifest and the rename come only once every chunk, device file and progress record is on disk."""
+    monkeypatch.setattr(stage, "DIRECT_MIN", 0)  # every file as big as a real checkpoint's big ones
     real_write, gate = stage.write_chunk, threading.Event()
 
     def slow_write_chunk(*args):
@@ -162,6 +163,16 @@ def test_the_publish_waits_for_the_writes_a_stage_handed_off(tmp_path, monkeypat
     entry = open_entry(LocalStore(tmp_path), NAME)
     assert entry.verify() == [] and entry.manifest.chunks == 2
     assert (tmp_path / "entries" / NAME / "t" / "c.0.0").read_bytes() == WHOLE.astype("<u2").tobytes()
+
+
+def test_a_target_too_small_for_the_disk_directly_is_written_before_its_stage_task_returns(tmp_path, monkeypatch):
+    """Handing a write off costs more than a write the page cache takes at once: such a target's chunk and record
+    are there when its stage task returns, even where the writes are handed off."""
+    handed = []
+    monkeypatch.setattr(stage, "write_behind", lambda *args: handed.append(args))
+    tmp = tmp_path / "entries" / f"{NAME}.tmp-1-aaaaaaaa"
+    staged = _build(tmp, behind=True)
+    assert handed == [] and (tmp / "t" / "c.0.0").exists() and len(staged_records(tmp)) == len(staged)
 
 
 def test_losing_the_race_to_an_identical_entry_is_success_and_replace_swaps_it_whole(tmp_path):
