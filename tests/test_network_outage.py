@@ -38,6 +38,7 @@ def test_a_network_that_never_lets_a_request_through_is_one_sentence_and_nothing
     if fault == "cut_response":
         commands["convert"] = ("convert", *common, "--embodiments", "new_embodiment", "--cache", url)
         commands["verify"] = ("cache", "verify", entry, "--cache", url)
+    if fault != "slowdown":  # s3fs lists the folder, with its own tries, and botocore's (44 s, and 60 s a stall) off
         commands["inspect"] = ("inspect", "--snapshot", source)
     with ThreadPoolExecutor(len(commands)) as pool:  # side by side: each mostly waits out its retries
         runs = dict(zip(commands, pool.map(lambda args: run_cli(*args, env=env), commands.values())))

@@ -35,7 +35,8 @@ from typing import Callable
 import numpy as np
 
 from tasks.errors import CheckpointError
-from tasks.io.network import NetworkError, ShortBody, shared_s3_client, stall_seconds, with_field, with_retries
+from tasks.io.network import (NetworkError, ShortBody, s3fs_options, shared_s3_client, stall_seconds, with_field,
+                              with_retries)
 
 BLOCK = 16 << 20
 MADV_POPULATE_READ = 22  # <linux/mman.h>; Python's mmap module does not name it
@@ -63,7 +64,7 @@ def source_path(where: str | os.PathLike) -> Path:
         if not place.strip("/"):
             raise CheckpointError(where, f"names no bucket; pass {scheme}://BUCKET/PREFIX, the folder the trainer "
                                          "saved the model in")
-        return UPath(where)
+        return UPath(where, **(s3fs_options() if scheme in ("s3", "s3a") else {}))
     return where if is_remote(where) else Path(where)
 
 

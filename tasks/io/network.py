@@ -221,6 +221,15 @@ def s3_client(stall: float | None = None):
     return client
 
 
+def s3fs_options() -> dict:
+    """s3fs (a checkpoint's folder in an S3 bucket, listed through universal_pathlib) set up as `s3_client` is: a
+    connect timeout, the stall limit as its read timeout, and botocore's own retries off. s3fs tries each call five
+    times itself (its waits 0.1 s growing 1.7x); botocore's legacy retries inside each of those made a network that
+    never answers take 44 s to say so, and a stalled listing wait botocore's 60 s a try."""
+    return {"config_kwargs": {"connect_timeout": CONNECT_SECONDS, "read_timeout": stall_seconds(),
+                              "retries": {"total_max_attempts": 1}}}
+
+
 def shared_s3_client(stall: float):
     """One client per process, stall limit, endpoint and access key: its connections are pooled across every store
     and source that ask with the same."""
