@@ -221,3 +221,27 @@ def test_linear_chains_run_as_one_task_each_and_every_link_is_still_timed():
     assert set(fused) == {("index", 0), ("read", "b"), ("stage", "a"), ("stage", "b"), ("stage", "c"), ("publish",)}
     assert dask.get(fused, ("publish",)) == dask.get(graph, ("publish",)) == 1111 + (21 + 1) + 7
     assert dict(timed.counts) == {"index": 1, "read": 2, "convert": 1, "stage": 2, "unit": 1, "publish": 1}
+
+
+def test_the_threads_scheduler_takes_a_thread_per_thread_bytes_of_what_it_reads(hf_cache, tmp_path, monkeypatch):
+    """A tiny plan runs on one thread of the pool (more would cost more than they overlap); a plan of more than
+    THREAD_BYTES per thread on more, up to one more than the cores. Seen from the tasks: the threads that ran them."""
+    import pipeline.jobs.graph
+    import pipeline.jobs.run
+
+    ran_on, apply, default = set(), pipeline.jobs.graph.apply, pipeline.jobs.run.THREAD_BYTES
+
+    def noting_the_thread(*args):
+        ran_on.add(threading.get_ident())
+        return apply(*args)
+
+    monkeypatch.setattr(pipeline.jobs.graph, "apply", noting_the_thread)
+    seen = {}
+    for thread_bytes in (default, 1):
+        monkeypatch.setattr(pipeline.jobs.run, "THREAD_BYTES", thread_bytes)
+        ran_on.clear()
+        done = convert(ConvertOptions("n17", embodiments="all", hf_cache=hf_cache, synthetic="tiny",
+                                      cache_root=tmp_path / str(thread_bytes), progress=False))
+        assert done["bytes_read"] < default  # a tiny plan
+        seen[thread_bytes] = len(ran_on)
+    assert seen[default] == 1 and 1 < seen[1] <= (os.cpu_count() or 2) + 1

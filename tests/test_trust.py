@@ -305,6 +305,7 @@ def test_no_write_is_handed_off_from_the_main_thread(hf_cache, tmp_path, monkeyp
 
     handed, real = [], stage.write_behind
     monkeypatch.setattr(stage, "write_behind", lambda *a: handed.append(threading.current_thread()) or real(*a))
+    monkeypatch.setattr(stage, "DIRECT_MIN", 0)  # every file as big as a real checkpoint's big ones
     for scheduler in ("sync", "threads"):
         handed.clear()
         convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", scheduler=scheduler,

@@ -71,8 +71,9 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
             entry_final=cache.entries_dir(prep.root) / name, write_behind=opts.scheduler == "threads",
             store_url=store.describe("") if in_store else None, stall=stall_seconds(), present=present,
             fresh_after=fresh_after))
+        bytes_read = source_bytes_read(plan, ck, slots, done)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp),
-                              store.describe("") if in_store else None)
+                              store.describe("") if in_store else None, work_bytes=bytes_read)
     except BaseException as e:
         if tmp is not None:
             _clean_up_after(e, tmp, name)
@@ -85,7 +86,7 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
         local_build, pushed = str(final), push(cache.entry_at(final), store, opts.progress)
     return dict(cache_hit=False, resumed_chunks=len(done) - len(reused.records), reused_chunks=len(reused.records),
                 reused_bytes=reused.reused_bytes, identified_shards=sorted(reused.identified), tasks=len(graph),
-                bytes_read=source_bytes_read(plan, ck, slots, done),
+                bytes_read=bytes_read,
                 bytes_written=result["file_bytes"] - sum(r.record.file_bytes for r in done.values()),
                 stage_seconds=timings["stage_seconds"], stage_tasks=timings["stage_tasks"],
                 peak_rss_bytes=peak_rss_bytes(), published_here=result["published_here"],
