@@ -24,6 +24,7 @@ from pipeline.jobs.reuse import Reuse, plan_reuse
 from pipeline.jobs.run import run, shared_folders
 from pipeline.jobs.summary import peak_rss_bytes, source_bytes_read
 from tasks.io.bulk_write import writes_finished
+from tasks.io.file_blocks import is_remote
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import array_documents
@@ -72,8 +73,11 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
             store_url=store.describe("") if in_store else None, stall=stall_seconds(), present=present,
             fresh_after=fresh_after))
         bytes_read = source_bytes_read(plan, ck, slots, done)
+        # threads by the bytes only where a task waits on nothing but this machine: while one waits on the network,
+        # the next runs (a convert through a bad network took twice as long on one thread)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress, shared_folders(ck.dir, tmp),
-                              store.describe("") if in_store else None, work_bytes=bytes_read)
+                              store.describe("") if in_store else None,
+                              work_bytes=None if tmp is None or is_remote(ck.dir) else bytes_read)
     except BaseException as e:
         if tmp is not None:
             _clean_up_after(e, tmp, name)

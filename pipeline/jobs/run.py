@@ -294,7 +294,8 @@ def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int 
     """Compute `key` of `graph` on `scheduler` (SCHEDULERS); returns (result, {"stage_seconds", "stage_tasks"}, and
     for a dask.distributed one "worker_retries"). `shared`: folders every worker of a cluster must see, each with the
     remedy to name when one cannot; `store_url`: the object store every worker must reach; `work_bytes`: what the
-    graph reads, which bounds the threads scheduler's threads (THREAD_BYTES each)."""
+    graph reads from this machine into this machine, which bounds the threads scheduler's threads (THREAD_BYTES
+    each)."""
     runner = _scheduler(scheduler)
     if runner is None:
         raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
