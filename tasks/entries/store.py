@@ -22,6 +22,7 @@ Everything else â€” listing, reading a chunk into a caller's buffer, verifying â
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -274,12 +275,17 @@ class LocalStore(Store):
 
     def map(self, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         # The page cache's pages, not a copy into fresh memory (which costs more than the read on a VM that hands
-        # out pages lazily); copy-on-write, so a caller's writes stay private.
+        # out pages lazily); copy-on-write, so a caller's writes stay private. Mapped from the descriptor the size
+        # was checked on: np.memmap opens the file again and resolves its path (an lstat per folder), which was
+        # most of a tiny entry's load (1,030 chunks: 0.62-0.82 s, now 0.28-0.33 s).
         size = nbytes(shape, dtype)
-        os.close(self._open(key, size))
-        if size == 0:
-            return np.empty(shape, dtype)
-        return np.memmap(self.path(key), dtype=dtype, mode="c", shape=shape)
+        fd = self._open(key, size)
+        try:
+            if size == 0:
+                return np.empty(shape, dtype)
+            return np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_COPY), dtype).reshape(shape)
+        finally:
+            os.close(fd)
 
     def local_file(self, key: str) -> Path | None:
         return self.path(key) if self.path(key).is_file() else None
