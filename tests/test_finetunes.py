@@ -7,7 +7,6 @@ sentence, exit 2, nothing published."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
