@@ -94,8 +94,11 @@ def fuse_chains(graph: Mapping[Hashable, GraphNode], output: Hashable, timed: St
         if runs_inside_its_dependent(last):
             continue
         links = [graph[last]]
-        while len(links[-1].dependencies) == 1 and runs_inside_its_dependent(next(iter(links[-1].dependencies))):
-            links.append(graph[next(iter(links[-1].dependencies))])
+        while len(links[-1].dependencies) == 1:
+            (below,) = links[-1].dependencies
+            if not runs_inside_its_dependent(below):
+                break
+            links.append(graph[below])
         links.reverse()
         fused[last] = Task(last, _run_chain, DataNode(None, tuple(links)), DataNode(None, timed),
                            Dict({key: TaskRef(key) for key in links[0].dependencies}))

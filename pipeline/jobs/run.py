@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,12 +103,10 @@ def _off_the_main_thread(scheduler_loop: Callable[[], object]) -> object:
 
 def _summed(timings: Iterable[tuple[dict[str, float], dict[str, int]]]) -> tuple[dict, dict]:
     """Every worker's seconds and task counts per stage, added up."""
-    seconds, counts = defaultdict(float), defaultdict(int)
+    seconds, counts = Counter(), Counter()
     for worker_seconds, worker_counts in timings:
-        for stage, n in worker_seconds.items():
-            seconds[stage] += n
-        for stage, n in worker_counts.items():
-            counts[stage] += n
+        seconds.update(worker_seconds)
+        counts.update(worker_counts)
     return dict(seconds), dict(counts)
 
 
