@@ -27,14 +27,8 @@ Everything else is internal and may move. The rooms beneath, each using only tho
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 import types
-
-try:
-    __version__ = importlib.metadata.version("gr00t-tt-weights")
-except importlib.metadata.PackageNotFoundError:  # a source tree on the path, not installed
-    __version__ = "0+unknown"
 
 # name -> the module it lives in: imported on first use, so that `import pipeline` stays light (the converter
 # brings Dask, torch and ttnn with it)
@@ -48,7 +42,19 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
+def _installed_version() -> str:
+    import importlib.metadata  # on first use: it scans every installed distribution, a cost at every start
+
+    try:
+        return importlib.metadata.version("gr00t-tt-weights")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on the path, not installed
+        return "0+unknown"
+
+
 def __getattr__(name: str):
+    if name == "__version__":
+        globals()[name] = version = _installed_version()
+        return version
     if name not in _EXPORTS:
         raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import sys
@@ -17,14 +16,12 @@ import time
 from pathlib import Path
 
 from pipeline import cache
-from pipeline.jobs.convert import ConvertOptions, convert, writable_folder
-from pipeline.commands.demo import run_demo
+from pipeline.jobs.options import ConvertOptions
 from pipeline.commands.devices import opened_device
 from pipeline.inputs.trainer_files import TRAINED_RECORDS
 from pipeline.commands.inspection import inspect_report
 from pipeline.jobs.load import TRANSFERS, load
 from pipeline.commands.printing import mb, print_cache_rows, print_convert, print_inspect, print_removed, retries_text
-from pipeline.commands.render import write_graph
 from pipeline.cache import synthetic_hf_cache
 from pipeline.inputs.snapshot import default_hf_cache, hf_cache_folder
 from tasks.io.file_blocks import source_path
@@ -41,14 +38,27 @@ LAYOUT_HELP = ("tt-n16 (n16's default: what tt-metal's GR00T N1.6 port builds), 
 PROFILE_HELP = "port (the layout's per-family dtypes; tt-n16's and tt-port's default), bf16 (generic's default) or bfp8"
 
 
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("gr00t-tt-weights")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+class _PrintVersion(argparse.Action):
+    """`--version`: the installed version, looked up only when asked (reading the installed distributions' metadata
+    costs every start otherwise)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import pipeline
+
+        print(f"gr00t-tt-weights {pipeline.__version__}", flush=True)
+        parser.exit()
+
+
+# The converter, the graph and the demo are imported by the commands that run them: they bring Dask (about 0.4 s of
+# CPU at every start), which `cache ls`, `load` or `--version` never use.
 
 
 def cmd_synth(a: argparse.Namespace) -> dict:
+    from pipeline.jobs.convert import writable_folder
+
     t0 = time.perf_counter()
     hf = Path(a.hf_cache) if a.hf_cache else synthetic_hf_cache(a.cache)
     writable_folder(hf, "HF cache")
@@ -85,6 +95,8 @@ def _convert_options(a: argparse.Namespace, device=None):
 
 
 def cmd_convert(a: argparse.Namespace) -> dict:
+    from pipeline.jobs.convert import convert
+
     with opened_device(a.device) as dev:
         summary = convert(_convert_options(a, dev))
     if not a.json:
@@ -93,6 +105,8 @@ def cmd_convert(a: argparse.Namespace) -> dict:
 
 
 def cmd_graph(a: argparse.Namespace) -> dict:
+    from pipeline.commands.render import write_graph
+
     opts = ConvertOptions(a.version, profile=a.profile, embodiments=a.embodiments, snapshot=a.snapshot,
                           hf_cache=a.hf_cache, cache_root=a.cache, layout=a.layout, revision=a.revision,
                           synthetic=a.synthetic, model=a.model)
@@ -189,6 +203,8 @@ def cmd_cache(a: argparse.Namespace) -> dict:
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:
+    from pipeline.commands.demo import run_demo
+
     return run_demo(a.cache)
 
 
@@ -268,7 +284,7 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m pipeline", description="GR00T checkpoints into Tenstorrent device-ready weights: "
                 "synth, inspect, convert, graph, load, cache, port-check, demo. Every command exits 0 on success and "
                 "2 with one sentence on stderr for a known error.")
-    p.add_argument("-V", "--version", action="version", version=f"gr00t-tt-weights {_package_version()}")
+    p.add_argument("-V", "--version", action=_PrintVersion, help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_synth_parser, _inspect_parser, _convert_parser, _graph_parser, _load_parser, _cache_parser,
                 _port_check_parser, _demo_parser):
