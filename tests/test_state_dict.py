@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -36,6 +37,22 @@ def test_tiny_keeps_keys_order_shards_and_slot_count(version):
     for key in cfg.embodiment_keys:
         assert next(s for s in tiny if s.key == key).shape[0] == 32
 
+
+
+@pytest.mark.parametrize("version", FACTS)
+def test_micro_is_tiny_with_a_few_layers_and_is_told_from_it_by_its_keys(version):
+    """micro (for tests whose cost is the number of files): tiny's keys, shapes and shards for two LLM layers and two
+    DiT blocks, every slot; a checkpoint of either is read as its own scale, though micro's keys are all tiny's."""
+    from pipeline.model.state_dict import scale_of
+
+    tiny, micro = tensor_specs(version, "tiny"), tensor_specs(version, "micro")
+    assert set(micro) < set(tiny) and 50 < len(micro) < len(tiny) / 5
+    blocks = {re.search(r"transformer_blocks\.(\d+)\.", s.key).group(1) for s in micro if "transformer_blocks." in s.key}
+    assert blocks == {"0", "1"}
+    cfg = load_config(version)
+    assert all(next(s for s in micro if s.key == k).shape[0] == 32 for k in cfg.embodiment_keys)
+    for scale, specs in (("tiny", tiny), ("micro", micro)):
+        assert scale_of(cfg, {s.key: s.shape for s in specs}) == scale
 
 def _straddle_split(version):
     unit = FACTS[version][3] + "."

@@ -218,9 +218,11 @@ def tensor_specs(version: str, scale: str = "full") -> tuple[TensorSpec, ...]:
 def scale_of(cfg: VersionConfig, shapes: Mapping[str, Shape]) -> str:
     """The scale (full, or a synthetic stand-in's) whose shapes most of these keys have: one odd tensor does not
     move a checkpoint to other dims (its own check names it)."""
-    def matching(scale: str) -> int:
-        return sum(tuple(shapes.get(s.key, ())) == s.shape for s in tensor_specs(cfg.version, scale))
-    return max(SCALES, key=matching)  # a tie goes to `full`, listed first
+    def matching(scale: str) -> tuple[int, bool]:
+        specs = tensor_specs(cfg.version, scale)
+        found = sum(tuple(shapes.get(s.key, ())) == s.shape for s in specs)
+        return found, found == len(specs)  # a tie goes to the scale with none missing (micro's keys are tiny's too)
+    return max(SCALES, key=matching)  # and then to `full`, listed first
 
 
 def dims_of(cfg: VersionConfig, shapes: Mapping[str, Shape]) -> Mapping[str, int]:

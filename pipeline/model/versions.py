@@ -36,7 +36,7 @@ class VersionConfig:
     containers: Mapping[str, str]
     architecture: Mapping[str, str]
     dims: Mapping[str, int]
-    scaled_dims: Mapping[str, Mapping[str, int]]  # scale -> the dims it overrides (SCALES)
+    scaled_dims: Mapping[str, Mapping[str, int | str]]  # scale -> the dims it overrides, and its based_on
     layouts: Mapping[str, tuple[str, ...]]        # layout -> rule sets of configs/recipes.toml, tried in order
     default_layout: str
     components: Mapping[str, str]                 # the port's weight groups: component -> key prefix
@@ -46,11 +46,14 @@ class VersionConfig:
 
     def dims_for(self, scale: str) -> Mapping[str, int]:
         """The real dims (`full`), or stand-ins: `tiny` keeps every key and count with small dims, `attn` keeps the
-        real attention shapes with one or two layers per stack."""
+        real attention shapes with one or two layers per stack, `micro` is tiny with one or two layers per stack
+        (a scale's `based_on` names the scale it overrides, else `full`)."""
         if scale == "full":
             return self.dims
         if scale in self.scaled_dims:
-            return MappingProxyType({**self.dims, **self.scaled_dims[scale]})
+            scaled = dict(self.scaled_dims[scale])
+            base = self.dims_for(str(scaled.pop("based_on"))) if "based_on" in scaled else self.dims
+            return MappingProxyType({**base, **scaled})
         raise ConfigError(f"unknown scale {scale!r}: expected one of {', '.join(SCALES)}")
 
     @property
@@ -65,7 +68,7 @@ class VersionConfig:
 
 
 VERSIONS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("n*.toml")))
-SCALES = ("full", "tiny", "attn")
+SCALES = ("full", "tiny", "attn", "micro")
 
 
 @cache
