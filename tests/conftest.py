@@ -132,12 +132,18 @@ def hf_cache(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("hf")
     for version in VERSIONS:
         synthesize(version, root, "tiny")
+        synthesize(version, root, "micro")  # for tests whose cost is the number of files (a bucket's requests)
     return root
 
 
 @pytest.fixture(scope="session")
 def snapshots(hf_cache) -> dict[str, Path]:
     return {v: resolve_snapshot(load_config(v), hf_cache=hf_cache, synthetic="tiny") for v in VERSIONS}
+
+
+@pytest.fixture(scope="session")
+def micro_snapshots(hf_cache) -> dict[str, Path]:
+    return {v: resolve_snapshot(load_config(v), hf_cache=hf_cache, synthetic="micro") for v in VERSIONS}
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
     bucket_url = f"{s3_url}-cluster"
     embodiment = EMBODIMENT[version]
     opts = dict(layout="generic", embodiments=f"{embodiment},new_embodiment" if version == "n16" else embodiment,
-                hf_cache=hf_cache, synthetic="tiny", progress=False)
+                hf_cache=hf_cache, synthetic="micro", progress=False)
     before = open_store(bucket_url).sizes("objects")
     done = convert(ConvertOptions(version, scheduler=scheduler, cache_root=bucket_url, **opts))
     assert not done["cache_hit"] and done["cache_path"].startswith(f"{bucket_url}/entries/")
@@ -57,7 +57,7 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
     name = Path(local["cache_path"]).name
     found = entry_md5s(bucket, name)
-    assert len(found) >= done["targets"] > 700  # a chunk for every target at least
+    assert len(found) >= done["targets"] > 70  # a chunk for every target at least
     assert found == entry_md5s(folder, name), "an object differs from the local convert's"
     named = set().union(*named_objects(bucket, name).values())
     sizes = bucket.sizes("")
@@ -82,7 +82,7 @@ def test_workers_on_other_machines_write_the_entry_into_the_bucket(cluster, s3_u
 
 
 @pytest.mark.parametrize("version", VERSIONS_HERE)
-def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(cluster, s3_url, snapshots, tmp_path,
+def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(cluster, s3_url, micro_snapshots, tmp_path,
                                                                            monkeypatch, version):
     """The source in the bucket too (`--snapshot s3://…`): the client plans from ranged reads of the headers, each
     worker reads its own tasks' byte ranges, and the entry is byte for byte the local convert's of the same files
@@ -90,8 +90,8 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     scheduler, hidden = cluster
     monkeypatch.setattr(roots, "DEFAULT_ROOT", hidden / "cache")
     plain = tmp_path / "plain"
-    shutil.copytree(snapshots[version], plain)  # the files themselves (an HF snapshot's are links into blobs/)
-    source, bucket_url = f"{s3_url}-cluster-sources/{version}-tiny", f"{s3_url}-cluster-from-bucket"
+    shutil.copytree(micro_snapshots[version], plain)  # the files themselves (an HF snapshot's are links into blobs/)
+    source, bucket_url = f"{s3_url}-cluster-sources/{version}-micro", f"{s3_url}-cluster-from-bucket"
     upload(plain, source)
     opts = dict(layout="generic", embodiments=EMBODIMENT[version], progress=False)
     done = convert(ConvertOptions(None, snapshot=source, scheduler=scheduler, cache_root=bucket_url, **opts))
@@ -102,7 +102,7 @@ def test_workers_read_a_checkpoint_in_the_bucket_and_write_the_entry_there(clust
     bucket, folder = open_store(bucket_url), LocalStore(tmp_path / "local")
     name = Path(local["cache_path"]).name
     found = entry_md5s(bucket, name)
-    assert len(found) >= done["targets"] > 700 and found == entry_md5s(folder, name)
+    assert len(found) >= done["targets"] > 70 and found == entry_md5s(folder, name)
 
 
 def test_a_worker_killed_mid_convert_changes_nothing_in_the_entry(cluster, s3_url, snapshots, tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ def test_convert_load_verify_and_gc_through_a_bad_network_give_what_a_good_one_d
     convert's, the summary counts the retries, a load gives the same tensors, and `cache verify` and `cache gc`
     through the same network exit 0 and remove nothing."""
     monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "client"))
-    opts = dict(layout="generic", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+    opts = dict(layout="generic", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="micro",
                 progress=False)
     url = f"{s3_url}-faults"
     bad_network.set(**BAD)
@@ -100,13 +100,13 @@ def test_convert_load_verify_and_gc_through_a_bad_network_give_what_a_good_one_d
     assert entry_md5s(bucket, name) == entry_md5s(LocalStore(tmp_path / "local"), name)  # nothing removed
 
 
-def test_a_checkpoint_in_the_bucket_converts_through_a_bad_network(bad_network, s3_url, snapshots, tmp_path):
+def test_a_checkpoint_in_the_bucket_converts_through_a_bad_network(bad_network, s3_url, micro_snapshots, tmp_path):
     """`--snapshot s3://…`: its headers, index and ranged reads of its tensors through the same faults; the entry
     is the same, file for file, as the same files' from a folder."""
     import shutil
 
     plain = tmp_path / "plain"
-    shutil.copytree(snapshots["n16"], plain)
+    shutil.copytree(micro_snapshots["n16"], plain)
     source = f"{s3_url}-fault-sources/n16"
     upload(plain, source)
     common = ("--embodiments", "gr1", "--layout", "generic", "--json")

@@ -27,7 +27,7 @@ def test_a_network_that_never_lets_a_request_through_is_one_sentence_and_nothing
     a throttled one four times as long.)"""
     url = f"{s3_url}-never-{fault}"
     env = _through(bad_network, GR00T_CACHE=str(tmp_path / "client"))
-    common = ("--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--layout", "generic")
+    common = ("--version", "n16", "--synthetic", "micro", "--hf-cache", str(hf_cache), "--layout", "generic")
     direct = {**env, "AWS_ENDPOINT_URL": bad_network.moto}  # the entry that is there is made without the proxy
     made = run_cli("convert", *common, "--embodiments", "gr1", "--cache", url, env=direct)
     assert made.returncode == 0, made.stderr[-2000:]

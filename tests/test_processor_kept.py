@@ -23,6 +23,13 @@ from tests.isaac_oracle import Oracle
 from tests.test_processor import _observations
 
 
+@pytest.fixture
+def snapshots(micro_snapshots) -> dict[str, Path]:
+    """The micro stand-ins: the processor files are the subject here, and a fine-tune's F32 weights, in the fewest
+    files that carry them, are converted faster (in a bucket: fewer requests)."""
+    return micro_snapshots
+
+
 def _checkpoint(snapshots, version: str, out: Path) -> tuple[Path, dict]:
     """An Isaac-GR00T `checkpoint-1000/` of the version, and the documents of its processor files."""
     folder = fine_tune_form(snapshots[version], version, "checkpoint", out)
@@ -114,7 +121,7 @@ def test_a_fine_tune_in_a_bucket_acts_from_a_fresh_cache(snapshots, s3_url, tmp_
 
 
 def test_an_entry_without_a_processor_says_so_with_the_command_that_keeps_one(hf_cache, tmp_path):
-    convert("n16", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1", cache_root=tmp_path, progress=False)
+    convert("n16", hf_cache=hf_cache, synthetic="micro", embodiments="gr1", cache_root=tmp_path, progress=False)
     loaded = load("n16", tmp_path, "gr1", synthetic=True)
     with pytest.raises(ProcessorError, match="keeps no processor .*; convert it again: python -m pipeline convert "
                                              "--snapshot .* --embodiments trained") as e:

@@ -165,10 +165,10 @@ def test_a_local_path_is_the_object_itself_and_an_object_store_has_none(store):
         assert path is None and store.local_path("e/n/none") is None and not store.supports_leases
 
 
-def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store, snapshots):
+def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store, micro_snapshots):
     """Convert once locally; push the entry into the store under test (a local folder gets a copy of the entry's
     folder); every reader answers the same, and the chunks equal the source read with safetensors itself."""
-    summary = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+    summary = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="micro",
                                      cache_root=tmp_path / "built", progress=False, profile="bfp8"))
     built = entry_at(Path(summary["cache_path"]))
     if store.pooled:  # every chunk and device file once, as the object of its sha256, then the manifest
@@ -196,8 +196,8 @@ def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store,
         built.store.get(built.device_object("language.norm.weight", None))
     bank = next(n for n, a in entry.manifest.arrays.items() if a.bank)
     slot, (source_key,) = entry.manifest.slots[0], entry.manifest.arrays[bank].attributes["sources"]
-    index = json.loads((snapshots["n17"] / "model.safetensors.index.json").read_text())["weight_map"]
-    with safe_open(str(snapshots["n17"] / index[source_key]), "pt") as f:  # the source, read independently
+    index = json.loads((micro_snapshots["n17"] / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(str(micro_snapshots["n17"] / index[source_key]), "pt") as f:  # the source, read independently
         want = f.get_tensor(source_key)[slot].view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(entry.read_chunk(bank, slot), want)
     damaged = entry.chunk_object(bank, slot)
