@@ -3,7 +3,8 @@ reload equals, byte for byte, the conversion of what it stands for, which the te
 safetensors.torch and rounds with torch (an independent reference): the release-shaped copy for reshard, trainer,
 single and LeRobot (whose `embed_tokens` is its `lm_head`); for mixed and half, torch's `.to(torch.bfloat16)` of
 every tensor, and the F32 host tables bit for bit as stored. Then every refusal a fine-tune can meet: one
-sentence, exit 2, nothing published."""
+sentence, exit 2, nothing published. The forms are made from the micro stand-ins (tiny's dims, one or two layers
+per stack): what LeRobot wrote (tests/fixtures) is of the tiny N1.7, and is held to it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -80,14 +82,18 @@ def _entry(opts: ConvertOptions) -> str:
     return Path(convert(opts)["cache_path"]).name
 
 
-_converted: dict[Path, str] = {}  # a reference already converted (the release copy: one per version)
+_converted: dict[tuple, str] = {}  # references already converted, by version, slot and the bytes of their files
 
 
 def _reference_entry(reference: Path, version: str, slot: int, cache_dir: Path) -> str:
-    if reference not in _converted:  # converted from its own bytes, linking nothing from the form's entry
-        _converted[reference] = _entry(ConvertOptions(version, embodiments=str(slot), snapshot=reference,
-                                                      cache_root=cache_dir, progress=False, reuse=False))
-    return _converted[reference]
+    """The reference's entry, converted from its own bytes (linking nothing from the form's entry), once for all
+    forms whose references hold the same bytes: the Isaac-GR00T folders of one version store the same F32 tensors."""
+    files = sorted(reference.iterdir())
+    key = (version, slot, tuple((f.name, xxhash.xxh3_128_hexdigest(f.read_bytes())) for f in files))
+    if key not in _converted:
+        _converted[key] = _entry(ConvertOptions(version, embodiments=str(slot), snapshot=reference,
+                                                cache_root=cache_dir, progress=False, reuse=False))
+    return _converted[key]
 
 
 CASES = [(v, f) for v in VERSIONS for f in FORMS if not (v == "n15" and f in N15_ONLY_WITHOUT)]
@@ -95,15 +101,15 @@ TRAINER_FORMS = ("lerobot", *ISAAC_FORMS)  # folders that record what they were 
 
 
 @pytest.mark.parametrize(("version", "form"), CASES)
-def test_every_form_reloads_as_the_conversion_of_what_it_stands_for(snapshots, tmp_path, cache_dir, version, form):
+def test_every_form_reloads_as_the_conversion_of_what_it_stands_for(micro_snapshots, tmp_path, cache_dir, version, form):
     cfg = load_config(version)
     slot = 10 if form == "mapped" else cfg.embodiment_ids[TRAINED_TAG]  # Isaac-GR00T's map: robocasa_gr1_tabletop 10
-    snapshot = fine_tune_form(snapshots[version], version, form, tmp_path / form)
+    snapshot = fine_tune_form(micro_snapshots[version], version, form, tmp_path / form)
     weights, _ = _read_all(snapshot)
     if form in TRAINER_FORMS and form != "deepspeed":  # the stand-in is all F32, as the trainer saves it
         assert {t.dtype for t in weights.values()} == {torch.float32}
     given = "trained" if form in TRAINER_FORMS else TRAINED_TAG  # a trainer's folder says which embodiment it was for
-    reference = _stands_for(form, version, snapshots[version], snapshot, tmp_path / "reference")
+    reference = _stands_for(form, version, micro_snapshots[version], snapshot, tmp_path / "reference")
     theirs = _reference_entry(reference, version, slot, cache_dir)
     # A form that re-reads the bytes in new ways (a prefix, a tie, wide dtypes) is converted from them; one that
     # only moves them (shards, folders) may link what it holds: its content ids come from hashing its own files.
@@ -158,9 +164,9 @@ def _refused(args: list[str], cache: Path) -> str:
     return proc.stderr.strip()
 
 
-def test_an_ambiguous_prefix_and_a_tie_with_no_lm_head_are_refused_in_one_sentence(snapshots, tmp_path):
+def test_an_ambiguous_prefix_and_a_tie_with_no_lm_head_are_refused_in_one_sentence(micro_snapshots, tmp_path):
     cfg = load_config("n16")
-    tensors, _ = _read_all(snapshots["n16"])
+    tensors, _ = _read_all(micro_snapshots["n16"])
     mixed_prefixes = {(f"_groot_model.{k}" if i % 2 else f"model.{k}"): t for i, (k, t) in enumerate(tensors.items())}
     (tmp_path / "two").mkdir()
     save_file(mixed_prefixes, str(tmp_path / "two" / "model.safetensors"))
@@ -168,9 +174,9 @@ def test_an_ambiguous_prefix_and_a_tie_with_no_lm_head_are_refused_in_one_senten
     assert "the keys are not all GR00T keys under one prefix (found '_groot_model.', 'model.')" in msg
     stray = tmp_path / "stray"  # a release-shaped folder, and beside it a file that is not the model's: left alone
     stray.mkdir()
-    for shard in snapshots["n16"].glob("*.safetensors"):
+    for shard in micro_snapshots["n16"].glob("*.safetensors"):
         shutil.copyfile(shard, stray / shard.name)
-    shutil.copyfile(snapshots["n16"] / INDEX_NAME, stray / INDEX_NAME)
+    shutil.copyfile(micro_snapshots["n16"] / INDEX_NAME, stray / INDEX_NAME)
     save_file({"ema.decay": torch.zeros(4)}, str(stray / "ema.safetensors"))
     proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--snapshot", str(stray), "--embodiments", "0",
                            "--cache", str(tmp_path / "c0")], cwd=ROOT, capture_output=True, text=True)
@@ -188,8 +194,8 @@ def test_an_ambiguous_prefix_and_a_tie_with_no_lm_head_are_refused_in_one_senten
     assert "does not tie it to" in msg and "tie_word_embeddings is false" in msg
 
 
-def test_trained_without_a_record_and_an_empty_folder_are_refused_in_one_sentence(snapshots, tmp_path):
-    msg = _refused(["--snapshot", str(snapshots["n17"]), "--embodiments", "trained"], tmp_path / "c1")
+def test_trained_without_a_record_and_an_empty_folder_are_refused_in_one_sentence(micro_snapshots, tmp_path):
+    msg = _refused(["--snapshot", str(micro_snapshots["n17"]), "--embodiments", "trained"], tmp_path / "c1")
     assert "--embodiments trained:" in msg and "records no trained embodiment (looked for " in msg
     assert "config.json" in msg and "experiment_cfg/conf.yaml" in msg and "experiment_cfg/metadata.json" in msg
     (tmp_path / "empty").mkdir()
@@ -201,7 +207,7 @@ def _trainer_folder(snapshots, tmp_path, version: str, form: str) -> Path:
     return fine_tune_form(snapshots[version], version, form, tmp_path / f"{version}-{form}")
 
 
-def test_a_lora_adapter_a_statistics_only_folder_and_an_unknown_tag_are_refused_in_one_sentence(snapshots, tmp_path):
+def test_a_lora_adapter_a_statistics_only_folder_and_an_unknown_tag_are_refused_in_one_sentence(micro_snapshots, tmp_path):
     lora = tmp_path / "lora"  # Isaac-GR00T N1.5's utils/peft.py save: the adapter, no base weights
     lora.mkdir()
     save_file({"base_model.model.action_head.model.proj_out_2.lora_A.weight": torch.zeros(8, 32)},
@@ -218,14 +224,14 @@ def test_a_lora_adapter_a_statistics_only_folder_and_an_unknown_tag_are_refused_
     msg = _refused(["--snapshot", str(stats)], tmp_path / "c2")
     assert "holds no model.safetensors.index.json, no model.safetensors" in msg
     assert "only policy_postprocessor_step_0_unnormalizer_processor.safetensors" in msg
-    folder = _trainer_folder(snapshots, tmp_path, "n17", "mapped")
+    folder = _trainer_folder(micro_snapshots, tmp_path, "n17", "mapped")
     msg = _refused(["--snapshot", str(folder), "--embodiments", "so101_follower"], tmp_path / "c3")
     assert f"unknown embodiment tag 'so101_follower' for n17 ({folder / 'embodiment_id.json'} knows: " in msg
     assert "robocasa_gr1_tabletop" in msg and "new_embodiment" in msg
 
 
-def test_the_checkpoints_map_wins_over_ours_and_the_convert_says_so(snapshots, tmp_path):
-    folder = _trainer_folder(snapshots, tmp_path, "n16", "checkpoint")
+def test_the_checkpoints_map_wins_over_ours_and_the_convert_says_so(micro_snapshots, tmp_path):
+    folder = _trainer_folder(micro_snapshots, tmp_path, "n16", "checkpoint")
     ids = json.loads((folder / "embodiment_id.json").read_text())
     (folder / "embodiment_id.json").write_text(json.dumps({**ids, "new_embodiment": 12}))
     proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--snapshot", str(folder), "--embodiments",
@@ -237,9 +243,9 @@ def test_the_checkpoints_map_wins_over_ours_and_the_convert_says_so(snapshots, t
             ", not 10 as in configs/n16.toml: using the checkpoint's") in summary["notes"]
 
 
-def test_isaac_config_yaml_is_read_without_importing_its_classes(snapshots, tmp_path):
+def test_isaac_config_yaml_is_read_without_importing_its_classes(micro_snapshots, tmp_path):
     """`config.yaml` is `yaml.dump` of the trainer's dataclasses (python tags, an enum): read as plain data."""
-    folder = _trainer_folder(snapshots, tmp_path, "n17", "best")
+    folder = _trainer_folder(micro_snapshots, tmp_path, "n17", "best")
     (folder / "experiment_cfg" / "conf.yaml").unlink()
     text = (folder / "experiment_cfg" / "config.yaml").read_text()
     assert "!!python/object:gr00t.configs.base_config.Config" in text and "!!python/object/apply:" in text
@@ -253,10 +259,10 @@ def test_isaac_config_yaml_is_read_without_importing_its_classes(snapshots, tmp_
     assert f"error: {folder / 'experiment_cfg' / 'config.yaml'}: is not YAML the trainer could have written" in msg
 
 
-def test_isaac_run_configs_that_disagree_on_the_tag_are_said_and_conf_yaml_stands(snapshots, tmp_path):
+def test_isaac_run_configs_that_disagree_on_the_tag_are_said_and_conf_yaml_stands(micro_snapshots, tmp_path):
     """Isaac-GR00T writes conf.yaml and config.yaml from one run config; config.yaml edited to a tag the
     checkpoint's map puts at another slot moves nothing, and the convert says the two differ."""
-    folder = _trainer_folder(snapshots, tmp_path, "n16", "checkpoint")
+    folder = _trainer_folder(micro_snapshots, tmp_path, "n16", "checkpoint")
     slots = json.loads((folder / "embodiment_id.json").read_text())
     other = next(tag for tag, slot in slots.items() if slot != slots[TRAINED_TAG])
     config = folder / "experiment_cfg" / "config.yaml"
@@ -273,10 +279,10 @@ def test_isaac_run_configs_that_disagree_on_the_tag_are_said_and_conf_yaml_stand
             f"{TRAINED_TAG}") in after["notes"]
 
 
-def test_a_trained_tag_record_that_cannot_be_read_stops_only_embodiments_trained(snapshots, tmp_path):
+def test_a_trained_tag_record_that_cannot_be_read_stops_only_embodiments_trained(micro_snapshots, tmp_path):
     """Its refusal says "pass --embodiments with tags or slot ids instead", and a slot id was refused the same way:
     now it converts that slot, says the record cannot be read, and records no trained tag."""
-    folder = _trainer_folder(snapshots, tmp_path, "n16", "checkpoint")
+    folder = _trainer_folder(micro_snapshots, tmp_path, "n16", "checkpoint")
     conf = folder / "experiment_cfg" / "conf.yaml"
     conf.write_text("data: {datasets: [")
     msg = _refused(["--snapshot", str(folder), "--embodiments", "trained"], tmp_path / "c1")
@@ -291,10 +297,10 @@ def test_a_trained_tag_record_that_cannot_be_read_stops_only_embodiments_trained
         assert msg.startswith(f"error: {conf}: {said}, not the mapping the trainer writes; pass --embodiments"), msg
 
 
-def test_a_relabelled_tensor_is_named_with_its_dtype(snapshots, tmp_path):
+def test_a_relabelled_tensor_is_named_with_its_dtype(micro_snapshots, tmp_path):
     """One DiT weight relabelled F32 with its shape halved (the file still valid): the refusal names it."""
-    tensors, shard_of = _read_all(snapshots["n17"])
-    key = "action_head.model.transformer_blocks.3.ff.net.2.weight"
+    tensors, shard_of = _read_all(micro_snapshots["n17"])
+    key = "action_head.model.transformer_blocks.1.ff.net.2.weight"
     out_dim, in_dim = tensors[key].shape
     tensors[key] = tensors[key].reshape(-1).view(torch.float32).reshape(out_dim // 2, in_dim)
     folder = _save_sharded(tensors, shard_of, tmp_path / "relabelled")
@@ -329,14 +335,14 @@ def test_a_model_repo_offline_names_the_download_command(tmp_path, monkeypatch):
     assert "Fetch it with `hf download someone/groot-n16-so100 --revision main" in proc.stderr
 
 
-def test_a_model_repo_in_the_hf_cache_converts_with_its_version_found(snapshots, tmp_path, monkeypatch):
+def test_a_model_repo_in_the_hf_cache_converts_with_its_version_found(micro_snapshots, tmp_path, monkeypatch):
     """A fine-tune's own hub repo, already downloaded: found through huggingface_hub's cache layout."""
     import shutil
 
     hf = tmp_path / "hf"
     repo = hf / "models--someone--groot-n15-so100"
     rev = "a" * 40
-    shutil.copytree(snapshots["n15"], repo / "snapshots" / rev)
+    shutil.copytree(micro_snapshots["n15"], repo / "snapshots" / rev)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(rev)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
