@@ -163,13 +163,13 @@ def cache_root(tmp_path) -> Path:
 
 @pytest.fixture
 def two_entries(hf_cache, tmp_path):
-    """Two tiny n17 entries in one cache: slot 10, then slot 0 (the ref moves to it), which shares every non-bank
+    """Two micro n17 entries in one cache: slot 10, then slot 0 (the ref moves to it), which shares every non-bank
     chunk with the first by hard link (reuse) -> (root, old, current). Only the commands under test touch them."""
     from pipeline.jobs.convert import ConvertOptions, convert
 
-    old = convert(ConvertOptions("n17", embodiments="10", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+    old = convert(ConvertOptions("n17", embodiments="10", hf_cache=hf_cache, synthetic="micro", cache_root=tmp_path,
                                  progress=False))
-    current = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+    current = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="micro", cache_root=tmp_path,
                                      progress=False))
     assert current["reused_chunks"] > 0
     return tmp_path, Path(old["cache_path"]).name, Path(current["cache_path"]).name

@@ -132,21 +132,21 @@ def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tm
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
 
-    head = frozenset(s.key for s in tensor_specs("n16", "tiny") if s.key.startswith("action_head."))
+    head = frozenset(s.key for s in tensor_specs("n16", "micro") if s.key.startswith("action_head."))
     tuned_hf = tmp_path / "tuned-hf"
-    synthesize("n16", tuned_hf, "tiny", mutate=head)
+    synthesize("n16", tuned_hf, "micro", mutate=head)
     root = tmp_path / "cache"
-    base = convert(_opts("n16", root, hf_cache=hf_cache, synthetic="tiny"))
-    tuned = convert(_opts("n16", root, hf_cache=tuned_hf, synthetic="tiny"))
-    fresh = convert(_opts("n16", tmp_path / "fresh", hf_cache=tuned_hf, synthetic="tiny", reuse=False))
+    base = convert(_opts("n16", root, hf_cache=hf_cache, synthetic="micro"))
+    tuned = convert(_opts("n16", root, hf_cache=tuned_hf, synthetic="micro"))
+    fresh = convert(_opts("n16", tmp_path / "fresh", hf_cache=tuned_hf, synthetic="micro", reuse=False))
     assert tuned["fingerprint"] == fresh["fingerprint"] != base["fingerprint"]
     assert _chunks(Path(tuned["cache_path"])) == _chunks(Path(fresh["cache_path"]))  # reuse changes no byte
-    plan = recipe_mod.build_plan("n16", {s.key: s.shape for s in tensor_specs("n16", "tiny")})
+    plan = recipe_mod.build_plan("n16", {s.key: s.shape for s in tensor_specs("n16", "micro")})
     changed = [t for t in plan.targets if any(k in head for k in t.sources)]
     unchanged = [t for t in plan.targets if t not in changed]
     assert tuned["reused_chunks"] == len(unchanged)
     assert tuned["stage_tasks"]["stage"] == sum(32 if t.embodiment else 1 for t in changed)
-    per_key = {s.key: s.nbytes for s in tensor_specs("n16", "tiny")}
+    per_key = {s.key: s.nbytes for s in tensor_specs("n16", "micro")}
     assert tuned["bytes_read"] == sum(per_key[k] for t in changed for k in t.sources)  # only the changed targets
     tuned_dir, base_dir = Path(tuned["cache_path"]), Path(base["cache_path"])
     shared_files = [p for p in tuned_dir.rglob("*") if p.is_file() and p.name != "zarr.json" and p.stat().st_nlink > 1]

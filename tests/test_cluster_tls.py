@@ -39,7 +39,7 @@ def test_a_cluster_that_speaks_only_tls_converts_with_dasks_own_configuration(tl
     sentence, exit 2, nothing sent."""
     scheduler, hidden, tls = tls_cluster
     url = f"{s3_url}-cluster-tls"
-    args = ("convert", "--version", "n16", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--embodiments", "gr1",
+    args = ("convert", "--version", "n16", "--synthetic", "micro", "--hf-cache", str(hf_cache), "--embodiments", "gr1",
             "--layout", "generic", "--scheduler", scheduler, "--cache", url, "--json")
     env = {**os.environ, "GR00T_CACHE": str(hidden / "cache")}
     bare = run_cli(*args, env=env)
@@ -52,7 +52,7 @@ def test_a_cluster_that_speaks_only_tls_converts_with_dasks_own_configuration(tl
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert not summary["cache_hit"] and summary["cache_path"].startswith(f"{url}/entries/")
-    local = convert(ConvertOptions("n16", layout="generic", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny",
+    local = convert(ConvertOptions("n16", layout="generic", embodiments="gr1", hf_cache=hf_cache, synthetic="micro",
                                    cache_root=tmp_path / "local", progress=False))
     name = Path(local["cache_path"]).name
     assert entry_md5s(open_store(url), name) == entry_md5s(LocalStore(tmp_path / "local"), name)
@@ -75,7 +75,8 @@ def test_the_readmes_cluster_lines_run_as_written(tls_cluster, s3_url, hf_cache,
     files = {"ca.pem": tls["ca-file"], "node.pem": tls["cert"], "node.key": tls["key"]}
     assert set(exported) == {"DASK_DISTRIBUTED__COMM__TLS__CA_FILE", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT",
                              "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY"}
-    snapshot = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-tiny" / "snapshots").iterdir())
+    # the micro stand-in (the README names no scale: its checkpoint is the user's, at the same path on every machine)
+    snapshot = next((hf_cache / "models--gr00t-tt-synthetic--GR00T-N1.6-3B-micro" / "snapshots").iterdir())
     shared = tmp_path / "shared" / "GR00T-N1.6-3B"  # a folder every worker reads at the same path
     shutil.copytree(snapshot, shared)
     # a fine-tune of it, as a trainer synced it to the bucket: converted (not the first line's entry again)

@@ -59,11 +59,11 @@ def test_cache_ls_is_a_table_with_layout_slots_source_and_refs(two_entries):
 
 def test_force_with_a_bad_scheduler_leaves_the_published_entry_alone(two_entries, hf_cache):
     root, _, current = two_entries
-    proc = run_cli("convert", "--version", "n17", "--embodiments", "0", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+    proc = run_cli("convert", "--version", "n17", "--embodiments", "0", "--synthetic", "micro", "--hf-cache", str(hf_cache),
                 "--cache", str(root), "--force", "--scheduler", "dask")
     assert proc.returncode == 2 and "unknown scheduler 'dask'" in proc.stderr
     assert load("n17", root, 0).entry == current
-    again = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+    again = convert(ConvertOptions("n17", embodiments="0", hf_cache=hf_cache, synthetic="micro", cache_root=root,
                                    force=True, progress=False))
     assert Path(again["cache_path"]).name == current and not again["cache_hit"]
     assert not [p for p in entries_dir(root).iterdir() if ".tmp-" in p.name]  # the replaced one is gone
@@ -81,7 +81,7 @@ def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path)
     shown = [line.split()[0] for line in proc.stderr.split("\n4. ", 1)[1].split("\n5. ")[0].splitlines()[1:] if line]
     assert {"action_encoder.W1.W", "language.layers.0.mlp.down_proj.weight", "vision.blocks.0.attn.proj.weight"} <= \
         set(shown) and shown[-1] == "language.embed_tokens.weight"  # a matmul of each part; the host table last
-    shell = subprocess.run(f"{sys.executable} -m pipeline convert --version n17 --synthetic tiny --hf-cache {hf_cache} "
+    shell = subprocess.run(f"{sys.executable} -m pipeline convert --version n17 --synthetic micro --hf-cache {hf_cache} "
                            f"--cache {tmp_path / 'c'} --json | head -c 1", shell=True, cwd=ROOT, capture_output=True,
                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert shell.stdout == "{" and "Traceback" not in shell.stderr and "BrokenPipe" not in shell.stderr
@@ -90,7 +90,7 @@ def test_json_output_is_only_json_and_a_closed_pipe_is_quiet(hf_cache, tmp_path)
 def test_graph_without_graphviz_writes_dot_and_says_what_to_install(hf_cache, tmp_path):
     """No `dot` on PATH (nothing installs system packages): the picture asked for is DOT text, and one line says
     what gives the picture."""
-    proc = run_cli("graph", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--out",
+    proc = run_cli("graph", "--version", "n17", "--synthetic", "micro", "--hf-cache", str(hf_cache), "--out",
                    str(tmp_path / "g.svg"), env={**os.environ, "PATH": str(tmp_path / "no-programs")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "g.dot").read_text().startswith("digraph") and not (tmp_path / "g.svg").exists()
@@ -109,7 +109,7 @@ def test_a_reader_that_leaves_early_gets_silence_and_141(hf_cache):
 
 
 def test_check_against_cache_needs_an_entry_and_says_what_it_did(hf_cache, tmp_path):
-    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "micro", "--hf-cache", str(hf_cache),
             "--cache", str(tmp_path))
     proc = run_cli(*args, "--check-against-cache")
     assert proc.returncode == 2 and "nothing is cached for this conversion" in proc.stderr
@@ -124,7 +124,7 @@ def test_convert_json_and_the_text_report_print_one_record(hf_cache, tmp_path):
     from pipeline.commands.printing import mb
     from pipeline.jobs.summary import ConvertSummary
 
-    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache))
+    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "micro", "--hf-cache", str(hf_cache))
     text = run_cli(*args, "--cache", str(tmp_path / "a")).stdout
     built = json.loads(run_cli(*args, "--cache", str(tmp_path / "b"), "--json").stdout)
     record = {f.name for f in fields(ConvertSummary)}
@@ -205,9 +205,9 @@ def test_load_finds_the_entry_holding_the_slot_and_takes_an_entry_or_revision(tw
     assert proc.returncode == 0 and json.loads(proc.stdout)["entry"] == old
 
 
-def test_load_by_source_snapshot_and_an_unknown_profile_is_one_line(two_entries, snapshots):
+def test_load_by_source_snapshot_and_an_unknown_profile_is_one_line(two_entries, micro_snapshots):
     root, old, current = two_entries
-    assert load("n17", root, 10, source=snapshots["n17"]).entry == old
+    assert load("n17", root, 10, source=micro_snapshots["n17"]).entry == old
     from tasks.errors import CacheError
 
     with pytest.raises(CacheError, match="source /nowhere"):
@@ -233,7 +233,7 @@ def test_progress_off_a_terminal_is_periodic_lines_on_stderr(capsys):
 def test_graph_with_an_unknown_suffix_and_a_bad_scheduler_on_a_cache_hit_are_one_line_errors(hf_cache, tmp_path):
     proc = run_cli("graph", "--version", "n17", "--synthetic", "tiny", "--hf-cache", str(hf_cache), "--out", str(tmp_path / "x.txt"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--out must end in .svg, .png" in proc.stderr
-    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+    args = ("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "micro", "--hf-cache", str(hf_cache),
             "--cache", str(tmp_path))
     assert run_cli(*args).returncode == 0
     proc = run_cli(*args, "--scheduler", "dask")  # a cache hit still refuses what it could not run
@@ -251,7 +251,7 @@ def test_synth_says_what_it_wrote_and_convert_counts_targets_and_chunks_apart(tm
 
 
 def test_the_processes_scheduler_prints_its_dashboard_on_stderr(hf_cache, tmp_path):
-    proc = run_cli("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "tiny", "--hf-cache", str(hf_cache),
+    proc = run_cli("convert", "--version", "n17", "--embodiments", "10", "--synthetic", "micro", "--hf-cache", str(hf_cache),
                 "--cache", str(tmp_path), "--scheduler", "processes")
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "dask dashboard: http://" in proc.stderr and "converted in" in proc.stdout  # (--json runs without one)

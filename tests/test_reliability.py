@@ -304,12 +304,12 @@ def test_bad_request(hf_cache, tmp_path, capsys, case, args, expected):
 
 @pytest.fixture
 def published(hf_cache, tmp_path) -> Path:
-    return Path(convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=tmp_path,
+    return Path(convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="micro", cache_root=tmp_path,
                                        progress=False))["cache_path"])
 
 
 def _chunk(entry: Path) -> Path:
-    return entry / "language.model.layers.2.mlp.up_proj.weight" / "c.0.0"
+    return entry / "language.model.layers.1.mlp.up_proj.weight" / "c.0.0"
 
 
 @pytest.mark.parametrize("case,damage,expected", [

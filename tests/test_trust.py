@@ -401,7 +401,7 @@ def _as_format_2(entry: Path) -> Path:
 
 def test_an_entry_of_an_older_format_is_one_sentence_and_never_reused(hf_cache, tmp_path):
     root = tmp_path / "cache"
-    first = convert(ConvertOptions("n16", embodiments="all", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+    first = convert(ConvertOptions("n16", embodiments="all", hf_cache=hf_cache, synthetic="micro", cache_root=root,
                                    progress=False))
     old = _as_format_2(Path(first["cache_path"]))
     ref = root / "refs" / "n16-tt-n16-port.synthetic.json"
@@ -410,7 +410,7 @@ def test_an_entry_of_an_older_format_is_one_sentence_and_never_reused(hf_cache, 
         load("n16", root, embodiment="gr1")
     listed = run_cli("cache", "ls", "--cache", str(root))
     assert "cache format 2 (unreadable here" in listed.stdout
-    proc = run_cli("convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache", str(root),
+    proc = run_cli("convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "micro", "--cache", str(root),
                 "--json")  # all slots, as the old entry: nothing of it may be linked
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
@@ -429,7 +429,7 @@ def test_a_check_killed_before_its_cleanup_leaves_nothing_that_passes_for_an_ent
                        "c.shutil = types.SimpleNamespace(rmtree=lambda *a, **k: os._exit(9)); "
                        "from pipeline.commands.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", exit_at_cleanup, "convert", "--version", "n17", "--embodiments",
-                           "0", "--hf-cache", str(hf_cache), "--synthetic", "tiny", "--cache",
+                           "0", "--hf-cache", str(hf_cache), "--synthetic", "micro", "--cache",
                            str(root), "--check-against-cache"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert proc.returncode == 9, proc.stderr[-2000:]
@@ -464,7 +464,7 @@ def test_a_fine_tune_holds_a_lease_on_the_entry_it_links_from(hf_cache, tmp_path
     from tasks.entries import store as store_mod
 
     root = tmp_path / "cache"
-    first = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="tiny", cache_root=root,
+    first = convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="micro", cache_root=root,
                                    progress=False))
     source, linked, outcome = Path(first["cache_path"]).name, store_mod.link_or_copy, []
 
@@ -478,7 +478,7 @@ def test_a_fine_tune_holds_a_lease_on_the_entry_it_links_from(hf_cache, tmp_path
         linked(src, dst)
 
     monkeypatch.setattr(store_mod, "link_or_copy", link_while_rm_runs)
-    second = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="tiny",
+    second = convert(ConvertOptions("n16", embodiments="gr1,new_embodiment", hf_cache=hf_cache, synthetic="micro",
                                     cache_root=root, progress=False))
     assert second["reused_chunks"] > 0 and f"being read by process {os.getpid()}" in outcome[0], outcome
     assert (root / "entries" / source / "MANIFEST.json").is_file()
