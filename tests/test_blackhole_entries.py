@@ -1,7 +1,8 @@
-"""Blackhole P150, the N1.6 port's own board: entries do not depend on the architecture. Every profile of a tiny
-N1.6 converted under the mock N150 and the mock P150 cluster descriptors gives the same entries, file for file; and
-ttnn itself, under the P150 descriptor, writes each of those device files again byte for byte from the values it
-reads out of them. (The device tests on a simulated Blackhole: tests/test_blackhole.py.)
+"""Blackhole P150, the N1.6 port's own board: entries do not depend on the architecture. Every profile of a micro
+N1.6 (tiny's dims, every kind of target, a tenth of the files) converted under the mock N150 and the mock P150
+cluster descriptors gives the same entries, file for file; and ttnn itself, under the P150 descriptor, writes each
+of those device files again byte for byte from the values it reads out of them. (The device tests on a simulated
+Blackhole: tests/test_blackhole.py.)
 """
 
 from __future__ import annotations
@@ -49,16 +50,16 @@ def test_entries_are_the_same_under_a_blackhole_descriptor(hf_cache, tmp_path):
     for board, descriptor in DESCRIPTORS.items():
         caches[board] = tmp_path / board
         for profile in ("port", "bf16", "bfp8"):
-            proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--synthetic", "tiny",
+            proc = subprocess.run([sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--synthetic", "micro",
                                    "--hf-cache", str(hf_cache), "--cache", str(caches[board]), "--profile", profile,
                                    "--embodiments", "gr1", "--json"], cwd=ROOT, env=_host_env(descriptor),
                                   capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, proc.stderr[-2000:]
     n150, p150 = _files(caches["N150"]), _files(caches["P150"])
-    assert sorted(n150) == sorted(p150) and sum(name.endswith(".tensorbin") for name in p150) > 900
+    assert sorted(n150) == sorted(p150) and sum(name.endswith(".tensorbin") for name in p150) > 200
     differ = [name for name in n150 if n150[name] != p150[name]]
     assert differ == [], differ[:5]
     proc = subprocess.run([sys.executable, "-c", CHECK_WITH_TTNN, str(caches["P150"] / "entries")], cwd=ROOT,
                           env=_host_env(DESCRIPTORS["P150"]), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert re.search(r"ttnn wrote the same bytes for \d{4,} device files", proc.stdout), proc.stdout
+    assert re.search(r"ttnn wrote the same bytes for \d{3,} device files", proc.stdout), proc.stdout
