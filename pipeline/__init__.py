@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-import types
+
+from pipeline import deprecated
 
 # name -> the module it lives in: imported on first use, so that `import pipeline` stays light (the converter
 # brings Dask, torch and ttnn with it)
@@ -66,13 +67,5 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: object) -> None:
-        # Importing an old path (pipeline/load.py, pipeline/convert.py: pipeline/deprecated.py) sets the package's
-        # attribute of that name to the module; `pipeline.load` stays the function `from pipeline import load` gives
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+# `from pipeline.load import load` and the other spellings of 0.1.0: pipeline/deprecated.py
+deprecated.answer_old_paths(sys.modules[__name__])

@@ -1,21 +1,34 @@
-"""The import paths of earlier versions, kept working for one minor version with a DeprecationWarning that names
-the new import (CHANGELOG.md): `from pipeline.load import load` and `from pipeline.convert import convert, …`
-(pipeline/load.py, pipeline/convert.py), and `load`'s keywords `ttnn_host=` and `device=` (pipeline/jobs/load.py).
-Moved modules and names are tasks/old_paths.py's: `pipeline.jobs.build` (pipeline/jobs/__init__.py), and the
-names that left `pipeline.inputs.folder` (pipeline/inputs/folder.py).
-Importing an old path leaves `pipeline.load` the function (pipeline/__init__.py `_Package`)."""
+"""Every deprecated spelling of the stable API, in one place, each working until REMOVED_IN with a DeprecationWarning
+that names the new one (CHANGELOG.md):
+
+- the import paths of 0.1.0: `from pipeline.load import load`, `from pipeline.convert import convert, …` (modules
+  with no file of their own: a finder on `sys.meta_path` answers them);
+- `load`'s keywords of 0.1.0: `ttnn_host=True` is `into="ttnn"`, `device=D` is `into=D`.
+
+Internal modules move without a shim: only what `pipeline` exports is promised.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 import types
+import warnings
 
-from tasks.old_paths import warn_moved
+REMOVED_IN = "0.3.0"
+OLD_MODULES = {"pipeline.load": "pipeline.jobs.load", "pipeline.convert": "pipeline.jobs.convert"}
+OLD_LOAD_KEYWORDS = ("ttnn_host", "device")
 
 
-class _MovedModule(types.ModuleType):
-    """An old module path: each name comes from its new home, with a warning that names the new import."""
+def warn_moved(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn that `old` is deprecated for `new`, of the frame `stacklevel` up from this one."""
+    warnings.warn(f"{old} is deprecated and goes in {REMOVED_IN}: use {new}", DeprecationWarning, stacklevel=stacklevel)
+
+
+class _OldModule(types.ModuleType):
+    """An old module path: each name comes from its new home, with a warning said of the line that asked for it."""
 
     _home: str
 
@@ -30,8 +43,50 @@ class _MovedModule(types.ModuleType):
         return value
 
 
-def moved(module_name: str, home: str) -> None:
-    """Make the module `module_name` (being imported) an old path to `home`."""
-    module = sys.modules[module_name]
-    module.__class__ = _MovedModule
-    module._home = home
+class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds an old module path (OLD_MODULES) and gives an `_OldModule` for it."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.util.spec_from_loader(fullname, self) if fullname in OLD_MODULES else None
+
+    def create_module(self, spec):
+        module = _OldModule(spec.name, f"Deprecated import path: `from pipeline import …` ({__name__}).")
+        module._home = OLD_MODULES[spec.name]
+        return module
+
+    def exec_module(self, module) -> None:
+        pass  # nothing to run: every name is its home's
+
+
+class Package(types.ModuleType):
+    """The `pipeline` package's class: importing an old path sets the package's attribute of that name to the
+    module; `pipeline.load` stays the function `from pipeline import load` gives."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if f"{self.__name__}.{name}" in OLD_MODULES and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+def answer_old_paths(package: types.ModuleType) -> None:
+    """Make `package` (pipeline) keep its functions over old module paths, and answer those paths."""
+    package.__class__ = Package
+    if not any(isinstance(finder, _OldModules) for finder in sys.meta_path):
+        sys.meta_path.append(_OldModules())
+
+
+def into_of_old_keywords(into, old: dict, stacklevel: int = 4):
+    """`load`'s `into` as 0.1.0's keywords said it (`ttnn_host=True`: "ttnn"; `device=D`: D), with a warning said of
+    the caller's line; any other keyword is the TypeError Python gives."""
+    unknown = set(old) - set(OLD_LOAD_KEYWORDS)
+    if unknown:
+        raise TypeError(f"load() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if old.get("device") is not None:
+        warn_moved("load(device=D)", "load(into=D)", stacklevel=stacklevel)
+        return old["device"]
+    if old.get("ttnn_host"):
+        warn_moved("load(ttnn_host=True)", 'load(into="ttnn")', stacklevel=stacklevel)
+        return "ttnn"
+    for name in old:  # ttnn_host=False, device=None: what the default was
+        warn_moved(f"load({name}=...)", "load(into=...)", stacklevel=stacklevel)
+    return into

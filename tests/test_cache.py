@@ -63,7 +63,7 @@ def test_recipe_or_profile_change_makes_a_new_entry(hf_cache, tmp_path, monkeypa
 
 
 def _convert_cmd(hf_cache: Path, root: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "tiny",
+    return [sys.executable, "-m", "pipeline", "convert", "--version", "n16", "--hf-cache", str(hf_cache), "--synthetic", "micro",
             "--cache", str(root), "--json", *extra]
 
 
@@ -80,11 +80,11 @@ def test_concurrent_converts_publish_one_entry_and_all_succeed(hf_cache, tmp_pat
 
 @pytest.fixture
 def n17_cache(hf_cache, tmp_path) -> tuple[Path, Path]:
-    summary = convert(_opts("n17", tmp_path / "cache", hf_cache=hf_cache, synthetic="tiny"))
+    summary = convert(_opts("n17", tmp_path / "cache", hf_cache=hf_cache, synthetic="micro"))  # 120 targets
     return tmp_path / "cache", Path(summary["cache_path"])
 
 
-def test_one_embodiment_reads_only_its_slot_chunks(n17_cache, snapshots):
+def test_one_embodiment_reads_only_its_slot_chunks(n17_cache, micro_snapshots):
     root, entry = n17_cache
     manifest = json.loads((entry / "MANIFEST.json").read_text())
     bank_bytes = sum(c["nbytes"] for a in manifest["arrays"].values() if a["attributes"]["embodiment_bank"]
@@ -98,7 +98,7 @@ def test_one_embodiment_reads_only_its_slot_chunks(n17_cache, snapshots):
     loaded = load("n17", root, embodiment="new_embodiment")
     assert loaded.slot == 10
     assert loaded.stats["bytes_read"] - other_bytes == bank_bytes // 32
-    with safe_open(str(snapshots["n17"] / "model-00002-of-00002.safetensors"), "pt") as f:
+    with safe_open(str(micro_snapshots["n17"] / "model-00002-of-00002.safetensors"), "pt") as f:
         ref = f.get_tensor("action_head.action_encoder.W2.W")[10]
     assert torch.equal(loaded.tensors["action_encoder.W2.W"].view(torch.int16), ref.view(torch.int16))
 
@@ -112,20 +112,20 @@ def test_reload_does_not_import_safetensors_or_touch_the_source(n17_cache, hf_ca
                 "print(json.dumps({'n': len(w.tensors), 'st': 'safetensors' in sys.modules}))")
         out = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
-        assert result == {"n": 1030, "st": False}
+        assert result == {"n": 120, "st": False}
     finally:
         shutil.move(str(moved), hf_cache)
 
 
 def test_check_against_cache_catches_a_doctored_entry(n17_cache, hf_cache):
     root, entry = n17_cache
-    ok = convert(_opts("n17", root, hf_cache=hf_cache, synthetic="tiny", check_against_cache=True))
-    assert ok["checked_against_fresh_conversion"] and ok["arrays_compared"] == 1030
+    ok = convert(_opts("n17", root, hf_cache=hf_cache, synthetic="micro", check_against_cache=True))
+    assert ok["checked_against_fresh_conversion"] and ok["arrays_compared"] == 120
     manifest = json.loads((entry / "MANIFEST.json").read_text())
     manifest["arrays"]["language.norm.weight"]["chunks"]["all"]["xxh3"] = "0" * 16
     (entry / "MANIFEST.json").write_text(json.dumps(manifest))
     with pytest.raises(CacheError, match="differs from a fresh conversion in 1 array"):
-        convert(_opts("n17", root, hf_cache=hf_cache, synthetic="tiny", check_against_cache=True))
+        convert(_opts("n17", root, hf_cache=hf_cache, synthetic="micro", check_against_cache=True))
 
 
 def test_a_fine_tune_converts_only_what_changed_and_shares_the_rest(hf_cache, tmp_path):

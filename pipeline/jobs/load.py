@@ -16,6 +16,7 @@ from pipeline import cache
 from pipeline.inputs.embodiments import Embodiments
 from pipeline.model.recipe import layout_and_profile
 from pipeline.model.versions import load_config
+from pipeline.deprecated import into_of_old_keywords
 from tasks.entries import reload
 from tasks.entries.fetched import Fetched
 from tasks.entries.names import FETCHED
@@ -85,7 +86,7 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     conversion of a release always wins over a synthetic one; a synthetic entry, when it is all there is, comes
     with a `SyntheticWeightsWarning` unless `synthetic=True` says the caller knows (`Loaded.synthetic` says it
     either way). The keywords of 0.1.0, `ttnn_host=True` and `device=D`, still work (deprecated: `into=`)."""
-    into = _into_of_old_keywords(into, deprecated)
+    into = into_of_old_keywords(into, deprecated)
     t0, retried_before = time.perf_counter(), retries_so_far()
     if isinstance(into, str) and into not in FORMS:
         raise ConfigError(f"load(into={into!r}): expected one of {', '.join(FORMS)}, or an open device")
@@ -149,24 +150,6 @@ def _fetched_stats(fetched: Fetched, nbytes: int, kept: int, retried_before: dic
     if fetched.not_kept["bytes"]:  # the next load fetches these again: say why
         said |= {"bytes_not_kept": fetched.not_kept["bytes"], "not_kept_because": fetched.not_kept["why"]}
     return said
-
-
-def _into_of_old_keywords(into, deprecated: dict):
-    """`into` as 0.1.0's keywords said it: `ttnn_host=True` for "ttnn", `device=D` for D; with a warning."""
-    from pipeline.deprecated import warn_moved
-
-    unknown = set(deprecated) - {"ttnn_host", "device"}
-    if unknown:
-        raise TypeError(f"load() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-    if deprecated.get("device") is not None:
-        warn_moved("load(device=D)", "load(into=D)", stacklevel=4)
-        return deprecated["device"]
-    if deprecated.get("ttnn_host"):
-        warn_moved("load(ttnn_host=True)", 'load(into="ttnn")', stacklevel=4)
-        return "ttnn"
-    for name in deprecated:  # ttnn_host=False, device=None: what the default was
-        warn_moved(f"load({name}=...)", "load(into=...)", stacklevel=4)
-    return into
 
 
 def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool, transfers: int) -> tuple[dict, int]:
