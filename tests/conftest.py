@@ -132,7 +132,7 @@ def hf_cache(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("hf")
     for version in VERSIONS:
         synthesize(version, root, "tiny")
-        synthesize(version, root, "micro")  # for tests whose cost is the number of files (a bucket's requests)
+        synthesize(version, root, "micro")  # for tests to which tiny's thousand targets add only time
     return root
 
 
@@ -143,6 +143,8 @@ def snapshots(hf_cache) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def micro_snapshots(hf_cache) -> dict[str, Path]:
+    """tiny's dims with one or two layers per stack (configs/<version>.toml [dims.micro]): every kind of target and
+    every slot, no straddling unit, about a tenth of tiny's files."""
     return {v: resolve_snapshot(load_config(v), hf_cache=hf_cache, synthetic="micro") for v in VERSIONS}
 
 
