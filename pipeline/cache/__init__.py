@@ -16,10 +16,10 @@ produced, so a later process can load without touching the source checkpoint.
 from pipeline.cache.housekeeping import GRACE_HOURS, collect_garbage, entry_rows, remove_entry
 from pipeline.cache.leases import LEASES, readers, reading
 from pipeline.cache.roots import (DEFAULT_ROOT, build_root, build_store, cache_root, cache_store, claim_tmp, entries_dir, entry_at,
-                                  synthetic_hf_cache)
+                                  synthetic_hf_cache, writable_folder)
 from pipeline.cache.selection import SyntheticWeightsWarning, Wanted, choose_entry, find_entry, resolve_ref, warn_if_synthetic
 from pipeline.cache.sources import source_identity
 
 __all__ = ["DEFAULT_ROOT", "LEASES", "SyntheticWeightsWarning", "Wanted", "build_root", "build_store", "cache_root", "cache_store", "choose_entry",
            "GRACE_HOURS", "claim_tmp", "collect_garbage", "entries_dir", "entry_at", "entry_rows", "find_entry", "readers", "reading",
-           "remove_entry", "resolve_ref", "source_identity", "synthetic_hf_cache", "warn_if_synthetic"]
+           "remove_entry", "resolve_ref", "source_identity", "synthetic_hf_cache", "warn_if_synthetic", "writable_folder"]

@@ -74,6 +74,20 @@ def claim_tmp(root: Path, name: str) -> Path:
     return mine
 
 
+def writable_folder(root: Path, what: str) -> None:
+    """Refuse, before anything is read, a cache (or HF cache) folder that is a file or cannot be written."""
+    if root.exists() and not root.is_dir():
+        raise CacheError(f"{root}: the {what} is a file, not a folder; pass a folder (it is made if missing)")
+    probe = root / f".write-probe-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise CacheError(f"{root}: cannot write to this {what} folder ({e.strerror}); pass one you can write "
+                         f"({'--cache DIR or $GR00T_CACHE' if what == 'cache' else '--hf-cache DIR'})") from None
+
+
 def cache_store(root: Store | Path | str | None = None) -> Store:
     """The cache `--cache` names, else $GR00T_CACHE (a folder or an object-store URL), else the project's folder."""
     store = open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)

@@ -57,11 +57,9 @@ class _PrintVersion(argparse.Action):
 
 
 def cmd_synth(a: argparse.Namespace) -> dict:
-    from pipeline.jobs.convert import writable_folder
-
     t0 = time.perf_counter()
     hf = Path(a.hf_cache) if a.hf_cache else synthetic_hf_cache(a.cache)
-    writable_folder(hf, "HF cache")
+    cache.writable_folder(hf, "HF cache")
     snap = synthesize_or_nothing(a.version, hf, a.scale, a.seed)
     if a.form is not None:
         out = Path(a.out or f"build/fine-tunes/{a.version}-{a.form}")

@@ -4,13 +4,13 @@ and what it did as one record (pipeline/jobs/summary.py)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 from pipeline import cache
+from pipeline.cache.roots import writable_folder
 from pipeline.jobs.build_entry import build
 from pipeline.jobs.cached import from_cache
 from pipeline.jobs.options import ConvertOptions
@@ -24,20 +24,6 @@ from tasks.io.file_blocks import is_remote
 from tasks.io.network import retries_since, retries_so_far
 
 __all__ = ["ConvertOptions", "convert", "writable_folder"]
-
-
-def writable_folder(root: Path, what: str) -> None:
-    """Refuse, before anything is read, a cache (or HF cache) folder that is a file or cannot be written."""
-    if root.exists() and not root.is_dir():
-        raise CacheError(f"{root}: the {what} is a file, not a folder; pass a folder (it is made if missing)")
-    probe = root / f".write-probe-{os.getpid()}"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        raise CacheError(f"{root}: cannot write to this {what} folder ({e.strerror}); pass one you can write "
-                         f"({'--cache DIR or $GR00T_CACHE' if what == 'cache' else '--hf-cache DIR'})") from None
 
 
 def convert(options: ConvertOptions | str | None = None, /, **keywords) -> ConvertSummary:
