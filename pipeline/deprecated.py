@@ -5,7 +5,8 @@ that names the new one (CHANGELOG.md):
   with no file of their own: a finder on `sys.meta_path` answers them);
 - `load`'s keywords of 0.1.0: `ttnn_host=True` is `into="ttnn"`, `device=D` is `into=D`.
 
-Internal modules move without a shim: only what `pipeline` exports is promised.
+The internal import paths of 0.2.0 (`tasks.convert`, `from tasks.source import read_weight`, …) are
+tasks/old_paths.py's: `tasks/` cannot import from `pipeline/`, and a script may import them without `pipeline`.
 """
 
 from __future__ import annotations

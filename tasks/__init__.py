@@ -10,4 +10,8 @@ Rooms, from the floor up; a module imports only from its own room or the ones be
 - `device/`: ttnn: host tensors in the device dtype and layout, `.tensorbin` files, upload to a device.
 - `entries/`: the cache entry format, built and read through one store interface.
 - `stage.py`: writing a converted target into an entry being built, locally or in an object store.
+
+`old_paths.py` keeps the modules' import paths of earlier versions working, with a DeprecationWarning.
 """
+
+from tasks import old_paths  # noqa: F401 (before any old path is imported: it answers them)

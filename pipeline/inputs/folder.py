@@ -16,6 +16,7 @@ from pipeline.inputs.trainer_files import (UNREAD, Fact, embodiment_map, lerobot
                                            refuse_adapter, trained_places, trained_tags, why_left_alone)
 from pipeline.model.versions import VersionConfig, load_config
 from tasks.errors import CheckpointError
+from tasks.old_paths import names_moved
 from tasks.source.checkpoint import Checkpoint
 
 
@@ -120,3 +121,10 @@ def snapshot_revision(snapshot: Path) -> str | None:
     """The commit an HF-cache snapshot folder holds (`snapshots/<rev>`); None for any other folder. `snapshot`: a
     checkpoint's folder as `Checkpoint.dir` holds it (a Path, or a UPath in an object store)."""
     return snapshot.name if snapshot.parent.name == "snapshots" else None
+
+
+# Names that left this module (deprecated, CHANGELOG.md): the trainers' files are trainer_files.py's
+__getattr__ = names_moved("pipeline.inputs.folder", dict.fromkeys(
+    ("EXPERIMENT_CFG", "N15_METADATA", "ISAAC_CONFIGS", "EMBODIMENT_MAP", "MAP_PLACES", "ADAPTER_FILES",
+     "LEROBOT_PREPROCESSOR", "HUB_FILES", "TRAINED_RECORDS", "LeRobotPack", "Read"), "pipeline.inputs.trainer_files"),
+    renamed={"Read": "Fact"})

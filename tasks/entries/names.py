@@ -10,6 +10,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from tasks.entries.zarr_v3 import chunk_path
+from tasks.old_paths import names_moved
 
 CACHE_FORMAT = 6            # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "3"     # bump when a transform changes the bytes it produces (3: host tables stored as float32)
@@ -158,3 +159,7 @@ def progress_log(entry: Path, writer: str) -> Path:
     """One append-only log per writing process and thread: a file per chunk would cost an inode each, which is
     what creating files costs most on ext4 (find_inode_bit), thousands of times per entry."""
     return entry / PROGRESS_DIR / f"{writer}.jsonl"
+
+
+# Names that left this module (deprecated, CHANGELOG.md): gc's policy
+__getattr__ = names_moved("tasks.entries.names", dict.fromkeys(("GRACE_HOURS", "FRESH_FOR"), "tasks.entries.objects"))

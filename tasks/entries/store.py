@@ -36,6 +36,7 @@ import numpy as np
 
 from tasks.io.bulk_write import nbytes, write_bytes_atomic
 from tasks.errors import CacheError
+from tasks.old_paths import names_moved
 from tasks.io.file_blocks import is_url, read_into  # is_url: callers ask the store
 
 _DOWNLOADS_MADE = threading.Lock()
@@ -301,3 +302,9 @@ def link_or_copy(src: Path, dst: Path) -> None:
         raise
     except OSError:
         shutil.copyfile(src, dst)  # another filesystem: a copy is still cheaper than a conversion
+
+
+# Names that left this module (deprecated, CHANGELOG.md): the object stores, and the opening of a cache root
+__getattr__ = names_moved("tasks.entries.store", {
+    **dict.fromkeys(("S3Store", "FsspecStore", "object_store_failure", "WRITES"), "tasks.entries.object_stores"),
+    **dict.fromkeys(("open_store", "store_at"), "tasks.entries.cache_root")})
