@@ -1,5 +1,5 @@
-"""Every deprecated spelling of the stable API, in one place, each working until REMOVED_IN with a DeprecationWarning
-that names the new one (CHANGELOG.md):
+"""Every deprecated spelling of the stable API, in one place, each working until tasks/old_paths.py's REMOVED_IN
+with a DeprecationWarning that names the new one (CHANGELOG.md):
 
 - the import paths of 0.1.0: `from pipeline.load import load`, `from pipeline.convert import convert, …` (modules
   with no file of their own: a finder on `sys.meta_path` answers them);
@@ -16,16 +16,11 @@ import importlib.abc
 import importlib.util
 import sys
 import types
-import warnings
 
-REMOVED_IN = "0.3.0"
+from tasks.old_paths import warn_moved
+
 OLD_MODULES = {"pipeline.load": "pipeline.jobs.load", "pipeline.convert": "pipeline.jobs.convert"}
 OLD_LOAD_KEYWORDS = ("ttnn_host", "device")
-
-
-def warn_moved(old: str, new: str, stacklevel: int = 3) -> None:
-    """Warn that `old` is deprecated for `new`, of the frame `stacklevel` up from this one."""
-    warnings.warn(f"{old} is deprecated and goes in {REMOVED_IN}: use {new}", DeprecationWarning, stacklevel=stacklevel)
 
 
 class _OldModule(types.ModuleType):
