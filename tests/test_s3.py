@@ -123,7 +123,7 @@ def test_gc_during_a_publish_loses_nothing_and_removes_a_push_abandoned_past_the
     `--grace-hours`."""
     import threading
 
-    import pipeline.jobs.graph
+    import tasks.places
     from pipeline.commands.cli import main
     from tasks.entries.publish import publish_into_store
 
@@ -136,7 +136,7 @@ def test_gc_during_a_publish_loses_nothing_and_removes_a_push_abandoned_past_the
         assert go_on.wait(60)
         return publish_into_store(*args)
 
-    monkeypatch.setattr(pipeline.jobs.graph, "publish_into_store", publish_later)
+    monkeypatch.setattr(tasks.places, "publish_into_store", publish_later)
     store = open_store(s3_url)
 
     def converted_while(gc_args: list[str], embodiments: str) -> dict:
@@ -196,7 +196,7 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     objects and its manifest: every object it shares with the release is named by its manifest, not sent or
     copied; the release's old objects are freshened (so a gc cannot take them before the manifest is out). Its
     chunks and device files are byte for byte what a cold local convert of the fine-tune makes."""
-    import pipeline.jobs.build_entry
+    import pipeline.cache.homes
     from pipeline.model.state_dict import tensor_specs
     from pipeline.inputs.synth import synthesize
     from tasks.entries.object_stores import S3Store
@@ -211,7 +211,7 @@ def test_a_fine_tune_into_the_bucket_sends_only_what_changed(s3_url, hf_cache, t
     store = open_store(bucket)
     release = store.written("")
     time.sleep(1.1)  # S3 keeps LastModified to the second
-    monkeypatch.setattr(pipeline.jobs.build_entry, "FRESH_FOR", 0.5)  # the release's objects count as old
+    monkeypatch.setattr(pipeline.cache.homes, "FRESH_FOR", 0.5)  # the release's objects count as old
     sent, put, put_many = [], S3Store.put, S3Store.put_many
     monkeypatch.setattr(S3Store, "put", lambda self, k, d: (sent.append(len(d)), put(self, k, d))[1])
     monkeypatch.setattr(S3Store, "put_many", lambda self, o: (sent.extend(map(len, o.values())), put_many(self, o))[1])

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline.cache import entry_at
+from pipeline.cache import entry_at, home_of
 from pipeline.jobs.convert import ConvertOptions, convert
 from tasks.entries.entry import open_entry
 from tasks.entries.names import WHOLE
@@ -115,9 +115,9 @@ def test_delete_many_removes_those_objects_only(store):
 
 def test_a_local_folder_links_and_an_object_store_names_shared_objects(store):
     """Where entries share bytes: a folder's entries hold files of their own, shared by hard links (copy_many);
-    an object store has no links, so its entries name shared objects (`pooled`)."""
-    if store.pooled:
-        assert not store.can_rename and not hasattr(store, "copy_many")
+    an object store has no links, so its entries name shared objects (pipeline/cache/homes.py)."""
+    if not isinstance(store, LocalStore):
+        assert not hasattr(store, "copy_many")
         return
     store.put("old/a", b"alpha")
     store.put("old/t/b", b"beta" * 1000)
@@ -148,21 +148,24 @@ def test_read_into_fills_exactly_and_refuses_missing_or_short_objects(store):
     assert local.read_bytes() == data.tobytes() and store.local_file("c/9") is None
 
 
-def test_only_a_local_folder_can_rename(tmp_path, s3_url):
-    assert LocalStore(tmp_path).can_rename and not open_store(s3_url).can_rename
+def test_a_folder_is_home_to_entries_published_by_rename_and_a_bucket_to_pushed_ones(tmp_path, s3_url):
+    """What a final name without its manifest means, by the store's home: a folder's cannot be half-published (a
+    rename makes it), so it is broken; an object store's manifest goes last, so it is a push in flight."""
+    folder, bucket = home_of(LocalStore(tmp_path)), home_of(open_store(s3_url))
+    assert folder.unpublished_state == "broken" and bucket.unpublished_state.startswith("incomplete")
+    assert folder.local_root == tmp_path and not folder.over_network and bucket.over_network
 
 
 def test_a_local_path_is_the_object_itself_and_an_object_store_has_none(store):
-    """What callers ask instead of the store's type: where a key is a file here, and whether leases work."""
+    """Where a key is a file on this machine: a folder's own file; an object store has none."""
     store.put("e/n/c/0/0", b"bytes")
     path = store.local_path("e/n/c/0/0")
-    if store.can_rename:  # the local folder: the key's own file (no copy), and where a key not yet written goes
+    if isinstance(store, LocalStore):  # the key's own file (no copy), and where a key not yet written goes
         assert path.read_bytes() == b"bytes" and path.stat().st_nlink == 1
         path.write_bytes(b"other")
         assert store.get("e/n/c/0/0") == b"other" and not store.local_path("e/n/none").exists()
-        assert store.supports_leases
-    else:  # an object store: reached through get/put only; a pid means nothing on another machine
-        assert path is None and store.local_path("e/n/none") is None and not store.supports_leases
+    else:  # an object store: reached through get/put only
+        assert path is None and store.local_path("e/n/none") is None
 
 
 def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store, micro_snapshots):
@@ -171,7 +174,7 @@ def test_an_entry_reads_the_same_through_either_store(hf_cache, tmp_path, store,
     summary = convert(ConvertOptions("n17", embodiments="new_embodiment", hf_cache=hf_cache, synthetic="micro",
                                      cache_root=tmp_path / "built", progress=False, profile="bfp8"))
     built = entry_at(Path(summary["cache_path"]))
-    if store.pooled:  # every chunk and device file once, as the object of its sha256, then the manifest
+    if not isinstance(store, LocalStore):  # every chunk and device file once, as the object of its sha256, then the manifest
         sent = push(built, store)
         manifest = len(store.get(f"entries/{built.name}/MANIFEST.json"))
         files = {p.read_bytes() for p in built.path.rglob("*")

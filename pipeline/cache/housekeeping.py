@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import time
 
-from pipeline.cache.leases import LEASES, delete_unread, readers, removed_unless_read
-from pipeline.cache.pool import Pool, named_objects, sweep
+from pipeline.cache.homes import EntryHome, home_of
+from pipeline.cache.leases import LEASES
 from pipeline.cache.roots import pid_alive
 from tasks.entries.entry import list_entries
-from tasks.entries.names import (ENTRIES, FETCHED, PORT_MODELS, is_temporary, entry_key, ref_object,
-                                 tmp_owner)
+from tasks.entries.names import ENTRIES, is_temporary, entry_key, ref_object, tmp_owner
 from tasks.errors import CacheError
 from tasks.entries.objects import GRACE_HOURS
 from tasks.entries.refs import readable, refs
@@ -22,16 +21,14 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
     """`cache ls` / `cache verify`: one row per entry (state, identity, bytes on disk, refs), the same for every
     store. Bytes shared with another entry (hard links in a folder, the same objects in an object store) are not
     in `unique_bytes`, and counted once in the totals."""
-    in_use, seen, now, rows = refs(store), {}, time.time(), []
-    listed = list(list_entries(store))
-    pool = Pool.of(store, [e for _, e, _ in listed if e is not None]) if store.pooled else None
+    in_use, seen, now, rows, home = refs(store), {}, time.time(), [], home_of(store)
+    listed = list(list_entries(store, unpublished=home.unpublished_state))
+    usage = home.usage([e for _, e, _ in listed if e is not None])
     for name, entry, state in (row for row in listed if not only or row[0] == only):
         if verify and entry is not None:
             problems = entry.verify()
             state = "verified" if not problems else f"CORRUPT ({len(problems)} chunks): {problems[0]}"
-        elif state == "incomplete" and not is_temporary(name):
-            state = "incomplete (no manifest: a push in progress or abandoned)"
-        size, unique, files = pool.usage(store, name) if pool else store.usage(entry_key(name))
+        size, unique, files = usage(name)
         seen.update(files)
         m = entry.manifest if entry else None
         rows.append({"entry": name, "state": state, "version": m and m.version, "layout": m and m.layout,
@@ -93,11 +90,11 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
     anyway). The port models kept for entries that are gone go too. `dry_run` lists without removing."""
     removed: list[dict] = []
     kept: list[dict] = []
-    in_use = refs(store)
+    in_use, home = refs(store), home_of(store)
 
     def remove(name: str, reason: str, size: int, drop_refs: bool = False) -> bool:
-        if not removed_unless_read(store, name, dry_run):  # a live reader's entry stays (cache/README.md, "Leases")
-            kept.append({"entry": name, "reason": f"{reason}, but {_being_read(readers(store, name))}", "bytes": size})
+        if not _removed_unless_read(home, name, dry_run):  # a live reader's entry stays (cache/README.md, "Leases")
+            kept.append({"entry": name, "reason": f"{reason}, but {_being_read(home.readers(name))}", "bytes": size})
             return False
         if not dry_run:
             for ref in readable(in_use.get(name, [])) if drop_refs else []:
@@ -129,36 +126,21 @@ def collect_garbage(store: Store, older_than_days: float | None = None, max_byte
                 break
             if remove(row["entry"], f"cache over {max_bytes:,} bytes", row["bytes"], drop_refs=True):
                 total -= row["unique_bytes"]  # a kept entry (a live reader's) still takes its room
-    if store.pooled:
-        swept, _ = sweep(store, grace_hours, dry_run, removed={r["entry"] for r in removed})
-        removed += [swept] if swept else []
-    if not dry_run:
-        _drop_orphan_port_models(store)
-    if older_than_days is not None:
-        removed += _drop_unused_fetched(store, time.time() - older_than_days * 86400, older_than_days, dry_run)
+    unused_before = None if older_than_days is None else time.time() - older_than_days * 86400
+    removed += home.tidy(grace_hours, dry_run, {r["entry"] for r in removed}, unused_before, older_than_days)
     return removed + [{**k, "kept": True, "freed_bytes": 0, "refs": []} for k in kept]
 
 
-def _drop_unused_fetched(store: Store, cutoff: float, days: float, dry_run: bool) -> list[dict]:
-    """What loads from an object store keep here (tasks/entries/fetched.py), unused since `cutoff` (a load that
-    uses a kept file touches it): one row for all of them. Only in a local cache; the bucket still holds them."""
-    folder = store.local_path(FETCHED)
-    old = [p for p in folder.iterdir() if p.is_file() and p.stat().st_mtime < cutoff] if folder and folder.is_dir() else []
-    if not old:
-        return []
-    size = sum(p.stat().st_size for p in old)
-    for p in old if not dry_run else ():
-        p.unlink(missing_ok=True)
-    return [{"entry": f"{FETCHED}/ ({len(old)} files)", "reason": f"kept from an object store, unused for "
-             f"{days:g} days", "bytes": size, "freed_bytes": size, "refs": []}]
-
-
-def _drop_orphan_port_models(store: Store) -> None:
-    """Remove the port's models kept for entries that are gone (a start was keeping one while its entry was
-    removed); an entry's own go with it (`delete_unread`). Kept models live in local caches only."""
-    if store.local_path(PORT_MODELS) is not None:
-        for name in set(store.children(PORT_MODELS)) - set(store.children(ENTRIES)):
-            store.delete(f"{PORT_MODELS}/{name}")
+def _removed_unless_read(home: EntryHome, name: str, dry_run: bool) -> bool:
+    """gc's removal of one entry: False, and nothing removed, while a live process reads it."""
+    if home.readers(name):
+        return False
+    if dry_run:
+        return True
+    if is_temporary(name):  # a dead process's temporary: nothing reads one
+        home.store.delete(entry_key(name))
+        return True
+    return home.delete_unread(name)
 
 
 def _being_read(pids: list[int]) -> str:
@@ -166,7 +148,7 @@ def _being_read(pids: list[int]) -> str:
 
 
 def _busy(store: Store, name: str) -> CacheError:
-    return CacheError(f"{store.describe(entry_key(name))}: {_being_read(readers(store, name))} (a live lease in "
+    return CacheError(f"{store.describe(entry_key(name))}: {_being_read(home_of(store).readers(name))} (a live lease in "
                       f"{store.describe(LEASES)}); remove it when that process is done")
 
 
@@ -178,25 +160,24 @@ def remove_entry(store: Store, name: str, include_current: bool = False, dry_run
     nothing."""
     if is_temporary(name) or name not in store.children(ENTRIES):
         raise _no_such_entry(store, name)
-    if readers(store, name):
+    home = home_of(store)
+    if home.readers(name):
         raise _busy(store, name)
     in_use = refs(store).get(name, [])
     if in_use and not include_current:
         raise CacheError(f"{store.describe(entry_key(name))}: refs/{', refs/'.join(in_use)} point to this entry (it "
                          "is what `load` opens); pass --include-current to remove it and those refs")
-    entries = [e for _, e, _ in list_entries(store) if e is not None] if store.pooled else []
-    entry = next((e for e in entries if e.name == name), None)
-    size, freed, _ = Pool.of(store, entries).usage(store, name) if entry else store.usage(entry_key(name))
+    size, freed, entry = home.usage_of_one(name)
     manifest_bytes = sum(store.sizes(entry_key(name)).values())
     if not dry_run:
-        if not delete_unread(store, name):
+        if not home.delete_unread(name):
             raise _busy(store, name)
         for ref in readable(in_use):
             store.delete(ref_object(ref))
     reason = "removed on request"
-    if entry is not None:  # its objects: those no other manifest names, past the grace period
-        swept, young = sweep(store, grace_hours, dry_run, among=named_objects(entry), removed={name})
-        freed = manifest_bytes + (swept["freed_bytes"] if swept else 0)
+    went_with_it = home.freed_by_removing(entry, grace_hours, dry_run)
+    if went_with_it is not None:  # its objects: those no other manifest names, past the grace period
+        freed, young = manifest_bytes + went_with_it[0], went_with_it[1]
         if young:
             reason += (f"; {young} of its objects no other entry names were written within the grace period "
                        f"({grace_hours:g} hours) and stay until a `cache gc` after it")

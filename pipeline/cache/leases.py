@@ -1,5 +1,7 @@
-"""Leases: a process reading an entry holds its lock shared (locally, `leases/<entry>.lock`) and says who it is
-(`leases/<entry>@<pid>-<random>`); deleting takes the lock exclusively, so no entry is removed under a reader."""
+"""Leases, in a cache folder: a process reading an entry holds its lock shared (`leases/<entry>.lock`) and says who
+it is (`leases/<entry>@<pid>-<random>`); deleting takes the lock exclusively, so no entry is removed under a reader.
+A folder's home uses them (pipeline/cache/homes.py `FolderHome`); an object store has none, since a pid means
+nothing to another machine."""
 
 from __future__ import annotations
 
@@ -10,18 +12,16 @@ import uuid
 from pathlib import Path
 
 from pipeline.cache.roots import pid_alive
-from tasks.entries.names import LEASES, PORT_MODELS, entry_key, is_temporary, manifest_key
+from tasks.entries.names import LEASES, PORT_MODELS, entry_key, manifest_key
 from tasks.errors import CacheError
-from tasks.entries.store import Store
+from tasks.entries.store import LocalStore
 
 
+def _lock_path(store: LocalStore, name: str) -> Path:
+    return store.path(LEASES) / f"{name}.lock"
 
 
-def _lock_path(store: Store, name: str) -> Path:
-    return store.local_path(LEASES) / f"{name}.lock"
-
-
-def _locked(store: Store, name: str, mode: int):
+def _locked(store: LocalStore, name: str, mode: int):
     """The entry's lock file, open and flock()ed in `mode`, or None when it is busy (LOCK_NB). Retried when a
     remover unlinked the file while this process waited on it, so that the lock held is always the one the
     path names."""
@@ -41,16 +41,12 @@ def _locked(store: Store, name: str, mode: int):
 
 
 @contextlib.contextmanager
-def reading(store: Store, name: str):
+def reading(store: LocalStore, name: str):
     """Hold a lease on entry `name` while reading it: a shared lock on `leases/<name>.lock`, which `gc` and `rm`
     must hold exclusively to delete the entry (the kernel drops it with the process, so a dead reader holds
     nothing), and `leases/<name>@<pid>-<random>`, which names the reader in their messages. Once the lock is held
-    the entry must still be there: one removed after it was chosen is said, never half read. Local caches only: a
-    pid means nothing to another machine, so an object-store entry has no lease."""
-    if not store.supports_leases:
-        yield
-        return
-    lease = store.local_path(LEASES) / f"{name}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    the entry must still be there: one removed after it was chosen is said, never half read."""
+    lease = store.path(LEASES) / f"{name}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         lease.parent.mkdir(parents=True, exist_ok=True)
         lease.touch()
@@ -60,7 +56,7 @@ def reading(store: Store, name: str):
         yield
         return
     try:
-        if not store.local_path(manifest_key(name)).is_file():
+        if not store.path(manifest_key(name)).is_file():
             raise CacheError(f"{store.describe(entry_key(name))}: was removed (`cache rm` or `cache gc`) while it was "
                              "being opened; load again")
         yield
@@ -69,13 +65,10 @@ def reading(store: Store, name: str):
         lease.unlink(missing_ok=True)
 
 
-def delete_unread(store: Store, name: str) -> bool:
+def delete_unread(store: LocalStore, name: str) -> bool:
     """Delete entry `name` unless a process is reading it; False (and nothing deleted) if one is. Locally the
     entry's lock is taken exclusively first, so no reader can start on it meanwhile, and its lock file goes with
     it: a reader that waited on it then finds the entry gone."""
-    if not store.supports_leases:
-        store.delete(entry_key(name))
-        return True
     try:
         _lock_path(store, name).parent.mkdir(parents=True, exist_ok=True)
         lock = _locked(store, name, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -91,24 +84,12 @@ def delete_unread(store: Store, name: str) -> bool:
     return True
 
 
-def removed_unless_read(store: Store, name: str, dry_run: bool) -> bool:
-    """gc's removal of one entry: False, and nothing removed, while a live process reads it."""
-    if readers(store, name):
-        return False
-    if dry_run:
-        return True
-    if is_temporary(name):  # a dead process's temporary: nothing reads one
-        store.delete(entry_key(name))
-        return True
-    return delete_unread(store, name)
-
-
-def readers(store: Store, name: str) -> list[int]:
+def readers(store: LocalStore, name: str) -> list[int]:
     """The live processes holding a lease on entry `name`."""
-    if not store.supports_leases or not store.local_path(LEASES).is_dir():
+    if not store.path(LEASES).is_dir():
         return []
     pids = []
-    for lease in store.local_path(LEASES).glob(f"{name}@*"):
+    for lease in store.path(LEASES).glob(f"{name}@*"):
         try:
             pid = int(lease.name.rsplit("@", 1)[1].split("-", 1)[0])
         except ValueError:

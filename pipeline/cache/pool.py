@@ -1,4 +1,4 @@
-"""What an object store's entries share (`Store.pooled`): every chunk and device file is one object under
+"""What an object store's entries share (pipeline/cache/homes.py `BucketHome`): every chunk and device file is one object under
 `objects/`, named by its sha256, and an entry is its manifest, which names the objects it holds. Here: what each
 entry's bytes are (shared ones counted once), and the sweep that removes objects no manifest names once they are
 older than the grace period (younger ones may belong to a convert whose manifest is not out yet; a convert

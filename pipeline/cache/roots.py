@@ -90,22 +90,7 @@ def writable_folder(root: Path, what: str) -> None:
 
 def cache_store(root: Store | Path | str | None = None) -> Store:
     """The cache `--cache` names, else $GR00T_CACHE (a folder or an object-store URL), else the project's folder."""
-    store = open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
-    if (local := store.local_path("")) is not None and local.exists() and not local.is_dir():
-        raise CacheError(f"{local}: the cache is a file, not a folder; pass the cache folder (--cache DIR or "
-                         "$GR00T_CACHE; it is made if missing)")
-    return store
-
-
-def build_root(store: Store) -> Path:
-    """Where entries are built: in the cache itself when it can publish by rename, else in the local cache (and
-    pushed from there, manifest last)."""
-    return store.local_path("") if store.can_rename else cache_root(None)
-
-
-def build_store(store: Store) -> Store:
-    """The store of `build_root`: the cache itself when it can publish by rename, else the local cache."""
-    return store if store.can_rename else LocalStore(build_root(store))
+    return open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
 
 
 def entry_at(path: Path) -> Entry:

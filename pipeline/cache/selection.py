@@ -7,21 +7,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cache.homes import home_of
 from tasks.entries.entry import Entry, OldFormatError, list_entries, open_entry
-from tasks.entries.names import ENTRIES, manifest_key, ref_key
+from tasks.entries.names import ENTRIES, ref_key
 from tasks.errors import CacheError
 from tasks.entries.refs import read_ref
 from tasks.entries.store import Store
 
 
 def find_entry(store: Store, name: str) -> Entry | None:
-    """The published entry `name`, or None. Where there is no rename, an entry without its manifest is a push not
-    finished: not there yet (converting pushes it again). A local one is broken, and says so."""
-    if name not in store.children(ENTRIES):
+    """The published entry `name`, or None. In an object store an entry without its manifest is a push not
+    finished: not there yet (converting pushes it again). A folder's is broken, and says so."""
+    if name not in store.children(ENTRIES) or not home_of(store).is_published(name):
         return None
-    if not store.can_rename and store.get(manifest_key(name)) is None:
-        return None
-    return open_entry(store, name)
+    return open_entry(store, name, home_of(store).unpublished_remedy)
 
 
 class SyntheticWeightsWarning(UserWarning):
@@ -37,7 +36,7 @@ def resolve_ref(store: Store, version: str, layout: str, profile: str) -> Entry:
         if name not in store.children(ENTRIES):
             raise CacheError(f"{store.describe(ref_key(version, layout, profile, synthetic))}: names entry {name}, "
                              f"which is not in {store.describe(ENTRIES)}; convert again")
-        return open_entry(store, name)
+        return open_entry(store, name, home_of(store).unpublished_remedy)
     raise CacheError(f"{store.describe(ref_key(version, layout, profile))}: no converted {version} ({layout}, "
                      f"{profile}) in cache {store.describe('')}; run `make convert VERSION={version} LAYOUT={layout} "
                      f"PROFILE={profile}` first")

@@ -19,6 +19,7 @@ from pipeline.jobs.prepare import prepare
 from pipeline.jobs.graph import GraphInputs, ancestors, build_graph, dependencies
 from tasks.entries.manifest import array_documents
 from tasks.entries.names import tmp_name
+from tasks.places import InFolder
 from tasks.errors import ConfigError
 
 
@@ -28,8 +29,9 @@ def graph_inputs(opts) -> GraphInputs:
 
     p = prepare(opts)
     return GraphInputs(plan=p.plan, checkpoint=p.checkpoint, slots=p.slots,
-                       entry_tmp=cache.entries_dir(p.root) / tmp_name(p.name, 0, "graph"),
-                       entry_final=cache.entries_dir(p.root) / p.name, expected_identity=dict(p.identity.shards), done={},
+                       place=InFolder(str(cache.entries_dir(p.root) / tmp_name(p.name, 0, "graph")),
+                                      str(cache.entries_dir(p.root) / p.name)),
+                       expected_identity=dict(p.identity.shards), done={},
                        identity=p.identity, arrays=array_documents(p.plan, p.slots))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 from pipeline import cache
 from pipeline.cache.roots import writable_folder
@@ -66,7 +65,7 @@ def convert(options: ConvertOptions | str | None = None, /, **keywords) -> Conve
             went = build(opts, prep, store, against=existing)
     if not opts.check_against_cache:
         write_ref(store, plan.version, plan.layout, plan.profile, prep.name, bool(ident.synthetic))
-    remote = store.local_path("") is None or is_remote(prep.checkpoint.dir)
+    remote = cache.home_of(store).over_network or is_remote(prep.checkpoint.dir)
     workers = Counter(went.pop("worker_retries", {}))  # a cluster's workers' requests
     retried = dict(sorted((Counter(retries_since(retried_before)) + workers).items())) if remote else None
     return replace(asked, **went, seconds=time.perf_counter() - t0, store_retries=retried)

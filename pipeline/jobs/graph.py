@@ -13,15 +13,14 @@ slot task reads only its slot. Chunks a killed run already staged, or a fine-tun
 (and whose bytes still match their record), enter the graph as constants, so only the rest is redone; so do
 shards a fine-tune's pre-pass already hashed.
 
-Into an object store (`GraphInputs.store_url`), each stage task puts its own objects into the store from whichever
-worker runs it (what the store held when the convert began is one node, `("present",)`), and the publish task puts
-the manifest last: no task needs a path only the client has (the checkpoint is read where the workers can read it).
+Where the entry is built is one node, `("place",)` (tasks/places.py): a folder, published by rename, or an object
+store, which each stage task puts its own objects into from whichever worker runs it, manifest last. The graph is the
+same for both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Hashable, Mapping
 
 from dask.task_spec import DataNode, List, Task, TaskRef  # the public names (dask >= 2025)
@@ -31,16 +30,15 @@ from tasks.errors import without_library_causes
 from tasks.device.host_tensors import convert_target
 from tasks.plan import Plan, Target, work_units
 from tasks.device.ttnn_edge import upload_staged
-from tasks.entries.objects import Present
-from tasks.entries.publish import publish_entry, publish_into_store, unit_done
+from tasks.entries.publish import unit_done
+from tasks.places import Place, publish, stage
 from tasks.source.shards import VerifiedShard, index_shard, read_weight, read_weight_slot, verify_shard
 from tasks.entries.manifest import Identity, Staged
-from tasks.stage import stage_into_store, stage_target
 from tasks.numerics.transforms import apply
 
 Key = tuple
 PUBLISH: Key = ("publish",)
-PRESENT: Key = ("present",)  # what an object store held when the convert began
+PLACE: Key = ("place",)  # where the entry is built (tasks/places.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +46,7 @@ class GraphInputs:
     plan: Plan
     checkpoint: Checkpoint
     slots: tuple[int, ...]
-    entry_tmp: Path | None = None                  # the local folder the entry is built in (not into a store)
-    entry_final: Path | None = None
+    place: Place                                   # where the entry is built: a folder, or an object store
     expected_identity: Mapping[str, str | None]   # shard -> identity to verify against: HF blob sha256, or content id
     done: Mapping[tuple[str, int | None], Staged]  # chunks already staged by a killed run
     identity: Identity                             # what the publish step records the entry as
@@ -60,13 +57,7 @@ class GraphInputs:
     # shard -> its tensors' xxh3, hashed by this run to name the entry (pipeline/cache/sources.py)
     identified: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     device: object = None                          # an open ttnn device/mesh: adds ("upload", target) tasks
-    replace: bool = False                          # --force: the new entry replaces a published one at publish
     record_sha256: bool = False                    # --sha256: take every shard's sha256, even where none is expected
-    write_behind: bool = False                     # the publish runs in this process: stage tasks hand writes off
-    store_url: str | None = None                   # an object store the workers put the entry into themselves
-    stall: float | None = None                     # its stall limit, the client's (a worker has its own environment)
-    present: Present = field(default_factory=dict)  # its objects when the convert began: key -> (size, written)
-    fresh_after: float = 0.0                       # an object there written before this is freshened, not trusted
 
 
 def _task(key: Key, fn: Callable, *args: object) -> Task:
@@ -89,12 +80,7 @@ def _chain(graph: dict, t: Target, slot: int | None, inputs: GraphInputs, reads:
     graph[transform_key] = _task(transform_key, apply, t.transform, List(*reads), t.params)
     graph[convert_key] = _task(convert_key, convert_target, TaskRef(transform_key), DataNode(None, t), slot,  # the Target as one opaque value
                                inputs.check_bf16, _origin(inputs.checkpoint, t))
-    if inputs.store_url:
-        graph[stage_key] = _task(stage_key, stage_into_store, inputs.store_url, inputs.stall, TaskRef(convert_key),
-                                 TaskRef(PRESENT), inputs.fresh_after)
-    else:
-        graph[stage_key] = _task(stage_key, stage_target, str(inputs.entry_tmp), TaskRef(convert_key),
-                                 inputs.write_behind)
+    graph[stage_key] = _task(stage_key, stage, TaskRef(PLACE), TaskRef(convert_key))
     if inputs.device is None or t.host:  # host-only targets are never uploaded
         return stage_key
     upload_key = ("upload", t.name, *suffix)  # uploads as soon as the target is staged, while others still convert
@@ -116,8 +102,7 @@ def _hashed_before(inputs: GraphInputs, read_from: set[str]) -> dict[str, Verifi
 def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
     """The whole conversion as `{key: task}`; run it for `PUBLISH`."""
     ck, graph = inputs.checkpoint, {}
-    if inputs.store_url:  # one node, so a worker is sent the store's listing once, not with every stage task
-        graph[PRESENT] = DataNode(PRESENT, dict(inputs.present))
+    graph[PLACE] = DataNode(PLACE, inputs.place)  # one node: a worker is sent a store's listing once, not per task
     units: dict[str, list[TaskRef]] = {}
     unit_shards: dict[str, set[str]] = {}
     read_from: set[str] = set()  # the shards something is converted from
@@ -150,12 +135,8 @@ def build_graph(inputs: GraphInputs) -> dict[Hashable, Task]:
         graph[("unit", unit)] = _task(("unit", unit), unit_done, unit, List(*staged), verified)
     unit_refs = List(*(TaskRef(("unit", u)) for u in units))
     verified = List(*(TaskRef(("verify", s)) for s in sorted(ck.headers)))
-    if inputs.store_url:
-        graph[PUBLISH] = _task(PUBLISH, publish_into_store, inputs.store_url, inputs.stall, inputs.identity.name,
-                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified)
-    else:
-        graph[PUBLISH] = _task(PUBLISH, publish_entry, str(inputs.entry_tmp), str(inputs.entry_final),
-                               DataNode(None, inputs.identity), dict(inputs.arrays), unit_refs, verified, inputs.replace)
+    graph[PUBLISH] = _task(PUBLISH, publish, TaskRef(PLACE), DataNode(None, inputs.identity), dict(inputs.arrays),
+                           unit_refs, verified)
     return graph
 
 

@@ -19,12 +19,10 @@ from pipeline.model.versions import load_config
 from pipeline.deprecated import into_of_old_keywords
 from tasks.entries import reload
 from tasks.entries.fetched import Fetched
-from tasks.entries.names import FETCHED
 from tasks.errors import CacheError, ConfigError
 from tasks.entries.store import IN_FLIGHT, Store
 from tasks.io.network import retries_since, retries_so_far
 
-READ_THREADS = 4  # chunk reads and checks overlap on a small pool (I/O waits and hashing release the GIL)
 TRANSFERS = IN_FLIGHT  # requests in flight from an object store (each waits on the network, not on a core)
 FORMS = ("torch", "ttnn")  # `into=`: torch bf16 on the host, ttnn host tensors; or an open device
 
@@ -112,12 +110,14 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
         raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
                          "slot id")
     chunks, fetched = reload.plan_reads(opened.manifest, slot), {}
-    if opened.store.local_path("") is None:  # an object store: what this machine fetched before is kept
-        opened = replace(opened, fetched=Fetched(cache.build_root(opened.store) / FETCHED))
+    home = cache.home_of(opened.store)
+    kept_here = home.kept_fetches()  # an object store: what this machine fetched before is kept
+    if kept_here is not None:
+        opened = replace(opened, fetched=kept_here)
         kept = reload.kept_bytes(opened, chunks, from_device_files=into != "torch" and reload.takes_device_files(
             None if isinstance(into, str) else into))
-    with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
-        tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, transfers=transfers)
+    with home.reading(opened.name):  # gc and rm leave it alone meanwhile
+        tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, threads=home.read_threads(transfers))
     if opened.fetched is not None:
         fetched = _fetched_stats(opened.fetched, nbytes, kept, retried_before)
     return Loaded(tensors=tensors, entry=opened.name, slot=slot,
@@ -152,15 +152,15 @@ def _fetched_stats(fetched: Fetched, nbytes: int, kept: int, retried_before: dic
     return said
 
 
-def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool, transfers: int) -> tuple[dict, int]:
-    """Tensors by target name, in the manifest's order, and the bytes read. Host-only tables are read and checked
-    while the rest loads (embed_tokens: 1.2 GB of float32). From an object store, `transfers` chunks are fetched at
-    once (a local folder: a few threads, which the disk and the checks keep busy)."""
+def _read(opened, chunks: list[reload.Chunk], into, every_slot: bool, threads: int) -> tuple[dict, int]:
+    """Tensors by target name, in the manifest's order, and the bytes read, on `threads` threads (the cache's
+    home's: a few for a local disk, `transfers` for an object store). Host-only tables are read and checked while
+    the rest loads (embed_tokens: 1.2 GB of float32)."""
     arrays = opened.manifest.arrays
     host = [c for c in chunks if arrays[c[0]].host_only]
     rest = [c for c in chunks if not arrays[c[0]].host_only]
     device = None if isinstance(into, str) else into
-    with ThreadPoolExecutor(READ_THREADS if opened.store.local_path("") else max(1, transfers)) as pool:
+    with ThreadPoolExecutor(threads) as pool:
         tables = {name: pool.submit(reload.host_table, opened, name) for name, _ in host}
         if into == "torch":
             out = reload.torch_tensors(opened, rest, every_slot, pool)

@@ -12,23 +12,21 @@ backbone shard is untouched, so only the action-head shard is hashed and only th
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Mapping
 
-from pipeline import cache
+from pipeline.cache.homes import EntryHome
 from pipeline.jobs.prepare import Prepared
 from tasks.source.checkpoint import Checkpoint
 from tasks.plan import work_units
 from tasks.entries.entry import Entry, list_entries
 from tasks.entries.manifest import Staged, content_id
 from tasks.entries.names import CONVERTER_VERSION, chunk_file, packed_path
-from tasks.errors import CacheError
 from tasks.source.shards import CONTENT_ID, VerifiedShard, identify_shards
-from tasks.entries.objects import Listing, still_held
+from tasks.entries.objects import Listing
 from tasks.entries.store import Store
 
 
@@ -84,22 +82,22 @@ def _tensor_hashes(ck: Checkpoint, entries: list[Entry], identities: dict[str, s
     return hashes
 
 
-def plan_reuse(store: Store, prep: Prepared, *, building_at: str, array_attrs: dict[str, dict],
+def plan_reuse(home: EntryHome, prep: Prepared, *, building_at: str, array_attrs: dict[str, dict],
                listing: Listing = Listing()) -> Reuse:
     """Give the entry of `prep` being built under key `building_at` every chunk (and device file) whose content id
-    a published entry of `store` already holds; returns what was reused. In a local folder each is hard-linked into
-    `building_at`. In an object store the new manifest names the same objects (`listing`: those there, and which of
-    them are old enough to be freshened first)."""
+    a published entry of `home` already holds; returns what was reused. The home gives them its way (a folder by
+    hard links into `building_at`; in an object store the new manifest names the same objects: `listing`, those
+    there, and which of them are old enough to be freshened first)."""
     reuse = Reuse()
     plan, slots = prep.plan, prep.slots
-    entries = _published(store, plan.version)
+    entries = _published(home.store, plan.version)
     if not entries:
         return reuse
     hashes = _tensor_hashes(prep.checkpoint, entries, dict(prep.identity.shards), prep.identified or {}, reuse)
     by_id: dict[str, tuple[Entry, str]] = {}
     for e in reversed(entries):  # newest wins
         for name, arr in e.manifest.arrays.items():
-            if arr.content_id and (not store.pooled or all(r.objects() for r in arr.chunks.values())):
+            if arr.content_id and home.gives(arr):
                 by_id[arr.content_id] = (e, name)
     holder = {t.name: by_id.get(content_id([hashes[k] for k in t.sources], array_attrs[t.name], CONVERTER_VERSION))
               for t in plan.targets}
@@ -116,7 +114,7 @@ def plan_reuse(store: Store, prep: Prepared, *, building_at: str, array_attrs: d
         if rec.tensorbin:
             objects[packed_path(at, t.name, slot).as_posix()] = (entry.device_object(name, slot), rec.tensorbin.nbytes)
         held[(t.name, slot)] = Staged(t.name, slot, rec), entry.name, objects
-    made = _named(store, held, listing) if store.pooled else _linked(store, held)
+    made = home.give(held, listing)
     for unit, (staged, _, objects) in held.items():
         if all(new in made for new in objects):  # a chunk whose holder went meanwhile is converted instead
             reuse.records[unit] = staged
@@ -125,29 +123,3 @@ def plan_reuse(store: Store, prep: Prepared, *, building_at: str, array_attrs: d
     given = Counter(e for _, e, objects in held.values() if all(new in made for new in objects))
     reuse.holders = [e for e, _ in given.most_common()]
     return reuse
-
-
-def _linked(store: Store, held: Mapping) -> set[str]:
-    """Hard-link each held chunk and device file into the entry being built; the new keys made."""
-    with contextlib.ExitStack() as leases:  # gc and rm leave the entries linked from alone meanwhile
-        kept = {e for e in {e for _, e, _ in held.values()} if _lease(leases, store, e)}
-        wanted = {new: old for _, e, objects in held.values() if e in kept for new, old in objects.items()}
-        return store.copy_many({new: old for new, (old, _) in wanted.items()})
-
-
-def _named(store: Store, held: Mapping, listing: Listing) -> set[str]:
-    """In an object store nothing is copied: the new manifest names the holder's objects. Those the store still
-    holds count as made (the new keys standing for them), an old one once it is freshened."""
-    there = still_held(store, {old: size for _, _, objects in held.values() for old, size in objects.values()},
-                       listing.present, listing.fresh_after)
-    return {new for _, _, objects in held.values() for new, (key, _) in objects.items() if key in there}
-
-
-def _lease(leases: contextlib.ExitStack, store: Store, name: str) -> bool:
-    """Hold a lease on entry `name` until its objects are copied (a link outlives its source); False if it is
-    gone. An object store has no leases: a copy whose source went meanwhile is simply not made."""
-    try:
-        leases.enter_context(cache.reading(store, name))
-    except CacheError:
-        return False
-    return True

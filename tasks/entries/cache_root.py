@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tasks.entries.object_stores import FsspecStore, S3Store
 from tasks.entries.store import LocalStore, Store
+from tasks.errors import CacheError
 from tasks.io.file_blocks import is_url
 
 
@@ -17,6 +18,9 @@ def open_store(root: Store | Path | str, stall: float | None = None) -> Store:
     if isinstance(root, Store):
         return root
     if not is_url(root):
+        if Path(root).exists() and not Path(root).is_dir():
+            raise CacheError(f"{root}: the cache is a file, not a folder; pass the cache folder (--cache DIR or "
+                             "$GR00T_CACHE; it is made if missing)")
         return LocalStore(Path(root))
     return S3Store(root, stall) if root.startswith(("s3://", "s3a://")) else FsspecStore(root)
 

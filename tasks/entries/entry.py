@@ -5,6 +5,7 @@ made visible is tasks/entries/publish.py, refs tasks/entries/refs.py (cache/READ
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -57,11 +58,16 @@ class Entry:
         return named or packed_path(PurePosixPath(entry_key(self.name)), array, slot).as_posix()
 
     def processor_object(self, name: str) -> str:
-        """The store key of a kept processor file: in the entry's folder, or an object store's object of its
-        sha256 (shared, as chunks are, by every entry that keeps the same bytes)."""
-        if self.store.local_path(entry_key(self.name)) is not None:
-            return f"{entry_key(self.name)}/{PROCESSOR_DIR}/{name}"
-        return object_key(str(self.manifest.processor[name]["sha256"]))
+        """The store key of a kept processor file: in the entry's folder, or, in an entry whose chunks are objects
+        (an object store's), the object of its sha256 (shared, as chunks are, by every entry that keeps the same
+        bytes)."""
+        if self._names_objects:
+            return object_key(str(self.manifest.processor[name]["sha256"]))
+        return f"{entry_key(self.name)}/{PROCESSOR_DIR}/{name}"
+
+    @functools.cached_property
+    def _names_objects(self) -> bool:
+        return any(rec.object for arr in self.manifest.arrays.values() for rec in arr.chunks.values())
 
     def processor_files(self) -> dict[str, bytes]:
         """The trainer's processor files the entry keeps, name -> bytes, each checked against its record."""
@@ -226,14 +232,17 @@ class OldFormatError(CacheError):
         self.cache_format = cache_format
 
 
-def open_entry(store: Store, name: str) -> Entry:
-    """A published entry: its manifest must exist, parse, and carry the fingerprint its name promises."""
+UNPUBLISHED = "published — run `python -m pipeline cache gc` and convert again"  # in a folder (pipeline/cache/homes.py)
+
+
+def open_entry(store: Store, name: str, unpublished: str = UNPUBLISHED) -> Entry:
+    """A published entry: its manifest must exist, parse, and carry the fingerprint its name promises.
+    `unpublished`: what a final name without its manifest means in this store, and the remedy (the home's)."""
     key = manifest_key(name)
     raw = store.get(key)
     if raw is None:
-        remedy = ("published — run `python -m pipeline cache gc` and convert again" if store.can_rename else
-                  "pushed (a push in progress, or one that died) — convert again to complete it")
-        raise CacheError(f"{store.describe(entry_key(name))}: no {MANIFEST}; the entry was never completely {remedy}")
+        raise CacheError(f"{store.describe(entry_key(name))}: no {MANIFEST}; the entry was never completely "
+                         f"{unpublished}")
     try:
         manifest = Manifest.from_json(decode_manifest(raw))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -254,11 +263,13 @@ def open_entry(store: Store, name: str) -> Entry:
     return Entry(store, name, manifest)
 
 
-def list_entries(store: Store, opened: Entry | None = None) -> Iterator[tuple[str, Entry | None, str]]:
-    """Every name under entries/: (name, entry or None, state). States: published; incomplete (being built
-    locally, or — where there is no rename — no manifest yet: a push in progress or abandoned); broken (a local
-    final name without a valid manifest, which publish-by-rename can never produce). `opened`: an entry of this
-    store the caller opened already, handed back as it is (its manifest is not parsed again)."""
+def list_entries(store: Store, opened: Entry | None = None,
+                 unpublished: str = "broken") -> Iterator[tuple[str, Entry | None, str]]:
+    """Every name under entries/: (name, entry or None, state). States: published; incomplete (a temporary being
+    built); broken (a manifest that is not valid); `unpublished` for a final name without a manifest (the home's
+    meaning: in a folder, broken, which publish-by-rename can never produce; in an object store, a push in progress
+    or abandoned). `opened`: an entry of this store the caller opened already, handed back as it is (its manifest
+    is not parsed again)."""
     for name in store.children(ENTRIES):
         if is_temporary(name):
             yield name, None, "incomplete"
@@ -271,4 +282,4 @@ def list_entries(store: Store, opened: Entry | None = None) -> Iterator[tuple[st
         except OldFormatError as e:
             yield name, None, f"cache format {e.cache_format} (unreadable here: gc removes it)"
         except CacheError:
-            yield name, None, "broken" if store.can_rename or store.get(manifest_key(name)) is not None else "incomplete"
+            yield name, None, "broken" if store.get(manifest_key(name)) is not None else unpublished

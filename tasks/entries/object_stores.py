@@ -95,9 +95,7 @@ def _refusals_in_one_sentence(method):
 
 class _ObjectStore(Store):
     """What an object store's two backends share: a URL `scheme://bucket/prefix`, keys under the prefix, and
-    whole objects (no rename, no links: every entry's bytes are shared objects, `pooled`)."""
-
-    pooled = True
+    whole objects (no rename, no links: every entry's bytes are shared objects, pipeline/cache/homes.py `BucketHome`)."""
 
     def __init__(self, url: str):
         scheme, _, place = url.partition("://")

@@ -23,10 +23,10 @@ from typing import Iterator, Mapping, Sequence
 from tasks.errors import CacheError
 from tasks.source.shards import VerifiedShard
 from tasks.io.bulk_write import write_json_atomic, writes_finished
-from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays, processor_record
+from tasks.entries.manifest import Identity, Manifest, Staged, group_document, manifest_arrays
 from tasks.entries.entry import Entry
-from tasks.entries.names import (MANIFEST, OBJECTS, PACKED_SUFFIX, PROCESSOR_DIR, PROGRESS_DIR, entry_key,
-                                 manifest_key, object_key, set_aside_name)
+from tasks.entries.names import (MANIFEST, OBJECTS, PACKED_SUFFIX, PROGRESS_DIR, entry_key, manifest_key, object_key,
+                                 set_aside_name)
 from tasks.entries.objects import FRESH_FOR, present_objects, still_held
 from tasks.entries.cache_root import store_at
 from tasks.entries.store import Store
@@ -173,20 +173,6 @@ def publish_entry(tmp: str, final: str, identity: Identity, array_meta: Mapping[
     return _result(str(final_dir), won, manifest, staged, units)
 
 
-def keep_processor(store: Store | None, tmp: Path | None, files: Mapping[str, bytes]) -> None:
-    """The trainer's processor files into the entry being built, before its manifest names them: into its folder
-    (`tmp`), or into the object store (`store`) as the objects of their sha256. Sent even where the store has
-    them: a few kilobytes, and the put dates them now, so that `cache gc` leaves them until the manifest names them."""
-    if tmp is not None:
-        folder = tmp / PROCESSOR_DIR
-        folder.mkdir(exist_ok=True)
-        for name, data in files.items():
-            (folder / name).write_bytes(data)
-        return
-    for data in files.values():
-        store.put(object_key(processor_record(data)["sha256"]), data)
-
-
 # -- from a local entry to an object store ---------------------------------------------------------------------
 PUSH_BATCH = (64, 256 << 20)  # objects sent together (and held in memory): at most this many, or this many bytes
 
@@ -220,17 +206,17 @@ def push(local: Entry, store: Store, progress: bool = False) -> int:
     for array, arr in local.manifest.arrays.items():
         chunks = {}
         for slot, rec in arr.chunks.items():
-            chunk = local.store.path(local.chunk_object(array, slot))
+            chunk = local.store.local_path(local.chunk_object(array, slot))
             key = object_key(_file_sha256(chunk))
             files.append((chunk, key, rec.nbytes))
             packed = None
             if rec.tensorbin is not None:
-                path = local.store.path(local.device_object(array, slot))
+                path = local.store.local_path(local.device_object(array, slot))
                 packed = dataclasses.replace(rec.tensorbin, object=object_key(_file_sha256(path), PACKED_SUFFIX))
                 files.append((path, packed.object, rec.tensorbin.nbytes))
             chunks[slot] = dataclasses.replace(rec, tensorbin=packed, object=key)
         arrays[array] = dataclasses.replace(arr, chunks=chunks)
-    files += [(local.store.path(local.processor_object(n)), object_key(str(rec["sha256"])), int(rec["nbytes"]))
+    files += [(local.store.local_path(local.processor_object(n)), object_key(str(rec["sha256"])), int(rec["nbytes"]))
               for n, rec in local.manifest.processor.items()]
     held = still_held(store, {key: size for _, key, size in files}, present, fresh_after)
     missing = list({f[1]: f for f in files if f[1] not in held}.values())  # bytes an entry holds twice: sent once

@@ -1,21 +1,15 @@
 """Where cache entries live: one small interface (`Store`), with a local directory (`LocalStore`, here) or an object
 store (tasks/entries/object_stores.py) behind it; tasks/entries/cache_root.py `open_store` picks one for a cache root.
 
-Keys are `/`-separated paths relative to the cache root. Callers ask a store what it can do, never what it is
-(tests/test_store.py pins each answer for both stores):
-- `can_rename`: a local directory builds an entry beside its final name and publishes it by rename; an object
-  store has no rename, so its entry's objects are put first and `MANIFEST.json` last (tasks/entries/publish.py);
-- `pooled`: where an entry keeps its chunks and device files. A local directory keeps them in the entry's folder,
-  a Zarr group any Zarr reader opens, and entries share bytes by hard links (`LocalStore.copy_many`). An object
-  store has no links: every entry's bytes are objects under `objects/`, named by their sha256 and shared by every
-  entry that holds them, and the manifest names each one (tasks/entries/names.py `object_key`);
+Keys are `/`-separated paths relative to the cache root. A store moves bytes; what they mean for an entry (how it is
+built, shared and published, whether readers hold leases) is its home's, pipeline/cache/homes.py, the one place that
+asks which kind of store it has. tests/test_store.py runs one contract suite on every store:
 - `local_path(key)`: where a key is a file on this machine (a local directory), so it can be read block by block,
   mapped, or handed to ttnn by name; None for an object store, read through `get`;
-- `supports_leases`: readers take a lock and name their pid beside the entries (pipeline/cache/leases.py), which
-  means something only where every process shares the filesystem;
 - `written` and `freshen`: when each object was last written, and writing that time again without the bytes:
   `cache gc` removes an object no manifest names only once it is older than a grace period, and a convert
-  freshens an old object it is about to name (as git freshens an object it would have written).
+  freshens an old object it is about to name (as git freshens an object it would have written);
+- `LocalStore.copy_many`: a folder's entries share bytes by hard links.
 Everything else — listing, reading a chunk into a caller's buffer, verifying — is the same code for every store.
 """
 
@@ -44,10 +38,6 @@ IN_FLIGHT = 16  # requests to an object store at once: freshenings, and a load's
 
 
 class Store(ABC):
-    can_rename: bool = False
-    supports_leases: bool = False
-    pooled: bool = False
-
     def local_path(self, key: str) -> Path | None:
         """Where the object `key` is, or would be, a file on this machine; None where objects are not local files."""
         return None
@@ -167,9 +157,6 @@ def _check_size(store: Store, key: str, found: int | None, expected: int) -> Non
 
 class LocalStore(Store):
     """A cache folder. Reads go through one system call into the caller's buffer, or a private memory map."""
-
-    can_rename = True
-    supports_leases = True
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
