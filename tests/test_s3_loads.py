@@ -180,3 +180,31 @@ def test_a_convert_with_a_device_open_into_the_bucket_pushes_what_it_built(simul
     for (target, slot), path in files.items():
         if slot in (None, loaded.slot):
             assert dumped(loaded.tensors[target]) == path.read_bytes(), target
+
+
+def test_a_kept_copy_that_is_not_its_objects_bytes_is_fetched_again(s3_url, hf_cache, tmp_path, monkeypatch):
+    """What a load keeps is checked as a fetch is: a kept chunk or device file whose bytes were changed on this
+    machine (same size) is dropped, fetched again and kept whole; the tensors equal the first load's."""
+    import hashlib
+
+    import ttnn
+
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "client"))
+    bucket = f"{s3_url}-kept-damaged"
+    convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="micro", cache_root=bucket, progress=False))
+    def as_torch(loaded) -> dict:  # copies: ttnn maps a kept device file, which is damaged below
+        return {n: (t if isinstance(t, torch.Tensor) else ttnn.to_torch(t)).float().clone() for n, t in loaded.tensors.items()}
+
+    first = {into: as_torch(load("n16", bucket, "gr1", into=into, synthetic=True)) for into in ("torch", "ttnn")}
+    kept = sorted((tmp_path / "client" / "fetched").iterdir())
+    for path in kept:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    for into, before in first.items():
+        again = load("n16", bucket, "gr1", into=into, synthetic=True)
+        assert again.stats["bytes_fetched"] == 0  # counted as kept (their size is right); read, refused, fetched
+        assert as_torch(again).keys() == before.keys()
+        for name, t in as_torch(again).items():
+            assert torch.equal(t, before[name]), (into, name)
+    assert all(hashlib.sha256(p.read_bytes()).hexdigest() == p.name.split(".")[0] for p in kept)  # kept whole again

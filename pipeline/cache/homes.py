@@ -29,7 +29,7 @@ from pipeline.cache.pool import Pool, named_objects, sweep
 from pipeline.cache.roots import cache_root, claim_tmp, entries_dir, entry_at
 from tasks.entries.chunks import create_arrays
 from tasks.entries.entry import Entry, list_entries
-from tasks.entries.fetched import Fetched
+from tasks.entries.fetched import KeepingStore
 from tasks.entries.manifest import ArrayRecord, Staged, processor_record
 from tasks.entries.names import ENTRIES, FETCHED, PORT_MODELS, PROCESSOR_DIR, entry_key, manifest_key, object_key
 from tasks.entries.objects import FRESH_FOR, Listing, present_objects, still_held
@@ -125,8 +125,8 @@ class EntryHome(ABC):
         self.store.delete(entry_key(name))
         return True
 
-    def kept_fetches(self) -> Fetched | None:
-        """Where a load keeps what it fetches (None: it reads local files, and keeps nothing)."""
+    def keeping(self) -> KeepingStore | None:
+        """The store a load reads through, keeping what it fetches (None: it reads local files, and keeps nothing)."""
         return None
 
     def read_threads(self, transfers: int) -> int:
@@ -290,8 +290,8 @@ class BucketHome(EntryHome):
     def is_published(self, name: str) -> bool:
         return self.store.get(manifest_key(name)) is not None
 
-    def kept_fetches(self) -> Fetched:
-        return Fetched(self.local_root / FETCHED)
+    def keeping(self) -> KeepingStore:
+        return KeepingStore(self.store, self.local_root / FETCHED)
 
     def read_threads(self, transfers: int) -> int:
         return max(1, transfers)  # each waits on the network, not on a core

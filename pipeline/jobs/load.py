@@ -18,7 +18,7 @@ from pipeline.model.recipe import layout_and_profile
 from pipeline.model.versions import load_config
 from pipeline.deprecated import into_of_old_keywords
 from tasks.entries import reload
-from tasks.entries.fetched import Fetched
+from tasks.entries.fetched import KeepingStore
 from tasks.errors import CacheError, ConfigError
 from tasks.entries.store import IN_FLIGHT, Store
 from tasks.io.network import retries_since, retries_so_far
@@ -111,15 +111,15 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
                          "slot id")
     chunks, fetched = reload.plan_reads(opened.manifest, slot), {}
     home = cache.home_of(opened.store)
-    kept_here = home.kept_fetches()  # an object store: what this machine fetched before is kept
-    if kept_here is not None:
-        opened = replace(opened, fetched=kept_here)
-        kept = reload.kept_bytes(opened, chunks, from_device_files=into != "torch" and reload.takes_device_files(
-            None if isinstance(into, str) else into))
+    keeping = home.keeping()  # an object store: read through what this machine fetched from it before
+    if keeping is not None:
+        opened = replace(opened, store=keeping)
+        kept = keeping.kept_bytes(reload.read_objects(opened, chunks, from_device_files=into != "torch" and
+                                                      reload.takes_device_files(None if isinstance(into, str) else into)))
     with home.reading(opened.name):  # gc and rm leave it alone meanwhile
         tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, threads=home.read_threads(transfers))
-    if opened.fetched is not None:
-        fetched = _fetched_stats(opened.fetched, nbytes, kept, retried_before)
+    if keeping is not None:
+        fetched = _fetched_stats(keeping, nbytes, kept, retried_before)
     return Loaded(tensors=tensors, entry=opened.name, slot=slot,
                   stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
                          "chunks": len(chunks), **fetched},
@@ -143,7 +143,7 @@ def _slot_of_chosen(opened, wanted, unknown: Exception | None, layout: str | Non
     return slot
 
 
-def _fetched_stats(fetched: Fetched, nbytes: int, kept: int, retried_before: dict) -> dict:
+def _fetched_stats(fetched: KeepingStore, nbytes: int, kept: int, retried_before: dict) -> dict:
     """What a load from an object store fetched and kept here, and how often a request to the store was tried
     again (tasks/io/network.py)."""
     said = {"bytes_fetched": nbytes - kept, "bytes_kept_here": kept, "store_retries": retries_since(retried_before)}

@@ -18,9 +18,8 @@ import xxhash
 
 from tasks.errors import CacheError
 from tasks.io.file_blocks import each_read
-from tasks.entries.fetched import Fetched
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest, decode_manifest, processor_matches
-from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PACKED_SUFFIX, PROCESSOR_DIR, READABLE_FORMATS,
+from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PROCESSOR_DIR, READABLE_FORMATS,
                                  chunk_file, chunk_key, entry_key, is_temporary, manifest_key, object_key, packed_name,
                                  packed_path)
 from tasks.entries.store import Store
@@ -31,7 +30,6 @@ class Entry:
     store: Store
     name: str
     manifest: Manifest
-    fetched: Fetched | None = None  # where a load keeps what it fetches from an object store (tasks/entries/fetched.py)
 
     @property
     def path(self) -> Path:
@@ -92,22 +90,20 @@ class Entry:
         (e.g. a slot's slice of a whole bank), else mapped (locally) or fetched on its own."""
         arr = self.manifest.arrays[array]
         key, record = self.chunk_object(array, slot), arr.chunks[slot]
-        kept = self.fetched if self.fetched is not None and self.store.local_path(key) is None else None
-        if kept is not None:
-            out = np.empty(arr.logical_shape, arr.storage_dtype) if out is None else out
-            if kept.read_into(record, out) and record.matches(out):
-                return out
-        if out is None:
-            out = self.store.map(key, arr.storage_dtype, tuple(arr.logical_shape))
-        else:
+
+        def read() -> np.ndarray:
+            if out is None:
+                return self.store.map(key, arr.storage_dtype, tuple(arr.logical_shape))
             self.store.read_into(key, out)
-        if kept is not None and record.matches(out):
-            kept.keep(record, out)
             return out
-        if not record.matches(out):
+
+        found = read()
+        if not record.matches(found) and self.store.forget(key):  # a copy kept here, not the object: fetched again
+            found = read()
+        if not record.matches(found):
             raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
-        return out
+        return found
 
     def checked_chunk(self, array: str, slot: int | None) -> np.ndarray:
         """One chunk as a private mapping nothing has touched yet, its file read and checked first: for a caller
@@ -124,6 +120,13 @@ class Entry:
         for a caller that converts as it reads: a 622 MB table then needs no second copy. The checksum is held to
         the record after the last block; a mismatch raises there, so the caller must use nothing before the end."""
         record, key = self.manifest.arrays[array].chunks[slot], self.chunk_object(array, slot)
+        if not self._each_block_matches(key, record, consume) and (not self.store.forget(key) or
+                                                                   not self._each_block_matches(key, record, consume)):
+            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
+                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
+
+    def _each_block_matches(self, key: str, record: FileRecord, consume: Callable[[memoryview, int], None]) -> bool:
+        """`consume` over the object's blocks; whether they were the record's bytes."""
         path = self.store.local_file(key)
         if path is None:
             raise CacheError(f"{self.store.describe(key)}: chunk is missing from the cache entry; run `python -m "
@@ -139,24 +142,14 @@ class Entry:
         except OSError as e:
             raise CacheError(f"{self.store.describe(key)}: chunk could not be read ({e.strerror or e}); run `python "
                              "-m pipeline cache verify`") from e
-        if total != record.nbytes or digest.hexdigest() != record.xxh3:
-            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
-                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
+        return total == record.nbytes and digest.hexdigest() == record.xxh3
 
     def device_file(self, array: str, slot: int | None) -> Path:
         """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
         rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
-        kept = self.fetched if self.fetched is not None and self.store.local_path(key) is None else None
-        if kept is not None:
-            path = kept.file(rec, PACKED_SUFFIX)
-            if path is not None:
-                return path
-            data = self.store.get(key)
-            if data is not None and rec.matches(data):
-                path = kept.keep(rec, data, PACKED_SUFFIX)
-                if path is not None:
-                    return path
         path = self.store.local_file(key)
+        if path is not None and not rec.matches_file(path) and self.store.forget(key):  # a kept copy: fetched again
+            path = self.store.local_file(key)
         if path is None:
             raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
                              "again with --force")
@@ -175,8 +168,6 @@ class Entry:
         for name, slot in chunks:
             if packed is not None:
                 path = os.path.join(folder, packed_name(name, slot))
-            elif self.fetched is not None:  # kept here by an earlier load (checked later, as a local file is)
-                path = str(self.fetched.path(self.manifest.arrays[name].chunks[slot].tensorbin, PACKED_SUFFIX))
             else:
                 fetched = self.store.local_file(self.device_object(name, slot))
                 path = os.path.realpath(fetched) if fetched else ""

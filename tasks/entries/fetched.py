@@ -1,25 +1,28 @@
-"""What loads from an object store keep on this machine: each chunk and device file they fetched, in a local
-folder (`<local cache>/fetched/`), named by its content as the manifest records it (its object's sha256 name, or
-for an entry of format 5 its xxh3 and size). Entries of
-one release and its fine-tunes share most of their bytes, so the next load of any of them fetches only what this
-machine lacks. A kept file is checked against the record like a fetched one; one that does not match is fetched
-again and replaced. Keeping is a courtesy: a folder that cannot be written (a full disk) costs a fetch next time,
-never a load; what could not be kept, and why, is counted (`not_kept`) and said in the load's summary.
-`cache gc --older-than-days N` on the local cache removes kept files no load used for N days.
+"""An object store read through what this machine fetched from it before (`KeepingStore`): each chunk and device
+file a load fetched is kept in a local folder (`<local cache>/fetched/`), under its object's name (`objects/<sha256>`
+is kept as `<sha256>`: the same bytes whichever entry names them). Entries of one release and its fine-tunes share
+most of their bytes, so the next load of any of them fetches only what this machine lacks.
+
+The entry reading through it checks every byte against its manifest, kept or fetched; a kept copy that fails the
+check is forgotten (`forget`) and fetched again. Keeping is a courtesy: a folder that cannot be written (a full
+disk) costs a fetch next time, never a load; what could not be kept, and why, is counted (`not_kept`) and said in
+the load's summary. `cache gc --older-than-days N` on the local cache removes kept files no load used for N days.
+Everything but reading a chunk or a device file goes to the store itself.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
-from tasks.io.bulk_write import write_bytes_atomic
-from tasks.entries.manifest import FileRecord
+from tasks.entries.names import OBJECTS
+from tasks.entries.store import Store, temporary_file
 from tasks.errors import CheckpointError
+from tasks.io.bulk_write import write_bytes_atomic
 from tasks.io.file_blocks import read_into
 
 
@@ -31,31 +34,73 @@ def _used(path: Path) -> None:
         pass
 
 
-@dataclass(frozen=True)
-class Fetched:
-    folder: Path
-    # bytes that could not be kept, and the first reason (an OSError's words): a load says so
-    not_kept: dict = field(default_factory=lambda: {"bytes": 0, "why": None}, compare=False)
-    _counting: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+class KeepingStore(Store):
+    def __init__(self, store: Store, folder: Path):
+        self.store, self.folder = store, Path(folder)
+        # bytes that could not be kept, and the first reason (an OSError's words): a load says so
+        self.not_kept: dict = {"bytes": 0, "why": None}
+        self._counting = threading.Lock()
 
-    def path(self, record: FileRecord, suffix: str = "") -> Path:
-        """`suffix`: a device file's (PACKED_SUFFIX), which ttnn wants in the name it loads. Bytes the record
-        names by sha256 (its object's name) are kept under that name: an xxh3 can be forged, to pass one
-        entry's bytes off as another's."""
-        if record.object:
-            return self.folder / record.object.rsplit("/", 1)[-1]
-        return self.folder / f"{record.xxh3}-{record.nbytes}{suffix}"
+    def kept_path(self, key: str) -> Path:
+        """Where the object `key` is kept: an object by its own name; any other key (an entry of format 5 named
+        its chunks by their place in the entry) by the whole key."""
+        name = key[len(OBJECTS) + 1:] if key.startswith(f"{OBJECTS}/") else key.replace("/", "%")
+        return self.folder / name
 
-    def read_into(self, record: FileRecord, out: np.ndarray) -> bool:
-        """Fill `out` from the kept copy of `record`'s bytes; False when there is none (or not of its size). The
-        caller checks the bytes against the record, as it checks a fetched object's."""
-        path = self.path(record)
+    def kept_bytes(self, sizes: Mapping[str, int]) -> int:
+        """Of these objects (key -> size), the bytes kept here already, each of its size: what a load need not fetch."""
+        total = 0
+        for key, size in sizes.items():
+            try:
+                total += size if self.kept_path(key).stat().st_size == size else 0
+            except OSError:
+                pass
+        return total
+
+    # -- reads: the kept copy first, else the store's, kept for next time -------------------------------------
+    def read_into(self, key: str, out: np.ndarray) -> None:
+        if self._read_kept(key, out):
+            return
+        self.store.read_into(key, out)
+        self._keep(key, out.nbytes, lambda path: write_bytes_atomic(path, memoryview(out.reshape(-1).view(np.uint8))))
+
+    def map(self, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        self.read_into(key, out)
+        return out
+
+    def local_file(self, key: str) -> Path | None:
+        path = self.kept_path(key)
+        if path.is_file():
+            _used(path)
+            return path
+        data = self.store.get(key)
+        if data is None:
+            return None
+        # buffered, not O_DIRECT: ttnn reads it next, from the page cache
+        if self._keep(key, len(data), lambda kept: write_bytes_atomic(kept, data)):
+            return path
+        return temporary_file(self, key, data)
+
+    def forget(self, key: str) -> bool:
+        path = self.kept_path(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError:
+            pass  # cannot be removed: it is overwritten by the next fetch
+        return True
+
+    def _read_kept(self, key: str, out: np.ndarray) -> bool:
+        """Fill `out` from the kept copy; False when there is none of its size (or it cannot be read)."""
+        path = self.kept_path(key)
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
             return False
         try:
-            if os.fstat(fd).st_size != record.nbytes or out.nbytes != record.nbytes:
+            if os.fstat(fd).st_size != out.nbytes or not out.flags.c_contiguous:
                 return False
             read_into(fd, 0, out.reshape(-1).view(np.uint8), path)
         except (OSError, CheckpointError):  # unreadable, or cut short meanwhile: fetched instead
@@ -65,26 +110,37 @@ class Fetched:
         _used(path)
         return True
 
-    def file(self, record: FileRecord, suffix: str = "") -> Path | None:
-        """The kept copy of `record`'s bytes as a checked local file (ttnn loads from a path), or None."""
-        path = self.path(record, suffix)
+    def _keep(self, key: str, nbytes: int, write) -> bool:
         try:
-            if not record.matches_file(path):
-                return None
-        except OSError:
-            return None
-        _used(path)
-        return path
-
-    def keep(self, record: FileRecord, data: np.ndarray | bytes | memoryview, suffix: str = "") -> Path | None:
-        """Keep bytes just fetched and checked against `record`; the file, or None if it could not be written."""
-        path = self.path(record, suffix)
-        try:
-            write_bytes_atomic(path, memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray)
-                               else data)
+            write(self.kept_path(key))
         except OSError as e:
             with self._counting:
-                self.not_kept["bytes"] += record.nbytes
+                self.not_kept["bytes"] += nbytes
                 self.not_kept["why"] = self.not_kept["why"] or f"{e.strerror or e}: {self.folder}"
-            return None
-        return path
+            return False
+        return True
+
+    # -- everything else is the store's ------------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        return self.store.get(key)
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.store.put(key, data)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self.store.sizes(prefix)
+
+    def written(self, prefix: str) -> dict[str, float]:
+        return self.store.written(prefix)
+
+    def freshen(self, keys: list[str]) -> set[str]:
+        return self.store.freshen(keys)
+
+    def children(self, prefix: str) -> list[str]:
+        return self.store.children(prefix)
+
+    def delete(self, prefix: str) -> None:
+        self.store.delete(prefix)
+
+    def describe(self, key: str) -> str:
+        return self.store.describe(key)

@@ -27,7 +27,7 @@ HF = "hf"                   # the demo's synthetic Hugging Face cache (pipeline/
 PORT_CHECKS = "port-checks"  # the port hand-off's self-check verdicts (pipeline/port_n16/verdict.py)
 OBJECTS = "objects"         # objects/<sha256>[.tensorbin]: an object store's chunks and device files, shared by
                             # every entry that holds the same bytes (`object_key`)
-FETCHED = "fetched"         # fetched/<xxh3>-<size>: what loads from an object store keep (tasks/entries/fetched.py)
+FETCHED = "fetched"         # fetched/<sha256>[.tensorbin]: what loads from an object store keep (tasks/entries/fetched.py)
 PORT_MODELS = "port-models"  # port-models/<entry>/: the port's model kept per entry (pipeline/port_n16/kept.py)
 PROGRESS_DIR = ".staged"    # progress logs of an entry being built (resume): one JSON line per staged chunk
 PROCESSOR_DIR = "processor"  # the trainer's processor files, kept beside the weights (`Identity.processor`)

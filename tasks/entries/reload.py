@@ -16,7 +16,6 @@ from tasks.device import ttnn_edge as tt
 from tasks.device import tensorbin
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Manifest
-from tasks.entries.names import PACKED_SUFFIX
 from tasks.errors import CacheError
 
 Chunk = tuple[str, "int | None"]  # (array, slot): slot None is the whole array
@@ -45,21 +44,16 @@ def read_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = Fals
     return sum(r.tensorbin.nbytes if from_device_files and r.tensorbin is not None else r.nbytes for r in records)
 
 
-def kept_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = False) -> int:
-    """Of what reading these chunks reads (`read_bytes`), the bytes an earlier load from the same object store
-    already keeps on this machine (`entry.fetched`), by their content: those are not fetched again."""
-    if entry.fetched is None:
-        return 0
-    total = 0
+def read_objects(entry: Entry, chunks: list[Chunk], from_device_files: bool = False) -> dict[str, int]:
+    """The objects reading these chunks reads (`read_bytes`), key -> size: each chunk's, or its `.tensorbin`'s."""
+    objects = {}
     for name, slot in chunks:
-        record, suffix = entry.manifest.arrays[name].chunks[slot], ""
+        record = entry.manifest.arrays[name].chunks[slot]
         if from_device_files and record.tensorbin is not None:
-            record, suffix = record.tensorbin, PACKED_SUFFIX
-        try:
-            total += record.nbytes if entry.fetched.path(record, suffix).stat().st_size == record.nbytes else 0
-        except OSError:
-            pass
-    return total
+            objects[entry.device_object(name, slot)] = record.tensorbin.nbytes
+        else:
+            objects[entry.chunk_object(name, slot)] = record.nbytes
+    return objects
 
 
 def torch_tensors(entry: Entry, chunks: list[Chunk], every_slot: bool, pool: ThreadPoolExecutor) -> dict:

@@ -121,16 +121,12 @@ class Store(ABC):
     def local_file(self, key: str) -> Path | None:
         """A local file holding the object (ttnn loads from a path), or None when it does not exist."""
         data = self.get(key)
-        if data is None:
-            return None
-        with _DOWNLOADS_MADE:  # once per store: a second folder would replace (and delete) the first
-            if not hasattr(self, "_downloads"):
-                self._downloads = tempfile.TemporaryDirectory(prefix="gr00t-store-")
-        path = Path(self._downloads.name) / key.replace("/", "%")
-        fetched = path.with_name(f"{path.name}.{uuid.uuid4().hex}")
-        fetched.write_bytes(data)  # buffered, not O_DIRECT: ttnn reads it next, from the page cache
-        os.replace(fetched, path)  # a new file each time: a tensor mapping an earlier fetch keeps its bytes
-        return path
+        return None if data is None else temporary_file(self, key, data)
+
+    def forget(self, key: str) -> bool:
+        """Drop a copy of the object kept on this machine (one a read found not to be the object's bytes), so that
+        the next read fetches it; False when the store keeps none (tasks/entries/fetched.py keeps some)."""
+        return False
 
     def get_json(self, key: str) -> dict | None:
         raw = self.get(key)
@@ -143,6 +139,18 @@ class Store(ABC):
 
     def put_json(self, key: str, doc: object) -> None:
         self.put(key, (json.dumps(doc, indent=1) + "\n").encode())
+
+
+def temporary_file(store: Store, key: str, data: bytes) -> Path:
+    """`data` as a file of the store's temporary folder, removed with the store (ttnn loads from a path)."""
+    with _DOWNLOADS_MADE:  # once per store: a second folder would replace (and delete) the first
+        if not hasattr(store, "_downloads"):
+            store._downloads = tempfile.TemporaryDirectory(prefix="gr00t-store-")
+    path = Path(store._downloads.name) / key.replace("/", "%")
+    fetched = path.with_name(f"{path.name}.{uuid.uuid4().hex}")
+    fetched.write_bytes(data)  # buffered, not O_DIRECT: ttnn reads it next, from the page cache
+    os.replace(fetched, path)  # a new file each time: a tensor mapping an earlier fetch keeps its bytes
+    return path
 
 
 def _check_size(store: Store, key: str, found: int | None, expected: int) -> None:
