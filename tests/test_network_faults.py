@@ -189,3 +189,31 @@ def test_what_is_a_network_fault_and_what_is_not():
     for error in (answer("NoSuchKey", 404), answer("AccessDenied", 403), NoCredentialsError(), PermissionError(),
                   FileNotFoundError(2, "No such file", "model-00503-of-00009.safetensors"), ValueError("503")):
         assert fault_of(error) is None, error
+
+
+@pytest.mark.timeout(180)
+def test_the_stall_limit_asked_for_is_what_every_request_waits_for(bad_network, s3_url, micro_snapshots, tmp_path,
+                                                                   monkeypatch):
+    """`stall_seconds=` (`--stall-seconds`) reaches the requests as an argument: to the cache's store, to a checkpoint
+    in the bucket (its listing and its reads), on the command line and through the Python API alike, over the
+    environment's setting. Here every request stalls for 3 s and the environment says 30: a limit of 0.5 s is what
+    each request gives up after, and what the sentence names (a limit of 30 would see the proxy close the
+    connection at 3 s instead: a cut)."""
+    from tasks.errors import PipelineError
+    from tasks.io.network import BACKOFF_ENV
+
+    source, url = f"{s3_url}-stall-sources/n16", f"{s3_url}-stall"
+    upload(micro_snapshots["n16"], source)
+    convert(ConvertOptions("n16", embodiments="gr1", snapshot=source, cache_root=url, progress=False))
+    monkeypatch.setenv(STALL_ENV, "30")
+    monkeypatch.setenv(BACKOFF_ENV, "0.01")
+    bad_network.set(stall=1.0)
+    with pytest.raises(PipelineError, match=r"no byte moved within the stall limit of 0\.5 s \(--stall-seconds\)"):
+        load("n16", url, "gr1", synthetic=True, stall_seconds=0.5)
+    with pytest.raises(PipelineError, match=r"no byte moved within the stall limit"):
+        convert(ConvertOptions("n16", embodiments="gr1", snapshot=source, cache_root=tmp_path / "c", progress=False,
+                               stall_seconds=0.5))
+    listed = run_cli("cache", "ls", "--cache", url, "--stall-seconds", "0.5",
+                     env=_through(bad_network, **{STALL_ENV: "30", BACKOFF_ENV: "0.01"}), timeout=120)
+    assert listed.returncode == 2 and "Traceback" not in listed.stderr, listed.stderr[-2000:]
+    assert "no byte moved within the stall limit of 0.5 s (--stall-seconds)" in listed.stderr, listed.stderr

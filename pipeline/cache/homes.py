@@ -35,10 +35,10 @@ from tasks.entries.names import ENTRIES, FETCHED, PORT_MODELS, PROCESSOR_DIR, en
 from tasks.entries.objects import FRESH_FOR, Listing, present_objects, still_held
 from tasks.entries.progress import adopt_staged
 from tasks.entries.publish import push
+from tasks.entries.object_stores import ObjectStore
 from tasks.entries.store import LocalStore, Store
 from tasks.errors import CacheError
 from tasks.io.bulk_write import writes_finished
-from tasks.io.network import stall_seconds
 from tasks.plan import Plan
 from tasks.places import InBucket, InFolder, Place
 
@@ -54,7 +54,7 @@ class Site:
     place: Place
     listing: Listing = field(default_factory=Listing)  # an object store's objects when the build began
     folder: Path | None = None                         # the folder it is built in, which a cluster's workers must see
-    store_url: str | None = None                       # the object store every worker must reach
+    store: ObjectStore | None = None                   # the object store every worker must reach
 
 
 class EntryHome(ABC):
@@ -242,6 +242,7 @@ class FolderHome(EntryHome):
 
 
 class BucketHome(EntryHome):
+    store: ObjectStore
     unpublished_state = "incomplete (no manifest: a push in progress or abandoned)"
     unpublished_remedy = "pushed (a push in progress, or one that died) — convert again to complete it"
     over_network = True
@@ -257,8 +258,8 @@ class BucketHome(EntryHome):
         present = present_objects(self.store)
         listing = Listing(present, time.time() - FRESH_FOR)
         url = self.store.describe("")
-        return Site(entry_key(name), InBucket(url, name, stall_seconds(), present, listing.fresh_after), listing,
-                    store_url=url)
+        return Site(entry_key(name), InBucket(url, name, self.store.stall, present, listing.fresh_after), listing,
+                    store=self.store)
 
     def lay_out(self, site, plan, slots, arrays, reused, holders, processor) -> dict:
         # sent even where the store has them: a few kilobytes, and the put dates them now, so that `cache gc` leaves

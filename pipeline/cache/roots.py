@@ -88,9 +88,10 @@ def writable_folder(root: Path, what: str) -> None:
                          f"({'--cache DIR or $GR00T_CACHE' if what == 'cache' else '--hf-cache DIR'})") from None
 
 
-def cache_store(root: Store | Path | str | None = None) -> Store:
-    """The cache `--cache` names, else $GR00T_CACHE (a folder or an object-store URL), else the project's folder."""
-    return open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT)
+def cache_store(root: Store | Path | str | None = None, stall: float | None = None) -> Store:
+    """The cache `--cache` names, else $GR00T_CACHE (a folder or an object-store URL), else the project's folder
+    (`stall`: an object store's stall limit, `--stall-seconds`; None: the default)."""
+    return open_store(root if root is not None else os.environ.get("GR00T_CACHE") or DEFAULT_ROOT, stall)
 
 
 def entry_at(path: Path) -> Entry:

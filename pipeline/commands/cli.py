@@ -78,7 +78,7 @@ def cmd_synth(a: argparse.Namespace) -> dict:
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
     hf = a.hf_cache or (synthetic_hf_cache(a.cache) if a.synthetic else None)
-    report = inspect_report(a.version, a.snapshot, hf, a.revision, a.synthetic, a.model)
+    report = inspect_report(a.version, a.snapshot, hf, a.revision, a.synthetic, a.model, a.stall_seconds)
     if not a.json:
         print_inspect(report)
     return report
@@ -89,7 +89,7 @@ def _convert_options(a: argparse.Namespace, device=None):
                           snapshot=a.snapshot, hf_cache=a.hf_cache, cache_root=a.cache, force=a.force,
                           progress=not a.json, check_against_cache=a.check_against_cache, device=device,
                           layout=a.layout, revision=a.revision, synthetic=a.synthetic, model=a.model,
-                          sha256=a.sha256)
+                          sha256=a.sha256, stall_seconds=a.stall_seconds)
 
 
 def cmd_convert(a: argparse.Namespace) -> dict:
@@ -107,7 +107,7 @@ def cmd_graph(a: argparse.Namespace) -> dict:
 
     opts = ConvertOptions(a.version, profile=a.profile, embodiments=a.embodiments, snapshot=a.snapshot,
                           hf_cache=a.hf_cache, cache_root=a.cache, layout=a.layout, revision=a.revision,
-                          synthetic=a.synthetic, model=a.model)
+                          synthetic=a.synthetic, model=a.model, stall_seconds=a.stall_seconds)
     if a.out == "-" and a.json:
         raise ConfigError("--out - already prints the task list as JSON: leave out --json")
     result = write_graph(opts, Path(a.out), sys.stdout)
@@ -123,7 +123,7 @@ def cmd_load(a: argparse.Namespace) -> dict:
     with opened_device(a.device) as dev:
         loaded = load(a.version, a.cache, a.embodiment, into="torch" if dev is None else dev, profile=a.profile,
                       layout=a.layout, entry=a.entry, revision=a.revision, source=a.source,
-                      synthetic=True, transfers=a.transfers)  # (it prints SYNTHETIC itself)
+                      synthetic=True, transfers=a.transfers, stall_seconds=a.stall_seconds)  # (it prints SYNTHETIC itself)
     result = {"entry": loaded.entry, "layout": loaded.layout, "slot": loaded.slot, "source": loaded.source,
               "processor": processor_of(loaded), **loaded.stats}
     if not a.json:
@@ -176,7 +176,7 @@ def parse_size(text: str) -> int:
 
 def cmd_cache(a: argparse.Namespace) -> dict:
     """`cache ls|verify|gc|rm`, the same rules for a local folder and an object store."""
-    store = cache.cache_store(a.cache)
+    store = cache.cache_store(a.cache, a.stall_seconds)
     root = store.describe("")
     if a.action in ("gc", "rm"):
         if a.action == "rm":
@@ -211,7 +211,7 @@ def cmd_port_check(a: argparse.Namespace) -> dict:
 
     code = port_n16.PortCode.find(a.tt_metal)
     with opened_device(a.device) as dev:
-        verdict = port_n16.check_port(code, build_root=cache.build_root(cache.cache_store(a.cache)), device=dev,
+        verdict = port_n16.check_port(code, build_root=cache.build_root(cache.cache_store(a.cache, a.stall_seconds)), device=dev,
                                       force=a.force, log=lambda line: print(line, file=sys.stderr))
     if not a.json:
         where = "on the device" if verdict["on_device"] else "on the host"
@@ -487,8 +487,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # ttnn reads its logging settings at import, wherever that happens: quiet from the start (its own settings)
     configure_ttnn_env(os.environ, device_present())
-    if getattr(args, "stall_seconds", None):  # read where each store is made (tasks/io/network.py), here and below
-        os.environ[STALL_ENV] = f"{args.stall_seconds:g}"
     out = sys.stdout
     try:
         out = _json_channel() if args.json and argv is None else sys.stdout

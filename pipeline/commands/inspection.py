@@ -17,12 +17,12 @@ from tasks.errors import PipelineError
 
 
 def inspect_report(version: str | None, snapshot: Path | None, hf_cache: Path | None, revision: str | None = None,
-                   synthetic: str | None = None, model: str | None = None) -> dict:
+                   synthetic: str | None = None, model: str | None = None, stall: float | None = None) -> dict:
     """`version` None: found from the checkpoint's keys, as the convert finds it. A fine-tune's trained tags are
     read with its trainer's own map, as `convert --embodiments trained` reads them."""
     with checkpoint_store_failures_said(snapshot):  # a checkpoint in a bucket out of reach: one sentence, as for a convert
         folder = read_folder(resolve_snapshot(load_config(version) if version else None, snapshot, hf_cache,
-                                              revision, synthetic, model), version)
+                                              revision, synthetic, model, stall), version)
     version, trained = folder.version, Embodiments.parse("trained") if folder.trained else Embodiments()
     notes = folder.notes(trained)
     try:

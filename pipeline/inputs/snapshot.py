@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.model.versions import VERSIONS, VersionConfig
 from pipeline.inputs.trainer_files import HUB_FILES
 from tasks.source.checkpoint import INDEX_NAME, SINGLE_NAME
-from tasks.io.file_blocks import is_url, source_path
+from tasks.io.file_blocks import is_remote, is_url, source_path
 from tasks.errors import CheckpointError, ConfigError
 
 # Synthetic snapshots live under an org of their own (not a hub org; never NVIDIA's), one repo per scale.
@@ -133,9 +133,11 @@ def _from_hub(repo_id: str, revision: str, cache_dir: Path, offline_hint: str = 
 
 
 def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf_cache: Path | None = None,
-                     revision: str | None = None, synthetic: str | None = None, model: str | None = None) -> Path:
+                     revision: str | None = None, synthetic: str | None = None, model: str | None = None,
+                     stall: float | None = None) -> Path:
     """The checkpoint to read: a folder (sharded with an index, or `*.safetensors` without one) or one file.
-    `cfg` may be None with `snapshot` or `model` (the version is then found from the keys)."""
+    `cfg` may be None with `snapshot` or `model` (the version is then found from the keys). `stall`: the stall
+    limit of a snapshot in an object store (None: the default), carried by its path to every read."""
     named = [f"--{n} {v}" for n, v in (("snapshot", snapshot), ("synthetic", synthetic), ("model", model)) if v is not None]
     if len(named) > 1:
         raise ConfigError(f"{' and '.join(named)} name {'two' if len(named) == 2 else 'three'} sources: pass one (a "
@@ -148,7 +150,8 @@ def resolve_snapshot(cfg: VersionConfig | None, snapshot: Path | None = None, hf
                           "leave out --revision, or name the repo with --model OWNER/NAME --revision REV")
     if snapshot is None:
         return _in_hf_cache(cfg, hf_cache, revision, synthetic, model)
-    return source_path(snapshot)  # found; what it holds is read once, by pipeline/inputs/folder.py `read_folder`
+    # found; what it holds is read once, by pipeline/inputs/folder.py `read_folder`
+    return source_path(str(snapshot) if is_remote(snapshot) else snapshot, stall)
 
 
 def _in_hf_cache(cfg: VersionConfig | None, hf_cache: Path | None, revision: str | None, synthetic: str | None,

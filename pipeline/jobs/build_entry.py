@@ -55,7 +55,7 @@ def build(opts: ConvertOptions, prep: Prepared, store: Store, name: str | None =
         # threads by the bytes only where a task waits on nothing but this machine: while one waits on the network,
         # the next runs (a convert through a bad network took twice as long on one thread)
         result, timings = run(graph, PUBLISH, opts.scheduler, opts.workers, opts.progress,
-                              shared_folders(ck.dir, site.folder), site.store_url,
+                              shared_folders(ck.dir, site.folder), site.store,
                               work_bytes=None if site.folder is None or is_remote(ck.dir) else bytes_read)
     except BaseException as e:
         builder.abandon(site, e)

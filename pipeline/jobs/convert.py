@@ -43,7 +43,7 @@ def convert(options: ConvertOptions | str | None = None, /, **keywords) -> Conve
         raise ConfigError(f"--device needs the threads or sync scheduler (an open device cannot move to "
                           f"{opts.scheduler} workers)")
     t0, retried_before = time.perf_counter(), retries_so_far()
-    store = cache.cache_store(opts.cache_root)
+    store = cache.cache_store(opts.cache_root, opts.stall_seconds)
     root = cache.build_root(store)
     writable_folder(root, "cache")
     prep = prepare(opts, root)

@@ -67,7 +67,7 @@ class Loaded:
 def load(version: str, cache_root: Store | Path | str | None = None, embodiment: str | int | None = None, *,
          into="torch", layout: str | None = None, profile: str | None = None, entry: str | None = None,
          revision: str | None = None, source: str | Path | None = None, synthetic: bool = False,
-         transfers: int = TRANSFERS, **deprecated) -> Loaded:
+         transfers: int = TRANSFERS, stall_seconds: float | None = None, **deprecated) -> Loaded:
     """Target tensors of the last conversion of `version` in `layout`/`profile` (defaults: the version's layout and
     its default profile), by target name; `.components()` groups them as the consumer does.
 
@@ -83,7 +83,9 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     entry that does (a base model and its fine-tune, or entries of different slots, can all be loaded). A
     conversion of a release always wins over a synthetic one; a synthetic entry, when it is all there is, comes
     with a `SyntheticWeightsWarning` unless `synthetic=True` says the caller knows (`Loaded.synthetic` says it
-    either way). The keywords of 0.1.0, `ttnn_host=True` and `device=D`, still work (deprecated: `into=`)."""
+    either way). From an object store, `transfers` chunks are fetched at once, each request abandoned and tried
+    again once it moves no byte for `stall_seconds` (default $GR00T_STALL_SECONDS, else 30). The keywords of 0.1.0,
+    `ttnn_host=True` and `device=D`, still work (deprecated: `into=`)."""
     into = into_of_old_keywords(into, deprecated)
     t0, retried_before = time.perf_counter(), retries_so_far()
     if isinstance(into, str) and into not in FORMS:
@@ -100,7 +102,7 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     wanted = cache.Wanted(version=version, layout=resolved_layout, profile=resolved_profile, slot=slot, entry=entry,
                           revision=revision, source=source, tag=chosen.one_tag())
     try:
-        opened = cache.choose_entry(cache.cache_store(cache_root), wanted)
+        opened = cache.choose_entry(cache.cache_store(cache_root, stall_seconds), wanted)
     except CacheError:
         if unknown is not None:  # no entry recorded it either: the tag is unknown, as the table said
             raise unknown from None

@@ -31,6 +31,7 @@ class ConvertOptions:
     synthetic: str | None = None  # a scale: convert the project's synthetic stand-in instead of the release
     model: str | None = None  # a hub repo id (a fine-tune's own repo): resolved through huggingface_hub
     sha256: bool = False  # record every shard's sha256 (provenance); taken anyway where an HF blob name expects one
+    stall_seconds: float | None = None  # an object store's stall limit, --stall-seconds (None: $GR00T_STALL_SECONDS, else 30)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "embodiments", Embodiments.parse(self.embodiments))

@@ -46,12 +46,12 @@ class Prepared:
 def prepare(opts: ConvertOptions, root: Path | None = None) -> Prepared:
     """Find and read the checkpoint, plan the targets, name the entry. `root` is the local cache the entry is
     built in (default: the one `opts.cache_root` builds in)."""
-    root = root or cache.build_root(cache.cache_store(opts.cache_root))
+    root = root or cache.build_root(cache.cache_store(opts.cache_root, opts.stall_seconds))
     hf = hf_cache_folder(opts.hf_cache) if opts.hf_cache else (
         cache.synthetic_hf_cache(opts.cache_root) if opts.synthetic else None)
     with checkpoint_store_failures_said(opts.snapshot):
         where = resolve_snapshot(load_config(opts.version) if opts.version else None, opts.snapshot, hf,
-                                 opts.revision, opts.synthetic, opts.model)
+                                 opts.revision, opts.synthetic, opts.model, opts.stall_seconds)
         folder = read_folder(where, opts.version)
     with checkpoint_store_failures_said(opts.snapshot):
         kept = read_processor_files(folder.checkpoint.dir)

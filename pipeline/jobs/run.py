@@ -27,7 +27,8 @@ from dask.diagnostics import ProgressBar
 from pipeline.jobs.chains import StageSeconds, fuse_chains, handed_back
 from tasks.errors import CacheError, ConfigError, PipelineError
 from tasks.io.file_blocks import is_remote
-from tasks.io.network import retries_so_far, stall_seconds
+from tasks.entries.object_stores import ObjectStore
+from tasks.io.network import retries_so_far
 
 TLS_SETTINGS = ("ca-file", "client.cert", "client.key")
 EXPECTED = "expected threads, sync, processes, or a running cluster's tls://host:port (or tcp://host:port) address"
@@ -182,7 +183,7 @@ class _Job:
     workers: int
     progress: bool
     shared: Mapping[str, str] | None  # folders every worker of a cluster must see, each with the remedy to name
-    store_url: str | None             # the object store every worker of a cluster must reach
+    store: ObjectStore | None         # the object store every worker of a cluster must reach
 
 
 def _in_this_process(job: _Job, compute: Callable[[dict], object]) -> tuple[object, dict]:
@@ -244,8 +245,8 @@ def _on_client(job: _Job, cluster, remote: bool = False) -> tuple[object, dict]:
     try:
         if remote and job.shared:
             check_workers_see(client, job.scheduler, job.shared)
-        if remote and job.store_url:
-            check_workers_reach(client, job.scheduler, job.store_url, stall_seconds())
+        if remote and job.store is not None:
+            check_workers_reach(client, job.scheduler, job.store.describe(""), job.store.stall)
         retried_before = client.run(retries_so_far)
         timed = StageSeconds()
         future = client.get(fuse_chains(job.graph, job.key, timed), job.key, sync=False)
@@ -288,17 +289,17 @@ def _scheduler(scheduler: str) -> Callable[[_Job], tuple[object, dict]] | None:
 
 def run(graph: Mapping, key: Hashable, scheduler: str = "threads", workers: int | None = None,
         progress: bool = True, shared: Mapping[str, str] | None = None,
-        store_url: str | None = None, work_bytes: int | None = None) -> tuple[object, dict]:
+        store: ObjectStore | None = None, work_bytes: int | None = None) -> tuple[object, dict]:
     """Compute `key` of `graph` on `scheduler` (SCHEDULERS); returns (result, {"stage_seconds", "stage_tasks"}, and
     for a dask.distributed one "worker_retries"). `shared`: folders every worker of a cluster must see, each with the
-    remedy to name when one cannot; `store_url`: the object store every worker must reach; `work_bytes`: what the
+    remedy to name when one cannot; `store`: the object store every worker must reach; `work_bytes`: what the
     graph reads from this machine into this machine, which bounds the threads scheduler's threads (THREAD_BYTES
     each)."""
     runner = _scheduler(scheduler)
     if runner is None:
         raise ConfigError(f"unknown scheduler {scheduler!r}: {EXPECTED}")
     return runner(_Job(graph, key, scheduler, workers or _default_workers(scheduler, work_bytes), progress, shared,
-                       store_url))
+                       store))
 
 
 # A thread of the threads scheduler for at least this much to read: below it, threads cost more than they overlap

@@ -93,9 +93,11 @@ def _refusals_in_one_sentence(method):
     return call
 
 
-class _ObjectStore(Store):
+class ObjectStore(Store):
     """What an object store's two backends share: a URL `scheme://bucket/prefix`, keys under the prefix, and
     whole objects (no rename, no links: every entry's bytes are shared objects, pipeline/cache/homes.py `BucketHome`)."""
+
+    stall: float | None = None  # the stall limit of its requests (None: the library's own)
 
     def __init__(self, url: str):
         scheme, _, place = url.partition("://")
@@ -113,10 +115,10 @@ class _ObjectStore(Store):
 
     def _retried(self, key: str, call):
         """`call()` through tasks/io/network.py's retries, a fault named by the object `key`."""
-        return with_retries(self.describe(key), call)
+        return with_retries(self.describe(key), call, stall=self.stall)
 
 
-class S3Store(_ObjectStore):
+class S3Store(ObjectStore):
     """An S3 bucket (any S3 API: the endpoint comes from AWS_ENDPOINT_URL when set), through boto3's client, whose
     requests run on as many threads as ask: 2.5 GB in 100 objects from moto, 16 in flight, took 1.7-1.9 s through
     boto3 and 3.5-4.3 s through s3fs. Every request goes through `with_retries` (tasks/io/network.py): a network
@@ -127,8 +129,9 @@ class S3Store(_ObjectStore):
 
     def __init__(self, url: str, stall: float | None = None):
         super().__init__(url)
+        self.stall = stall or stall_seconds()
         try:
-            self._client = shared_s3_client(stall or stall_seconds())
+            self._client = shared_s3_client(self.stall)
         except ImportError:
             raise CacheError(f"{url}: an S3 cache needs boto3, which is not installed; install the project with its "
                              "s3 extra (pip install 'gr00t-tt-weights[s3]')") from None
@@ -272,7 +275,7 @@ class S3Store(_ObjectStore):
                                  "permissions on the bucket")
 
 
-class FsspecStore(_ObjectStore):
+class FsspecStore(ObjectStore):
     """Any other object store fsspec knows (`gs://`, `memory://`, …), through its filesystem; each request goes
     through the same retries as S3's (tasks/io/network.py), and a refusal is one sentence (`_refusals_in_one_sentence`)."""
 

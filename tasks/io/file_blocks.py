@@ -54,9 +54,10 @@ def is_url(where: object) -> bool:
     return isinstance(where, str) and "://" in where
 
 
-def source_path(where: str | os.PathLike) -> Path:
+def source_path(where: str | os.PathLike, stall: float | None = None) -> Path:
     """A checkpoint's place as a path: a local one, or for a URL (`s3://bucket/prefix`) a UPath, which answers
-    `/`, `glob`, `is_file`, `read_text`, `stat` and `open` through fsspec as a local path does."""
+    `/`, `glob`, `is_file`, `read_text`, `stat` and `open` through fsspec as a local path does, and carries the
+    stall limit (`stall`; None: the default) to every read through it, on whichever worker it runs."""
     if is_url(where):
         from upath import UPath  # lazy: only sources in an object store need it
 
@@ -64,7 +65,7 @@ def source_path(where: str | os.PathLike) -> Path:
         if not place.strip("/"):
             raise CheckpointError(where, f"names no bucket; pass {scheme}://BUCKET/PREFIX, the folder the trainer "
                                          "saved the model in")
-        return UPath(where, **(s3fs_options() if scheme in ("s3", "s3a") else {}))
+        return UPath(where, **(s3fs_options(stall) if scheme in ("s3", "s3a") else {}))
     return where if is_remote(where) else Path(where)
 
 
@@ -122,11 +123,13 @@ class _RemoteFile:
         self.path = path
         self.s3 = path.protocol in ("s3", "s3a") or "s3" in getattr(path.fs, "protocol", ())
         self.bucket, _, self.key = str(path.path).partition("/")
+        # the stall limit the path was made with (`source_path`): the client's, on every worker
+        self.stall = getattr(path, "storage_options", {}).get("config_kwargs", {}).get("read_timeout") or stall_seconds()
 
     def size(self) -> int:
         def head() -> int:
             if self.s3:
-                response = shared_s3_client(stall_seconds()).head_object(Bucket=self.bucket, Key=self.key)
+                response = shared_s3_client(self.stall).head_object(Bucket=self.bucket, Key=self.key)
                 return int(with_field(response, "ContentLength", "a HEAD")["ContentLength"])
             return int(self.path.fs.size(self.path.path))
         return self._retried(head)
@@ -140,7 +143,7 @@ class _RemoteFile:
         end = offset + len(view)
         if self.s3:
             try:
-                response = shared_s3_client(stall_seconds()).get_object(Bucket=self.bucket, Key=self.key,
+                response = shared_s3_client(self.stall).get_object(Bucket=self.bucket, Key=self.key,
                                                                        Range=f"bytes={offset}-{end - 1}")
             except Exception as e:
                 if "InvalidRange" not in str(e):
@@ -163,7 +166,7 @@ class _RemoteFile:
 
     def _retried(self, call):
         try:
-            return with_retries(str(self.path), call)
+            return with_retries(str(self.path), call, stall=self.stall)
         except (CheckpointError, NetworkError):
             raise
         except OSError as e:

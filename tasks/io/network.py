@@ -181,10 +181,11 @@ def retries_since(before: dict[str, int]) -> dict[str, int]:
     return {k: n - before.get(k, 0) for k, n in sorted(retries_so_far().items()) if n - before.get(k, 0)}
 
 
-def with_retries(what: str, call: Callable[[], T], attempts: int = ATTEMPTS) -> T:
+def with_retries(what: str, call: Callable[[], T], attempts: int = ATTEMPTS, stall: float | None = None) -> T:
     """`call()`, tried again after each network fault, up to `attempts` tries; then NetworkError naming `what`
-    (the object, as the user knows it). Only for a call that may run twice: a GET, a listing, a DELETE, and a PUT
-    of an object whose bytes do not change between tries (a content-addressed object, a manifest, a ref)."""
+    (the object, as the user knows it) and, for a timeout, the stall limit the call ran with (`stall`; None: the
+    default). Only for a call that may run twice: a GET, a listing, a DELETE, and a PUT of an object whose bytes do
+    not change between tries (a content-addressed object, a manifest, a ref)."""
     said = ""
     for attempt in range(attempts):
         PACING.wait_turn()
@@ -194,15 +195,15 @@ def with_retries(what: str, call: Callable[[], T], attempts: int = ATTEMPTS) -> 
             fault = fault_of(e)
             if fault is None:
                 raise
-            said = _gave_up(what, fault, attempts, e)
+            said = _gave_up(what, fault, attempts, e, stall or stall_seconds())
         if attempt + 1 < attempts:
             PACING.retry_after(fault, attempt)
     raise NetworkError(said)  # outside the handler: a worker's error pickles without botocore's beneath it
 
 
-def _gave_up(what: str, fault: str, attempts: int, e: BaseException) -> str:
+def _gave_up(what: str, fault: str, attempts: int, e: BaseException, stall: float) -> str:
     detail = str(e).split("\n")[0][:160]
-    limit = f" of {stall_seconds():g} s (--stall-seconds)" if fault == TIMEOUT else ""
+    limit = f" of {stall:g} s (--stall-seconds)" if fault == TIMEOUT else ""
     return (f"{what}: {RETRIED[fault]}{limit}, on each of {attempts} tries ({detail}); a network fault, not damaged "
             "data: check the network and AWS_ENDPOINT_URL, then run the same command again")
 
@@ -221,12 +222,13 @@ def s3_client(stall: float | None = None):
     return client
 
 
-def s3fs_options() -> dict:
+def s3fs_options(stall: float | None = None) -> dict:
     """s3fs (a checkpoint's folder in an S3 bucket, listed through universal_pathlib) set up as `s3_client` is: a
     connect timeout, the stall limit as its read timeout, and botocore's own retries off. s3fs tries each call five
     times itself (its waits 0.1 s growing 1.7x); botocore's legacy retries inside each of those made a network that
-    never answers take 44 s to say so, and a stalled listing wait botocore's 60 s a try."""
-    return {"config_kwargs": {"connect_timeout": CONNECT_SECONDS, "read_timeout": stall_seconds(),
+    never answers take 44 s to say so, and a stalled listing wait botocore's 60 s a try. `stall`: the stall limit
+    (None: the default), which the path carries to whoever reads through it (tasks/io/file_blocks.py)."""
+    return {"config_kwargs": {"connect_timeout": CONNECT_SECONDS, "read_timeout": stall or stall_seconds(),
                               "retries": {"total_max_attempts": 1}}}
 
 
