@@ -10,6 +10,8 @@ Rooms, from the floor up; a module imports only from its own room or the ones be
 - `device/`: ttnn: host tensors in the device dtype and layout, `.tensorbin` files, upload to a device.
 - `entries/`: the cache entry format, built and read through one store interface.
 - `stage.py`: writing a converted target into an entry being built, locally or in an object store.
+- `places.py`: where an entry is being built (a folder, or an object store), as the graph's stage and publish
+  tasks see it.
 
 `old_paths.py` keeps the modules' import paths of earlier versions working, with a DeprecationWarning.
 """

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKS = ROOT / "tasks"
 
 # From the floor up, as tasks/__init__.py tells it.
-FLOORS = [("errors", "config_files", "old_paths"), ("io",), ("numerics",), ("plan",), ("source",), ("device",), ("entries",), ("stage",)]
+FLOORS = [("errors", "config_files", "old_paths"), ("io",), ("numerics",), ("plan",), ("source",), ("device",), ("entries",), ("stage",), ("places",)]
 FLOOR_OF = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 
 

@@ -14,6 +14,7 @@ from tasks.entries.names import ENTRIES, HF, TMP_MARK, tmp_name, tmp_owner
 from tasks.entries.cache_root import open_store
 from tasks.entries.store import LocalStore, Store, is_url
 from tasks.errors import CacheError
+from tasks.old_paths import names_moved
 
 
 def _default_root() -> Path:
@@ -99,3 +100,7 @@ def entry_at(path: Path) -> Entry:
     return open_entry(LocalStore(path.parent.parent), path.name)
 
 
+
+
+# Names that left this module (deprecated, CHANGELOG.md): where entries are built is the cache's home's
+__getattr__ = names_moved("pipeline.cache.roots", dict.fromkeys(("build_root", "build_store"), "pipeline.cache.homes"))

@@ -8,6 +8,6 @@
   `cache_root.py`: `open_store`, the store behind a cache root.
 - `objects.py`: an object store's shared, content-named objects, and how long `cache gc` leaves one alone.
 - `publish.py`, `refs.py`: how an entry becomes visible (rename, or the manifest last) and how a ref names it.
-- `entry.py`, `reload.py`, `fetched.py`: reading a published entry, checked, onto the host or a device; what a load
-  from an object store keeps on local disk.
+- `entry.py`, `reload.py`: reading a published entry, checked, onto the host or a device; `fetched.py`: an object
+  store read through what loads fetched from it before (`KeepingStore`), kept on local disk.
 """
