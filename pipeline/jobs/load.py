@@ -111,17 +111,8 @@ def load(version: str, cache_root: Store | Path | str | None = None, embodiment:
     if into != "torch" and slot is None and any(a.bank for a in opened.manifest.arrays.values()):
         raise CacheError(f"{opened.describe()}: device tensors hold one embodiment slot; pass embodiment= a tag or "
                          "slot id")
-    chunks, fetched = reload.plan_reads(opened.manifest, slot), {}
-    home = cache.home_of(opened.store)
-    keeping = home.keeping()  # an object store: read through what this machine fetched from it before
-    if keeping is not None:
-        opened = replace(opened, store=keeping)
-        kept = keeping.kept_bytes(reload.read_objects(opened, chunks, from_device_files=into != "torch" and
-                                                      reload.takes_device_files(None if isinstance(into, str) else into)))
-    with home.reading(opened.name):  # gc and rm leave it alone meanwhile
-        tensors, nbytes = _read(opened, chunks, into, every_slot=slot is None, threads=home.read_threads(transfers))
-    if keeping is not None:
-        fetched = _fetched_stats(keeping, nbytes, kept, retried_before)
+    chunks = reload.plan_reads(opened.manifest, slot)
+    tensors, nbytes, fetched = _read_held(opened, chunks, into, slot is None, transfers, retried_before)
     return Loaded(tensors=tensors, entry=opened.name, slot=slot,
                   stats={"seconds": time.perf_counter() - t0, "tensors": len(tensors), "bytes_read": nbytes,
                          "chunks": len(chunks), **fetched},
@@ -143,6 +134,20 @@ def _slot_of_chosen(opened, wanted, unknown: Exception | None, layout: str | Non
             raise CacheError(f"{opened.describe()}: is a {held} entry, not {what} {asked}; leave out --{what} or "
                              f"name an entry in {asked}")
     return slot
+
+
+def _read_held(opened, chunks: list[reload.Chunk], into, every_slot: bool, transfers: int,
+               retried_before: dict) -> tuple[dict, int, dict]:
+    """`_read` under a lease (gc and rm leave the entry alone meanwhile), from an object store through what this
+    machine fetched from it before; the tensors, the bytes read, and what was fetched and kept."""
+    home = cache.home_of(opened.store)
+    keeping = home.keeping()
+    reading = opened if keeping is None else replace(opened, store=keeping)
+    device_files = into != "torch" and reload.takes_device_files(None if isinstance(into, str) else into)
+    kept = keeping.kept_bytes(reload.read_objects(reading, chunks, device_files)) if keeping is not None else 0
+    with home.reading(opened.name):
+        tensors, nbytes = _read(reading, chunks, into, every_slot, home.read_threads(transfers))
+    return tensors, nbytes, {} if keeping is None else _fetched_stats(keeping, nbytes, kept, retried_before)
 
 
 def _fetched_stats(fetched: KeepingStore, nbytes: int, kept: int, retried_before: dict) -> dict:
