@@ -22,13 +22,13 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ContextManager, Mapping
+from typing import Callable, ContextManager, Mapping
 
 from pipeline.cache import leases
 from pipeline.cache.pool import Pool, named_objects, sweep
 from pipeline.cache.roots import cache_root, claim_tmp, entries_dir, entry_at
 from tasks.entries.chunks import create_arrays
-from tasks.entries.entry import Entry, list_entries
+from tasks.entries.entry import UNPUBLISHED, Entry, list_entries
 from tasks.entries.fetched import KeepingStore
 from tasks.entries.manifest import ArrayRecord, Staged, processor_record
 from tasks.entries.names import ENTRIES, FETCHED, PORT_MODELS, PROCESSOR_DIR, entry_key, manifest_key, object_key
@@ -58,7 +58,8 @@ class Site:
 
 
 class EntryHome(ABC):
-    """Where the entries of one cache go (the module's docstring)."""
+    """Where the entries of one cache go (the module's docstring). Each home answers every question below its own
+    way; none answers for the other."""
 
     unpublished_state: str   # a final name without its manifest, as `cache ls` says it
     unpublished_remedy: str  # and what to do about it, as a reader says it
@@ -73,9 +74,9 @@ class EntryHome(ABC):
         """This machine's folder for the cache: the source-hash memo, a build with a device open, what loads keep."""
 
     # -- building -----------------------------------------------------------------------------------------------
+    @abstractmethod
     def builder(self, device_open: bool) -> "EntryHome":
-        """The home an entry is built in (itself, unless it cannot hold an open device's build)."""
-        return self
+        """The home an entry is built in: itself, or one that can hold an open device's build."""
 
     @abstractmethod
     def start(self, name: str, *, replace: bool, behind: bool) -> Site:
@@ -87,65 +88,67 @@ class EntryHome(ABC):
         """Put in place what the graph does not write (the arrays' documents, the trainer's processor files); the
         units that need no conversion, keyed (target, slot): those `reused`, and a killed run's still whole."""
 
+    @abstractmethod
     def abandon(self, site: Site, error: BaseException) -> None:
         """After `error` stopped the build at `site`: leave nothing half-built that a later run cannot take over."""
 
+    @abstractmethod
     def sent(self, site: Site, result: dict) -> int | None:
         """The bytes the workers sent to the store (None: nothing went over a network)."""
-        return None
 
+    @abstractmethod
     def push(self, built: "EntryHome", name: str, progress: bool) -> tuple[str, int] | None:
-        """When `built` is not this home: copy its published entry `name` here; where it was built and the bytes sent."""
-        return None
+        """When `built` is not this home: copy its published entry `name` here; where it was built and the bytes
+        sent (None: it was built here)."""
 
     # -- giving a new entry another entry's bytes ----------------------------------------------------------------
+    @abstractmethod
     def gives(self, array: ArrayRecord) -> bool:
         """Whether an array of a published entry can be given to a new one."""
-        return True
 
     @abstractmethod
     def give(self, held: Held, listing: Listing) -> set[str]:
         """Give each held chunk and device file to the entry being built; the new keys that now stand for them."""
 
-    # -- reading and removing ------------------------------------------------------------------------------------
+    # -- reading -------------------------------------------------------------------------------------------------
+    @abstractmethod
     def is_published(self, name: str) -> bool:
         """Whether the final name `name` is an entry to open (a broken one says so when opened)."""
-        return True
-
-    def reading(self, name: str) -> ContextManager:
-        """Hold entry `name` while reading it, so that gc and rm leave it alone."""
-        return contextlib.nullcontext()
-
-    def readers(self, name: str) -> list[int]:
-        """The live processes reading entry `name`."""
-        return []
-
-    def delete_unread(self, name: str) -> bool:
-        """Delete entry `name` unless a process reads it; False (nothing deleted) if one does."""
-        self.store.delete(entry_key(name))
-        return True
-
-    def keeping(self) -> KeepingStore | None:
-        """The store a load reads through, keeping what it fetches (None: it reads local files, and keeps nothing)."""
-        return None
-
-    def read_threads(self, transfers: int) -> int:
-        """Chunk reads a load runs at once (`transfers`: asked for an object store)."""
-        return READ_THREADS
 
     @abstractmethod
-    def usage(self, entries: list[Entry]):
-        """`name -> (bytes, own bytes, {stored file: size})` for the listed `entries` (Store.usage's answer)."""
+    def reading(self, name: str) -> ContextManager:
+        """Hold entry `name` while reading it, so that gc and rm leave it alone."""
 
+    @abstractmethod
+    def readers(self, name: str) -> list[int]:
+        """The live processes reading entry `name`."""
+
+    @abstractmethod
+    def keeping(self) -> KeepingStore | None:
+        """The store a load reads through, keeping what it fetches (None: it reads local files, and keeps nothing)."""
+
+    @abstractmethod
+    def read_threads(self, transfers: int) -> int:
+        """Chunk reads a load runs at once (`transfers`: asked for an object store)."""
+
+    # -- sizes and removing ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def usage_of(self, entries: list[Entry]) -> Callable[[str], tuple[int, int, dict]]:
+        """For the listed `entries`: name -> its bytes, its own bytes (what removing it frees), and each stored
+        file's identity -> size, for totals that count shared bytes once."""
+
+    @abstractmethod
     def usage_of_one(self, name: str) -> tuple[int, int, Entry | None]:
-        """Entry `name`'s bytes and its own (as `usage`), and the entry where removing it removes more (else None)."""
-        size, own, _ = self.store.usage(entry_key(name))
-        return size, own, None
+        """Entry `name`'s bytes and its own (as `usage_of`), and the entry, where removing it removes more."""
 
+    @abstractmethod
+    def delete_unread(self, name: str) -> bool:
+        """Delete entry `name` unless a process reads it; False (nothing deleted) if one does."""
+
+    @abstractmethod
     def freed_by_removing(self, entry: Entry | None, grace_hours: float, dry_run: bool) -> tuple[int, int] | None:
         """After `cache rm` removed `entry` (`usage_of_one`'s): the bytes of what went with it, and how many of its
         files stay for being young (None: nothing goes with an entry)."""
-        return None
 
     @abstractmethod
     def tidy(self, grace_hours: float, dry_run: bool, removed: set[str], unused_before: float | None,
@@ -155,7 +158,7 @@ class EntryHome(ABC):
 
 class FolderHome(EntryHome):
     unpublished_state = "broken"
-    unpublished_remedy = "published — run `python -m pipeline cache gc` and convert again"
+    unpublished_remedy = UNPUBLISHED
     over_network = False
 
     def __init__(self, store: LocalStore):
@@ -165,6 +168,9 @@ class FolderHome(EntryHome):
     @property
     def local_root(self) -> Path:
         return self.folder.root
+
+    def builder(self, device_open: bool) -> EntryHome:
+        return self
 
     def start(self, name: str, *, replace: bool, behind: bool) -> Site:
         tmp = claim_tmp(self.local_root, name)
@@ -194,6 +200,15 @@ class FolderHome(EntryHome):
                              "nothing was published and the temporary files were removed — free space or pass "
                              "--cache DIR on a larger disk") from error
 
+    def sent(self, site: Site, result: dict) -> None:
+        return None
+
+    def push(self, built: EntryHome, name: str, progress: bool) -> None:
+        return None  # a folder holds an open device's build itself
+
+    def gives(self, array: ArrayRecord) -> bool:
+        return True
+
     def give(self, held: Held, listing: Listing) -> set[str]:
         """Hard links: each held file becomes a file of the new entry, under a lease on its holder meanwhile (a
         link outlives its source, but a holder removed first leaves nothing to link)."""
@@ -209,17 +224,33 @@ class FolderHome(EntryHome):
             return False
         return True
 
+    def is_published(self, name: str) -> bool:
+        return True  # a rename made it; one without its manifest is broken, and says so when opened
+
     def reading(self, name: str) -> ContextManager:
         return leases.reading(self.folder, name)
 
     def readers(self, name: str) -> list[int]:
         return leases.readers(self.folder, name)
 
+    def keeping(self) -> None:
+        return None
+
+    def read_threads(self, transfers: int) -> int:
+        return READ_THREADS
+
+    def usage_of(self, entries: list[Entry]) -> Callable[[str], tuple[int, int, dict]]:
+        return lambda name: self.folder.usage(entry_key(name))  # hard links: the files' own link counts say it
+
+    def usage_of_one(self, name: str) -> tuple[int, int, None]:
+        size, own, _ = self.folder.usage(entry_key(name))
+        return size, own, None
+
     def delete_unread(self, name: str) -> bool:
         return leases.delete_unread(self.folder, name)
 
-    def usage(self, entries: list[Entry]):
-        return lambda name: self.folder.usage(entry_key(name))
+    def freed_by_removing(self, entry: Entry | None, grace_hours: float, dry_run: bool) -> None:
+        return None
 
     def tidy(self, grace_hours, dry_run, removed, unused_before, days) -> list[dict]:
         if not dry_run:  # the port's models kept for entries that are gone (a start kept one as its entry went)
@@ -268,6 +299,9 @@ class BucketHome(EntryHome):
             self.store.put(object_key(processor_record(data)["sha256"]), data)
         return dict(reused)
 
+    def abandon(self, site: Site, error: BaseException) -> None:
+        pass  # what the workers put is named by no manifest: the next convert finds it there, or gc sweeps it
+
     def sent(self, site: Site, result: dict) -> int:
         present = site.listing.present
         return sum(n for k, n in result["objects"].items() if k not in present) + result["document_bytes"]
@@ -289,7 +323,13 @@ class BucketHome(EntryHome):
         return {new for _, _, objects in held.values() for new, (key, _) in objects.items() if key in there}
 
     def is_published(self, name: str) -> bool:
-        return self.store.get(manifest_key(name)) is not None
+        return self.store.get(manifest_key(name)) is not None  # the manifest goes last: without it, not there yet
+
+    def reading(self, name: str) -> ContextManager:
+        return contextlib.nullcontext()  # a pid means nothing to another machine
+
+    def readers(self, name: str) -> list[int]:
+        return []
 
     def keeping(self) -> KeepingStore:
         return KeepingStore(self.store, self.local_root / FETCHED)
@@ -297,14 +337,18 @@ class BucketHome(EntryHome):
     def read_threads(self, transfers: int) -> int:
         return max(1, transfers)  # each waits on the network, not on a core
 
-    def usage(self, entries: list[Entry]):
-        pool = Pool.of(self.store, entries)
+    def usage_of(self, entries: list[Entry]) -> Callable[[str], tuple[int, int, dict]]:
+        pool = Pool.of(self.store, entries)  # one listing of objects/ for every entry
         return lambda name: pool.usage(self.store, name)
 
     def usage_of_one(self, name: str) -> tuple[int, int, Entry | None]:
         entries = [e for _, e, _ in list_entries(self.store) if e is not None]
-        size, own, _ = self.usage(entries)(name)
+        size, own, _ = self.usage_of(entries)(name)
         return size, own, next((e for e in entries if e.name == name), None)
+
+    def delete_unread(self, name: str) -> bool:
+        self.store.delete(entry_key(name))  # no leases: nothing here can tell a reader on another machine
+        return True
 
     def freed_by_removing(self, entry, grace_hours, dry_run) -> tuple[int, int] | None:
         if entry is None:

@@ -23,7 +23,7 @@ def entry_rows(store: Store, only: str | None = None, verify: bool = False, tota
     in `unique_bytes`, and counted once in the totals."""
     in_use, seen, now, rows, home = refs(store), {}, time.time(), [], home_of(store)
     listed = list(list_entries(store, unpublished=home.unpublished_state))
-    usage = home.usage([e for _, e, _ in listed if e is not None])
+    usage = home.usage_of([e for _, e, _ in listed if e is not None])
     for name, entry, state in (row for row in listed if not only or row[0] == only):
         if verify and entry is not None:
             problems = entry.verify()
