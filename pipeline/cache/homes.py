@@ -288,7 +288,7 @@ class BucketHome(EntryHome):
     def start(self, name: str, *, replace: bool, behind: bool) -> Site:
         present = present_objects(self.store)
         listing = Listing(present, time.time() - FRESH_FOR)
-        url = self.store.describe("")
+        url = self.store.url  # what the workers reopen it from
         return Site(entry_key(name), InBucket(url, name, self.store.stall, present, listing.fresh_after), listing,
                     store=self.store)
 

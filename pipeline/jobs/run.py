@@ -246,7 +246,7 @@ def _on_client(job: _Job, cluster, remote: bool = False) -> tuple[object, dict]:
         if remote and job.shared:
             check_workers_see(client, job.scheduler, job.shared)
         if remote and job.store is not None:
-            check_workers_reach(client, job.scheduler, job.store.describe(""), job.store.stall)
+            check_workers_reach(client, job.scheduler, job.store.url, job.store.stall)
         retried_before = client.run(retries_so_far)
         timed = StageSeconds()
         future = client.get(fuse_chains(job.graph, job.key, timed), job.key, sync=False)

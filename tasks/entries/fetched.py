@@ -64,11 +64,6 @@ class KeepingStore(Store):
         self.store.read_into(key, out)
         self._keep(key, out.nbytes, lambda path: write_bytes_atomic(path, memoryview(out.reshape(-1).view(np.uint8))))
 
-    def map(self, key: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        out = np.empty(shape, dtype)
-        self.read_into(key, out)
-        return out
-
     def local_file(self, key: str) -> Path | None:
         path = self.kept_path(key)
         if path.is_file():
