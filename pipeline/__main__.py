@@ -11,7 +11,12 @@ def run() -> int:
         interrupted.append(signum)  # remembered: raised inside a weakref callback of importlib, Python drops it
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
+    def unraisable(raised) -> None:
+        if not isinstance(raised.exc_value, KeyboardInterrupt):  # that one is said below, in one line
+            said_by_python(raised)
+
+    previous, said_by_python = signal.signal(signal.SIGINT, on_interrupt), sys.unraisablehook
+    sys.unraisablehook = unraisable  # Python prints what a callback raises, as a traceback, then goes on
     try:
         from pipeline.commands.cli import main
     except KeyboardInterrupt:
@@ -21,6 +26,7 @@ def run() -> int:
             raise
     finally:
         signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = said_by_python
     if interrupted:
         print("interrupted while starting: nothing was changed", file=sys.stderr, flush=True)
         os._exit(130)  # now: a half-imported library's shutdown may re-raise the signal (and exit -2)

@@ -363,6 +363,35 @@ def test_ctrl_c_inside_an_extension_modules_import_is_one_line_too():
     assert (proc.returncode, proc.stderr) == (130, "interrupted while starting: nothing was changed\n"), proc.stderr
 
 
+_INTERRUPTED_INSIDE_A_CALLBACK = """
+import signal, sys, weakref
+import pipeline.__main__ as start
+
+
+class InterruptInsideACallback:  # as the signal lands while importlib runs a weakref callback
+    def find_spec(self, name, path=None, target=None):
+        if name == "pipeline.commands.cli":
+            class Thing: pass
+            thing = Thing()
+            ref = weakref.ref(thing, lambda r: signal.getsignal(signal.SIGINT)(signal.SIGINT, None))
+            del thing
+        return None
+
+
+sys.meta_path.insert(0, InterruptInsideACallback())
+sys.argv = ["pipeline", "cache", "ls"]
+sys.exit(start.run())
+"""
+
+
+def test_ctrl_c_inside_a_callback_at_start_up_is_the_one_line_too():
+    """Python prints what a callback raises, as a traceback, and goes on: a Ctrl-C that lands inside one while the
+    command imports (the start-up test met it once, in a clean-clone run) is still the one line, exit 130."""
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPTED_INSIDE_A_CALLBACK], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 130 and proc.stderr == "interrupted while starting: nothing was changed\n", proc.stderr
+
+
 def test_ctrl_c_is_one_line_at_start_up_and_during_convert_which_resumes(two_entries, hf_cache, tmp_path):
     """As from a terminal: each child starts with SIGINT at its default (`_start_as_from_a_terminal`)."""
     root, _, _ = two_entries
