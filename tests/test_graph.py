@@ -195,9 +195,10 @@ def test_a_shard_is_hashed_again_only_when_nothing_before_checked_what_is_read_f
 
 
 def test_linear_chains_run_as_one_task_each_and_every_link_is_still_timed():
-    """In this process a chain of tasks, each taken by the next alone, runs as one task under its last key; a task
-    two others take, a task taking two, and a constant stay as they are. The result is Dask's own on the graph as
-    built, and each link is counted under its stage."""
+    """In this process a chain of tasks, each taken by the next alone, runs as one task under its last key, with
+    the graph's constants its links take (where the entry goes); a task two others take, a task taking two, and a
+    constant stay as they are. The result is Dask's own on the graph as built, and each link is counted under its
+    stage."""
     import dask
     from dask.task_spec import DataNode, Task, TaskRef
 
@@ -210,7 +211,8 @@ def test_linear_chains_run_as_one_task_each_and_every_link_is_still_timed():
              ("read", "a"): Task(("read", "a"), add, TaskRef(("index", 0)), 10),
              ("read", "b"): Task(("read", "b"), add, TaskRef(("index", 0)), 20),
              ("convert", "a"): Task(("convert", "a"), add, TaskRef(("read", "a")), 100),
-             ("stage", "a"): Task(("stage", "a"), add, TaskRef(("convert", "a")), 1000),
+             ("place",): DataNode(("place",), 1000),                            # where every stage writes
+             ("stage", "a"): Task(("stage", "a"), add, TaskRef(("convert", "a")), TaskRef(("place",))),
              ("stage", "b"): Task(("stage", "b"), add, TaskRef(("read", "b")), TaskRef(("index", 0))),  # takes two
              ("stage", "c"): DataNode(("stage", "c"), 7),                        # staged by an earlier run
              ("unit", 0): Task(("unit", 0), add, TaskRef(("stage", "a")), TaskRef(("stage", "b")),
@@ -218,9 +220,33 @@ def test_linear_chains_run_as_one_task_each_and_every_link_is_still_timed():
              ("publish",): Task(("publish",), add, TaskRef(("unit", 0)))}
     timed = StageSeconds()
     fused = fuse_chains(graph, ("publish",), timed)
-    assert set(fused) == {("index", 0), ("read", "b"), ("stage", "a"), ("stage", "b"), ("stage", "c"), ("publish",)}
+    assert set(fused) == {("index", 0), ("read", "b"), ("place",), ("stage", "a"), ("stage", "b"), ("stage", "c"),
+                          ("publish",)}
     assert dask.get(fused, ("publish",)) == dask.get(graph, ("publish",)) == 1111 + (21 + 1) + 7
     assert dict(timed.counts) == {"index": 1, "read": 2, "convert": 1, "stage": 2, "unit": 1, "publish": 1}
+
+
+def test_every_target_of_a_real_graph_runs_as_one_task_into_a_folder_or_a_bucket(hf_cache, cache_root):
+    """The stage task takes where the entry goes as one value of the graph (tasks/places.py), and still runs inside
+    its target's chain: no transform or convert task is left after fusing, and one stage task per target and slot,
+    wherever the entry goes."""
+    from dataclasses import replace
+
+    from dask.task_spec import Task
+
+    from pipeline.commands.render import graph_inputs
+    from pipeline.jobs.chains import StageSeconds, fuse_chains
+    from pipeline.jobs.graph import build_graph
+    from tasks.places import InBucket
+
+    inputs = graph_inputs(ConvertOptions("n17", hf_cache=hf_cache, synthetic="tiny", cache_root=cache_root))
+    bucket = InBucket("s3://bucket/cache", inputs.identity.name, 30.0, {"objects/one": (1, 0.0)}, 0.0)
+    for place in (inputs.place, bucket):
+        graph = build_graph(replace(inputs, place=place))
+        fused = fuse_chains(graph, PUBLISH, StageSeconds())
+        stages = [k for k, node in graph.items() if k[0] == "stage" and isinstance(node, Task)]
+        assert {k[0] for k in fused} & {"transform", "convert"} == set(), type(place).__name__
+        assert len([k for k in fused if k[0] == "stage"]) == len(stages) > 1000
 
 
 def test_the_threads_scheduler_takes_a_thread_per_thread_bytes_of_what_it_reads(hf_cache, tmp_path, monkeypatch):

@@ -61,15 +61,15 @@ def handed_back(run: str) -> tuple[dict[str, float], dict[str, int]]:
     return ({}, {}) if timed is None else (dict(timed.seconds), dict(timed.counts))
 
 
-def _run_chain(links: tuple[GraphNode, ...], timed: StageSeconds, inputs: dict) -> object:
-    """Each link in order, the first given the chain's inputs and each next the result before it (and only that:
-    what a link returned is let go as soon as the next one has run)."""
+def _run_chain(links: tuple[GraphNode, ...], timed: StageSeconds, inputs: dict, constants: dict) -> object:
+    """Each link in order, the first given the chain's inputs and each next the result before it and the graph's
+    constants it names (and only those: what a link returned is let go as soon as the next one has run)."""
     values = inputs
     for link in links:
         started = time.perf_counter()
         result = link(values)
         timed.add(link.key, time.perf_counter() - started)
-        values = {link.key: result}
+        values = {**constants, link.key: result}
     return result
 
 
@@ -81,10 +81,14 @@ def fuse_chains(graph: Mapping[Hashable, GraphNode], output: Hashable, timed: St
         for dependency in node.dependencies:
             dependents[dependency].append(key)
 
+    def computed(node: GraphNode) -> list[Hashable]:
+        """What a node takes from other tasks: a constant of the graph (where the entry goes) is no link."""
+        return [d for d in node.dependencies if isinstance(graph.get(d), Task)]
+
     def runs_inside_its_dependent(key: Hashable) -> bool:
         taken_by = dependents[key]
         return (key != output and isinstance(graph[key], Task) and len(taken_by) == 1
-                and len(graph[taken_by[0]].dependencies) == 1)
+                and len(computed(graph[taken_by[0]])) == 1)
 
     fused = {}
     for last, node in graph.items():
@@ -94,12 +98,14 @@ def fuse_chains(graph: Mapping[Hashable, GraphNode], output: Hashable, timed: St
         if runs_inside_its_dependent(last):
             continue
         links = [graph[last]]
-        while len(links[-1].dependencies) == 1:
-            (below,) = links[-1].dependencies
+        while len(computed(links[-1])) == 1:
+            (below,) = computed(links[-1])
             if not runs_inside_its_dependent(below):
                 break
             links.append(graph[below])
         links.reverse()
+        constants = {key for link in links[1:] for key in link.dependencies if key not in computed(link)}
         fused[last] = Task(last, _run_chain, DataNode(None, tuple(links)), DataNode(None, timed),
-                           Dict({key: TaskRef(key) for key in links[0].dependencies}))
+                           Dict({key: TaskRef(key) for key in links[0].dependencies}),
+                           Dict({key: TaskRef(key) for key in constants}))
     return fused
