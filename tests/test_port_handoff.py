@@ -165,6 +165,26 @@ def test_a_damaged_kept_model_is_traced_again(attn, tmp_path, damage):
     assert port_n16.build_model(copy, PORT, check=False).stats["model"] == "kept"
 
 
+def test_a_fine_tune_is_built_by_its_trainers_tag_map_never_as_anothers_slot(attn, tmp_path):
+    """A tag names the slot its trainer's map gives it (the map the convert recorded in the entry), as `load` reads
+    it: here the trainer swapped oxe_google and oxe_widowx. Read with the built-in table instead, oxe_google is slot
+    0, which the fine-tune does not hold and the release beside it does: the port would be built from the release."""
+    from pipeline.inputs.synth import fine_tune_form
+    from pipeline.jobs.load import load
+
+    snapshot, cache_dir = attn
+    copy = tmp_path / "cache"
+    shutil.copytree(cache_dir, copy)
+    folder = fine_tune_form(snapshot, "n16", "checkpoint", tmp_path / "fine-tune")
+    ids = json.loads((folder / "embodiment_id.json").read_text())
+    (folder / "embodiment_id.json").write_text(json.dumps({**ids, "oxe_google": 1, "oxe_widowx": 0}))
+    tuned = convert(ConvertOptions(None, embodiments="oxe_google", snapshot=folder, cache_root=copy, progress=False))
+    assert tuned["slots"] == [1]
+    built = port_n16.build_model(copy, PORT, embodiments="oxe_google", check=False, synthetic=True)
+    loaded = load("n16", copy, "oxe_google", synthetic=True)
+    assert built.entry == loaded.entry == Path(tuned["cache_path"]).name and built.slots == (1,) == (loaded.slot,)
+
+
 def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):
     """A wrong but self-consistent entry (the byte changed, its record updated): the entry verifies, the
     comparison with the port's own build must not."""

@@ -29,6 +29,16 @@ class TagMap:
     def builtin(cls, cfg: VersionConfig) -> "TagMap":
         return cls(cfg.embodiment_ids, f"configs/{cfg.version}.toml")
 
+    @classmethod
+    def recorded(cls, source: Mapping, cfg: VersionConfig) -> "TagMap":
+        """The map an entry's convert read tags with (its trainer's, kept in the manifest's `source`), else the
+        built-in one (an entry converted before the map was recorded)."""
+        table = source.get("embodiment_table") or {}
+        if not isinstance(table.get("ids"), dict):
+            return cls.builtin(cfg)
+        return cls(table["ids"], str(source.get("embodiment_map") or "the map its convert recorded"),
+                   table.get("unknown_slot"))
+
 
 @dataclass(frozen=True)
 class Embodiments:
@@ -110,11 +120,13 @@ class Embodiments:
                               f"slots {list(ids)}")
         return ids[0]
 
-    def among(self, cfg: VersionConfig, held: Sequence[int], holder: str) -> tuple[int, ...]:
-        """The slots asked for, each of which `holder` (an entry) must hold; every slot means those it holds."""
+    def among(self, cfg: VersionConfig, held: Sequence[int], holder: str, tags: TagMap | None = None
+              ) -> tuple[int, ...]:
+        """The slots asked for, each of which `holder` (an entry) must hold, tags read with `tags` (the map the
+        entry recorded; default the built-in one); every slot means those it holds."""
         if self.every:
             return tuple(held)
-        wanted = self.slots(cfg)
+        wanted = self.slots(cfg, tags=tags)
         missing = [s for s in wanted if s not in held]
         if missing:
             raise CacheError(f"{holder}: embodiment slot(s) {missing} were not converted into this entry (it holds "

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline import cache
-from pipeline.inputs.embodiments import Embodiments
+from pipeline.inputs.embodiments import Embodiments, TagMap
 from pipeline.port_n16.code import N16, VERSION, PortCode, PortError
 from pipeline.port_n16.kept import NotKept, keep, kept_path, restore
 from pipeline.port_n16.match import first_unserved, layouts_serving, match_targets
 from pipeline.port_n16.trace import HOST_OPS, Listing, Pending, Request, construct, port_config
 from tasks.entries import reload
 from tasks.entries.entry import Entry
-from tasks.errors import CacheError
+from tasks.errors import CacheError, ConfigError
 
 
 class _Unloaded:
@@ -140,8 +140,7 @@ def list_model(code: PortCode, store, *, entry: str | None = None, profile: str 
     """Choose the entry and run the port's constructors on traced weights over it (see `build_model`)."""
     started = time.perf_counter() if started is None else started
     chosen = Embodiments.parse(embodiments)
-    asked = None if chosen.every else chosen.slots(N16)
-    opened, listing, model, traced, how = _serving_entry(code, store, entry, profile or "port", asked, config, device)
+    opened, listing, model, traced, how = _serving_entry(code, store, entry, profile or "port", chosen, config, device)
     return Listed(code=code, entry=opened, listing=listing, model=model, traced=traced, started=started, how=how)
 
 
@@ -150,7 +149,8 @@ def load_model(listed: Listed, *, embodiments: Embodiments | str | int | None = 
     tables (every byte checked), and put them in place of the placeholders."""
     code, opened, listing = listed.code, listed.entry, listed.listing
     held = sorted({s for a in opened.manifest.arrays.values() if a.bank for s in a.chunks})
-    slots = Embodiments.parse(embodiments).among(N16, held, opened.describe())
+    slots = Embodiments.parse(embodiments).among(N16, held, opened.describe(),
+                                                 tags=TagMap.recorded(opened.manifest.source, N16))
     targets = match_targets(listing.requests, opened, code)
     t_listed = time.perf_counter()
     needed = sorted({(targets[r.sources], r.slot) for r in listing.requests if r.slot is None or r.slot in slots},
@@ -173,17 +173,30 @@ def load_model(listed: Listed, *, embodiments: Embodiments | str | int | None = 
                      processor_files=opened.processor_files())
 
 
-def _serving_entry(code: PortCode, store, entry: str | None, profile: str, asked: tuple[int, ...] | None, config,
-                   device):
+def _asked(chosen: Embodiments) -> tuple[int | None, str | None]:
+    """The slot and the tag that choose the entry (the first slot asked for): one tag is read with each candidate
+    entry's own map (`Wanted.slot_in`), as `load` reads it; slot ids, and a list, with the built-in table."""
+    if chosen.every:
+        return None, None
+    tag = chosen.one_tag()
+    try:
+        return chosen.slots(N16)[0], tag
+    except ConfigError:
+        if tag is None:
+            raise
+        return None, tag  # only a fine-tune's own map knows it: the entry that recorded it says its slot
+
+
+def _serving_entry(code: PortCode, store, entry: str | None, profile: str, chosen: Embodiments, config, device):
     """The entry to hand over, and the port's model built on it with placeholders for its device tensors (what
     they ask for is listed; no bytes are read): `entry` when named, else the last conversion in the layout
     revision that serves this port (tt-n16 first)."""
-    slot = asked[0] if asked else None
+    slot, tag = _asked(chosen)
     layouts = list(N16.port["layouts"])
     opened = None
     for layout in layouts if entry is None else ["tt-n16"]:
         try:
-            wanted = cache.Wanted(version=VERSION, layout=layout, profile=profile, slot=slot, entry=entry)
+            wanted = cache.Wanted(version=VERSION, layout=layout, profile=profile, slot=slot, entry=entry, tag=tag)
             opened = cache.choose_entry(store, wanted)
             break
         except CacheError:
