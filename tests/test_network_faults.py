@@ -192,8 +192,8 @@ def test_what_is_a_network_fault_and_what_is_not():
 
 
 @pytest.mark.timeout(180)
-def test_the_stall_limit_asked_for_is_what_every_request_waits_for(bad_network, s3_url, micro_snapshots, tmp_path,
-                                                                   monkeypatch):
+def test_the_stall_limit_asked_for_is_what_every_request_waits_for(bad_network, s3_url, hf_cache, micro_snapshots,
+                                                                   tmp_path, monkeypatch):
     """`stall_seconds=` (`--stall-seconds`) reaches the requests as an argument: to the cache's store, to a checkpoint
     in the bucket (its listing and its reads), on the command line and through the Python API alike, over the
     environment's setting. Here every request stalls for 3 s and the environment says 30: a limit of 0.5 s is what
@@ -204,7 +204,8 @@ def test_the_stall_limit_asked_for_is_what_every_request_waits_for(bad_network, 
 
     source, url = f"{s3_url}-stall-sources/n16", f"{s3_url}-stall"
     upload(micro_snapshots["n16"], source)
-    convert(ConvertOptions("n16", embodiments="gr1", snapshot=source, cache_root=url, progress=False))
+    convert(ConvertOptions("n16", embodiments="gr1", hf_cache=hf_cache, synthetic="micro", cache_root=url,
+                           progress=False))
     monkeypatch.setenv(STALL_ENV, "30")
     monkeypatch.setenv(BACKOFF_ENV, "0.01")
     bad_network.set(stall=1.0)
