@@ -45,6 +45,20 @@ def test_an_entry_reads_its_chunks_and_device_files_checked(tmp_path):
     assert not entry.manifest.holds_slot(None)  # every slot: this entry has two of 32
 
 
+def test_each_read_of_a_chunk_or_device_file_reads_its_bytes_once(tmp_path, monkeypatch):
+    """The check is the pass that touches every byte: once per read, never again to say the same (a full N1.6's
+    device files are gigabytes)."""
+    _write_entry(tmp_path)
+    entry = fmt.open_entry(LocalStore(tmp_path), NAME)
+    checked, file_check, bytes_check = [], records.FileRecord.matches_file, records.FileRecord.matches
+    monkeypatch.setattr(records.FileRecord, "matches_file", lambda r, p: (checked.append(p), file_check(r, p))[1])
+    monkeypatch.setattr(records.FileRecord, "matches", lambda r, d: (checked.append(r), bytes_check(r, d))[1])
+    entry.device_file("t", None)
+    entry.read_chunk("t", None)
+    entry.each_chunk_block("t", None, lambda block, pos: None)
+    assert len(checked) == 2  # the device file's and the read chunk's (each_chunk_block hashes as it reads)
+
+
 @pytest.mark.parametrize("damage,expected", [
     (lambda e: (e / "t" / "c.0.0").write_bytes(b"\0" * 12), "chunk all does not match its manifest checksum"),
     (lambda e: (e / "t" / "c.0.0").write_bytes(b"\0" * 11), "chunk holds 11 bytes, expected 12; the entry is corrupt"),

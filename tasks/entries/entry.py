@@ -98,9 +98,11 @@ class Entry:
             return out
 
         found = read()
-        if not record.matches(found) and self.store.forget(key):  # a copy kept here, not the object: fetched again
+        whole = record.matches(found)  # the check touches every byte once
+        if not whole and self.store.forget(key):  # a copy kept here, not the object: fetched again
             found = read()
-        if not record.matches(found):
+            whole = record.matches(found)
+        if not whole:
             raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
         return found
@@ -148,12 +150,14 @@ class Entry:
         """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
         rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
         path = self.store.local_file(key)
-        if path is not None and not rec.matches_file(path) and self.store.forget(key):  # a kept copy: fetched again
+        whole = path is not None and rec.matches_file(path)  # the check reads the file once
+        if path is not None and not whole and self.store.forget(key):  # a copy kept here, not the object: fetched again
             path = self.store.local_file(key)
+            whole = path is not None and rec.matches_file(path)
         if path is None:
             raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
                              "again with --force")
-        if not rec.matches_file(path):
+        if not whole:
             raise CacheError(f"{self.store.describe(key)}: packed tensor does not match its manifest checksum "
                              "(tampered or corrupt); convert again with --force")
         return path
