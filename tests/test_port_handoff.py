@@ -185,6 +185,26 @@ def test_a_fine_tune_is_built_by_its_trainers_tag_map_never_as_anothers_slot(att
     assert built.entry == loaded.entry == Path(tuned["cache_path"]).name and built.slots == (1,) == (loaded.slot,)
 
 
+def test_the_port_from_a_bucket_fetches_each_device_file_once_on_this_machine(attn, s3_url, tmp_path, monkeypatch):
+    """A robot's start-up from its team's bucket: the first start fetches the entry's device files and host tables
+    and keeps them, as a load does; the next start fetches none of them, and builds the same model."""
+    from tasks.entries.object_stores import S3Store
+
+    snapshot, _ = attn
+    monkeypatch.setenv("GR00T_CACHE", str(tmp_path / "local"))
+    bucket = f"{s3_url}-port"
+    convert(ConvertOptions("n16", embodiments="all", snapshot=snapshot, cache_root=bucket, progress=False))
+    fetched, get, read_into = [], S3Store.get, S3Store.read_into
+    monkeypatch.setattr(S3Store, "get", lambda self, k: (fetched.append(k), get(self, k))[1])
+    monkeypatch.setattr(S3Store, "read_into", lambda self, k, out: (fetched.append(k), read_into(self, k, out))[1])
+    first = port_n16.build_model(bucket, PORT, check=False, synthetic=True)
+    assert len([k for k in fetched if k.startswith("objects/")]) >= first.stats["device_files"] > 0
+    fetched.clear()
+    second = port_n16.build_model(bucket, PORT, check=False, synthetic=True)
+    assert [k for k in fetched if k.startswith("objects/")] == []
+    assert port_n16.differences(first.model, second.model) == []
+
+
 def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):
     """A wrong but self-consistent entry (the byte changed, its record updated): the entry verifies, the
     comparison with the port's own build must not."""

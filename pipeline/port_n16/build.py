@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -156,8 +156,11 @@ def load_model(listed: Listed, *, embodiments: Embodiments | str | int | None = 
     needed = sorted({(targets[r.sources], r.slot) for r in listing.requests if r.slot is None or r.slot in slots},
                     key=str)
     host_arrays = [n for n, a in opened.manifest.arrays.items() if a.host_only]
-    with cache.reading(opened.store, opened.name):  # gc and rm leave it alone meanwhile
-        loaded, host, nbytes = _load(opened, needed, host_arrays, device, threads)
+    home = cache.home_of(opened.store)
+    keeping = home.keeping()  # from an object store: through what this machine fetched from it before, as `load`
+    with home.reading(opened.name):  # gc and rm leave it alone meanwhile
+        loaded, host, nbytes = _load(opened if keeping is None else replace(opened, store=keeping), needed,
+                                     host_arrays, device, threads)
     filled = [loaded.get((targets[r.sources], r.slot), _Unloaded()) for r in listing.requests]
     by_sources = {tuple(opened.manifest.arrays[n].attributes["sources"]): t for n, t in host.items()}
     fill = Fill(traced=listed.traced, filled=filled, host=by_sources, code=code)
