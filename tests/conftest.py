@@ -40,6 +40,23 @@ RAM_TMP = Path("/dev/shm/gr00t-tt-tests")
 RAM_TMP_MIN_FREE = 12 << 30  # a whole run's temporaries peaked at 6.3 GB (-n 2); twice that, or stay on disk
 
 
+def killed_runs(base: Path) -> list[Path]:
+    """The numbered folders of test runs that were killed (`pytest-of-*/pytest-N` under `base`): pytest removes a
+    run's `.lock`, which names its process, when the run ends, and keeps a killed run's for three days, in memory
+    here, where it pushes later runs onto the disk."""
+    import psutil
+
+    killed = []
+    for lock in sorted(base.glob("pytest-of-*/pytest-*/.lock")):
+        try:
+            pid = int(lock.read_text())
+        except (OSError, ValueError):
+            continue
+        if not psutil.pid_exists(pid):
+            killed.append(lock.parent)
+    return killed
+
+
 def _temporaries_in_ram(environ) -> str:
     """Put the run's temporaries (tmp_path, and TMPDIR for the commands tests start) on /dev/shm (memory) when it
     is there with room to spare and TMPDIR is not set. A run creates tens of thousands of small files and folders
@@ -51,6 +68,10 @@ def _temporaries_in_ram(environ) -> str:
         free = shutil.disk_usage(RAM_TMP.parent).free
     except OSError:
         return f"temporaries in {tempfile.gettempdir()} ({RAM_TMP.parent} is not there)"
+    if free < RAM_TMP_MIN_FREE and RAM_TMP.is_dir():  # room a killed run holds is this suite's to take back
+        for run in killed_runs(RAM_TMP):
+            shutil.rmtree(run, ignore_errors=True)
+        free = shutil.disk_usage(RAM_TMP.parent).free
     if free < RAM_TMP_MIN_FREE:
         return (f"temporaries in {tempfile.gettempdir()} ({RAM_TMP.parent} has {free / 2**30:.1f} GiB free, under "
                 f"{RAM_TMP_MIN_FREE >> 30})")

@@ -512,3 +512,18 @@ def test_a_fine_tune_holds_a_lease_on_the_entry_it_links_from(hf_cache, tmp_path
     assert second["reused_chunks"] > 0 and f"being read by process {os.getpid()}" in outcome[0], outcome
     assert (root / "entries" / source / "MANIFEST.json").is_file()
     assert cache.remove_entry(cache.cache_store(root), source, include_current=True)["entry"] == source  # after: free
+
+
+def test_a_killed_test_runs_temporaries_are_taken_back_and_a_live_ones_never(tmp_path):
+    """A killed run's folder (its `.lock` names a process that is gone) is what the next run may remove when memory
+    is short; a running one's (this process's) and a finished one's (no lock) are not."""
+    from tests.conftest import killed_runs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    runs = tmp_path / "pytest-of-someone"
+    for n, lock in ((1, str(gone.pid)), (2, str(os.getpid())), (3, None)):
+        (runs / f"pytest-{n}").mkdir(parents=True)
+        if lock is not None:
+            (runs / f"pytest-{n}" / ".lock").write_text(lock)
+    assert killed_runs(tmp_path) == [runs / "pytest-1"]
