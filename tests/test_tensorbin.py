@@ -80,6 +80,20 @@ def test_numpy_tensorbin_is_byte_identical_to_dump_tensor(case, dtype, packer):
             assert packed.max_abs_err == float(np.abs(back - widen_bf16(bits)).max())
 
 
+@pytest.mark.parametrize("case", list(_patterns()))
+def test_untilize_gives_back_what_ttnn_reads_from_the_tile_buffer(case, packer):
+    """A bf16 TILE buffer, as ttnn itself writes it, back to rows: equal to ttnn's `to_torch` bit for bit, padding
+    dropped; into a caller's buffer too (a slot of a bank)."""
+    bits = _patterns()[case]
+    blob, host = _ttnn_file(bits, "bfloat16")
+    payload = np.frombuffer(blob, np.uint8)[8 + int(np.frombuffer(blob[:8], "<u8")[0]):]
+    expected = ttnn.to_torch(host).view(torch.int16).numpy().view(np.uint16).reshape(bits.shape)
+    assert np.array_equal(tensorbin.untilize(payload, bits.shape), expected)
+    bank = np.full((3, *bits.shape), 0xFFFF, np.uint16)
+    tensorbin.untilize(payload, bits.shape, out=bank[1])
+    assert np.array_equal(bank[1], expected) and (bank[[0, 2]] == 0xFFFF).all()
+
+
 def test_numpy_numerics_match_the_ttnn_round_trip_and_the_bytes_match_ttnn_path(packer, tmp_path):
     bits = _bf16((96, 200))
     target = Target(name="w", sources=("k",), transform="identity", kind="matmul", device_dtype="bfloat8_b",

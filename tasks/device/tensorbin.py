@@ -188,6 +188,30 @@ def _pack_c(bits: np.ndarray, dtype: str, out: np.ndarray) -> Packed:
     return Packed(out, float(worst[0]), pcc_from_sums(sums, max(1, bits.size)))
 
 
+def untilize(payload: np.ndarray, shape: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
+    """The logical bf16 bits (uint16, `shape`) of a bfloat16 TILE buffer (`pack` backwards), written into `out` when
+    given (a contiguous uint16 array of `shape`): what `ttnn.to_torch` of the tensor holds."""
+    shape = tuple(shape)
+    if len(shape) < 2:
+        raise ValueError(f"a TILE buffer of rank {len(shape)}: untilize takes rank 2 or more")
+    out = np.empty(shape, np.uint16) if out is None else out
+    payload = payload.reshape(-1).view(np.uint8)
+    if payload.nbytes < payload_size(shape, "bfloat16"):
+        raise ValueError(f"a bfloat16 TILE buffer of {shape} needs {payload_size(shape, 'bfloat16')} bytes, got "
+                         f"{payload.nbytes}")
+    matrices = out.reshape(-1, shape[-2], shape[-1])
+    step = payload_size(shape[-2:], "bfloat16")
+    for i, matrix in enumerate(matrices):
+        view = payload[i * step:(i + 1) * step]
+        if kernels.available():
+            kernels.untilize_bf16(view, matrix)
+            continue
+        rows, cols = padded_shape(shape[-2:], "TILE")
+        grid = view.view(np.uint16).reshape(rows // TILE, cols // TILE, 2, 2, FACE, FACE)
+        matrix[:] = grid.transpose(0, 2, 4, 1, 3, 5).reshape(rows, cols)[:shape[-2], :shape[-1]]
+    return out
+
+
 def unpack_bfp8(payload: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The logical float32 values of a bfloat8_b TILE buffer (what `ttnn.to_torch` returns); for checks."""
     p = padded_shape(shape, "TILE")

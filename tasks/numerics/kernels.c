@@ -38,6 +38,21 @@ void tilize_bf16(const uint16_t *src, int64_t rows, int64_t cols, int64_t stride
                     face_row(src, rows, cols, stride, tr * TILE + (f >> 1) * FACE + r, tc * TILE + (f & 1) * FACE, dst);
 }
 
+/* The inverse of tilize_bf16: the logical [rows, cols] matrix (rows `stride` apart in `dst`) out of a bfloat16
+ * TILE buffer, its zero padding dropped. A cache file is stored in tile order, and a torch or Zarr reader wants
+ * the values in rows. */
+void untilize_bf16(const uint16_t *src, int64_t rows, int64_t cols, int64_t stride, uint16_t *dst) {
+    int64_t trows = (rows + TILE - 1) / TILE, tcols = (cols + TILE - 1) / TILE;
+    for (int64_t tr = 0; tr < trows; tr++)
+        for (int64_t tc = 0; tc < tcols; tc++)
+            for (int f = 0; f < 4; f++)
+                for (int r = 0; r < FACE; r++, src += FACE) {
+                    int64_t row = tr * TILE + (f >> 1) * FACE + r, col = tc * TILE + (f & 1) * FACE;
+                    if (row >= rows || col >= cols) continue;
+                    memcpy(dst + row * stride + col, src, (size_t)(cols - col < FACE ? cols - col : FACE) * sizeof(uint16_t));
+                }
+}
+
 /* One bfloat8_b code: a bf16 value whose face row shares exponent field `shared` (tasks/tensorbin.py,
  * _reference_codes): the 8-bit significand shifted right by gap + 1 bits, rounded to nearest-even, saturated. */
 static inline uint8_t bfp8_code(uint16_t bits, int shared) {

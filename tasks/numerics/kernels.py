@@ -108,9 +108,10 @@ def _lib() -> ctypes.CDLL | None:
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Declare the kernels' signatures on a loaded build (this one, or a sanitizer build under test)."""
     lib.tilize_bf16.argtypes = [_PTR, _I64, _I64, _I64, _PTR]
+    lib.untilize_bf16.argtypes = [_PTR, _I64, _I64, _I64, _PTR]
     lib.pack_bfp8.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR]
     lib.transpose_u16.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64]
-    for fn in (lib.tilize_bf16, lib.pack_bfp8, lib.transpose_u16):
+    for fn in (lib.tilize_bf16, lib.untilize_bf16, lib.pack_bfp8, lib.transpose_u16):
         fn.restype = None
     lib.round_f32_bf16.argtypes = [_PTR, _I64, _PTR, ctypes.c_uint16]
     lib.round_f32_bf16.restype = _I64
@@ -172,6 +173,21 @@ def tilize_bf16(matrix: np.ndarray, out: np.ndarray) -> None:
     rows, cols, stride = _rows(matrix)
     _output(out, _tiles(rows, cols) * 2048, "tilize_bf16", element=2)  # C writes bf16 values
     _lib().tilize_bf16(matrix.ctypes.data, rows, cols, stride, out.ctypes.data)
+
+
+def untilize_bf16(payload: np.ndarray, out: np.ndarray) -> None:
+    """`out` (a [rows, cols] matrix of bf16 bits, rows contiguous) = the logical matrix of one bfloat16 TILE buffer
+    (uint8, tiles * 2048 bytes), its padding dropped: `tilize_bf16` backwards."""
+    rows, cols, stride = _rows(out)
+    _aligned(out, "untilize_bf16: the output")
+    if not out.flags.writeable:
+        raise ValueError("untilize_bf16: the output is read-only")
+    if payload.dtype != np.uint8 or not payload.flags.c_contiguous or payload.nbytes < _tiles(rows, cols) * 2048:
+        raise ValueError(f"untilize_bf16: the buffer must be contiguous uint8 of {_tiles(rows, cols) * 2048} bytes, "
+                         f"got {payload.dtype} x {payload.size}")
+    if not _is_aligned(payload, 2):
+        payload = payload.copy()
+    _lib().untilize_bf16(payload.ctypes.data, rows, cols, stride, out.ctypes.data)
 
 
 def pack_bfp8(matrix: np.ndarray, out: np.ndarray, sums: np.ndarray, worst: np.ndarray) -> None:
