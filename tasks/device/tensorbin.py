@@ -31,6 +31,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -232,8 +233,8 @@ class _Headers:
     file itself then never imports ttnn, and another ttnn, or another packer, is checked again."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._known: dict[tuple[int, str], tuple[bytes, int, int] | None] = {}
+        self._lock = threading.RLock()  # learning a fact may need a header (the same thread asks again)
+        self._known: dict = {}  # (rank, dtype) -> header template or None; a fact's name -> what was found
         self._loaded = False
 
     def _learn(self, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
@@ -256,14 +257,21 @@ class _Headers:
         return template if _assemble(template, check.shape, pack(check, dtype).payload) == packed_bytes(to_host_tensor(check, dtype, "TILE")) else None
 
     def get(self, rank: int, dtype: str) -> tuple[bytes, int, int] | None:
+        return self._kept((rank, dtype), lambda: self._learn(rank, dtype))
+
+    def fact(self, name: str, learn: Callable[[], bool]) -> bool:
+        """Another behaviour of this ttnn a reader relies on, learned once per installation as the headers are."""
+        return bool(self._kept(name, learn))
+
+    def _kept(self, key, learn: Callable[[], object]):
         with self._lock:
             if not self._loaded:
                 self._known.update(_read_learned())
                 self._loaded = True
-            if (rank, dtype) not in self._known:
-                self._known[(rank, dtype)] = self._learn(rank, dtype)
+            if key not in self._known:
+                self._known[key] = learn()
                 _write_learned(self._known)
-            return self._known[(rank, dtype)]
+            return self._known[key]
 
 
 def _learned_name() -> str | None:
@@ -278,7 +286,10 @@ def _learned_name() -> str | None:
     return f"_ttnn-headers-{digest.hexdigest()[:16]}.json"
 
 
-def _read_learned() -> dict[tuple[int, str], tuple[bytes, int, int] | None]:
+_FACT = "fact:"  # a learned fact's key in the kept file; a header's is "<rank>:<dtype>"
+
+
+def _read_learned() -> dict:
     try:
         name = _learned_name()
     except (OSError, importlib.metadata.PackageNotFoundError):
@@ -286,15 +297,18 @@ def _read_learned() -> dict[tuple[int, str], tuple[bytes, int, int] | None]:
     for home in kernels.homes() if name else ():
         try:
             doc = json.loads((home / name).read_text())
-        except (OSError, ValueError):
+            return {key[len(_FACT):] if key.startswith(_FACT) else (int(key.split(":")[0]), key.split(":")[1]):
+                    v if key.startswith(_FACT) or v is None else (bytes.fromhex(v[0]), v[1], v[2])
+                    for key, v in doc.items()}
+        except (OSError, ValueError, TypeError, IndexError):  # unreadable or damaged: learned again, and kept again
             continue
-        return {(int(key.split(":")[0]), key.split(":")[1]): None if v is None else (bytes.fromhex(v[0]), v[1], v[2])
-                for key, v in doc.items()}
     return {}
 
 
-def _write_learned(known: dict[tuple[int, str], tuple[bytes, int, int] | None]) -> None:
-    doc = {f"{rank}:{dtype}": None if t is None else [t[0].hex(), t[1], t[2]] for (rank, dtype), t in known.items()}
+def _write_learned(known: dict) -> None:
+    doc = {f"{_FACT}{key}" if isinstance(key, str) else f"{key[0]}:{key[1]}":
+           value if isinstance(key, str) or value is None else [value[0].hex(), value[1], value[2]]
+           for key, value in known.items()}
     try:
         name = _learned_name()
     except (OSError, importlib.metadata.PackageNotFoundError):
@@ -332,9 +346,10 @@ def _assemble(template: tuple[bytes, int, int], shape: tuple[int, ...], payload:
     return _header(template, shape, payload.nbytes) + payload.tobytes()
 
 
-def tensorbin(array: np.ndarray, dtype: str) -> tuple[np.ndarray, Packed] | None:
+def tensorbin(array: np.ndarray, dtype: str, spare: int = 0) -> tuple[np.ndarray, Packed] | None:
     """The `.tensorbin` bytes `ttnn.dump_tensor` writes for this bf16 array in `dtype`, TILE (one buffer, header
-    then payload), and its numerics; None when this ttnn's format is not the one checked (then use ttnn)."""
+    then payload), and its numerics; None when this ttnn's format is not the one checked (then use ttnn).
+    `spare`: bytes left (unwritten) at the end of the buffer, for what a cache file keeps after the payload."""
     if dtype not in TILE_BYTES or array.ndim < 2:
         return None
     template = header_for(array.ndim, dtype)
@@ -342,9 +357,9 @@ def tensorbin(array: np.ndarray, dtype: str) -> tuple[np.ndarray, Packed] | None
         return None
     size = payload_size(array.shape, dtype)
     head = _header(template, tuple(array.shape), size)
-    out = aligned_empty(len(head) + size, np.uint8)  # written to the cache without a bounce copy
+    out = aligned_empty(len(head) + size + spare, np.uint8)  # written to the cache without a bounce copy
     out[:len(head)] = np.frombuffer(head, np.uint8)
-    packed = pack(array, dtype, out[len(head):])
+    packed = pack(array, dtype, out[len(head):len(head) + size])
     return out, packed
 
 
@@ -364,3 +379,8 @@ def host_tensor(array: np.ndarray, dtype: str, layout: str):
         fh.write(memoryview(made[0]))
         fh.flush()
         return ttnn_module().load_tensor(fh.name)
+
+
+def learned(fact: str, learn: Callable[[], bool]) -> bool:
+    """Whether this ttnn behaves so (`learn()` asks it), found out once per installation and kept with the headers."""
+    return _HEADERS.fact(fact, learn)
