@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	@$(PY) -c "from tasks.numerics import kernels; print('C kernels:', kernels.build() or 'not built (no C compiler): the numpy packers give the same bytes, slower')"
 	@$(PY) -c "from tasks.device import tensorbin; print('ttnn .tensorbin headers checked:', tensorbin.check_formats())" 2>/dev/null
+	@$(PY) -c "from tasks.device import one_file; print('ttnn loads a tiled chunk where it lies:', one_file.ttnn_reads_in_place())" 2>/dev/null
 	@touch $(STAMP)
 
 demo: $(STAMP)

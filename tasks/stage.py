@@ -21,9 +21,10 @@ from tasks.io.bulk_write import DIRECT_MIN, write_behind, write_bytes_in_place
 import numpy as np
 
 from tasks.device.host_tensors import Converted, NonFinite
+from tasks.device.one_file import zarr_shape
 from tasks.entries.chunks import write_chunk, write_host_chunk
 from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum
-from tasks.entries.names import PACKED_SUFFIX, object_key, packed_path
+from tasks.entries.names import PACKED_SUFFIX, chunk_file, object_key, packed_path
 from tasks.entries.objects import Present, still_held
 from tasks.entries.cache_root import store_at
 from tasks.plan import HostTable
@@ -44,6 +45,8 @@ def stage_target(entry: Path | str, converted: Converted, behind: bool = False) 
         staged = _staged(converted, nbytes, xxh3)
         record_progress(entry, staged)
         return staged
+    if converted.tiled:  # one file: the device file is the chunk (tasks/device/one_file.py)
+        return _stage_tiled(entry, converted, behind)
     packed = converted.packed
     if not behind or not _waits_for_the_disk(data.nbytes, packed):
         write_chunk(entry, converted.name, converted.slot, data)
@@ -55,6 +58,25 @@ def stage_target(entry: Path | str, converted: Converted, behind: bool = False) 
     staged = _staged(converted, data.nbytes, checksum(data))
     write_behind(entry, 0 if packed is None else len(packed),
                  lambda: _write_device_file(entry, converted, staged, after=chunk_written))
+    return staged
+
+
+def _stage_tiled(entry: Path, converted: Converted, behind: bool) -> Staged:
+    """A tiled target's one file, written as its chunk, then its progress record (after the write, handed off or
+    not: a resumed build trusts what a record names)."""
+    file = converted.packed
+    path = chunk_file(entry, converted.name, len(zarr_shape(converted.array.shape)), converted.slot)
+    staged = Staged(converted.name, converted.slot, ChunkRecord(len(file), checksum(file), converted.max_abs_err,
+                                                                converted.pcc))
+
+    def write() -> None:
+        write_bytes_in_place(path, memoryview(file))  # into the array's folder, which create_arrays made
+        record_progress(entry, staged)
+
+    if behind and len(file) >= DIRECT_MIN:
+        write_behind(entry, len(file), write)
+    else:
+        write()
     return staged
 
 
@@ -97,10 +119,10 @@ def stage_into_store(store_url: str, stall: float, converted: Converted, present
         found = NonFinite()
         found.add(0, data.reshape(-1).view(np.uint32))
         found.check(converted.name, converted.sources, converted.origin)
-    raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    raw = memoryview(np.ascontiguousarray(converted.packed if converted.tiled else data).reshape(-1).view(np.uint8))
     chunk = object_key(hashlib.sha256(raw).hexdigest())
     objects = {chunk: raw}
-    packed = converted.packed
+    packed = None if converted.tiled else converted.packed  # a tiled chunk is its own device file
     device_file = None
     if packed is not None:
         key = object_key(hashlib.sha256(packed).hexdigest(), PACKED_SUFFIX)

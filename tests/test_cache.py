@@ -181,19 +181,23 @@ def test_reuse_never_drops_a_wanted_device_file(hf_cache, tmp_path):
     bfp8 = convert(_opts("n17", tmp_path, hf_cache=hf_cache, synthetic="tiny", embodiments="10", profile="bfp8"))
     old = json.loads((Path(bf16["cache_path"]) / "MANIFEST.json").read_text())["arrays"]
     new = json.loads((Path(bfp8["cache_path"]) / "MANIFEST.json").read_text())["arrays"]
-    # Norms, biases and tables are the same bytes in both profiles, but the bf16 entry keeps no device file for
-    # them and bfp8 wants one: they are converted again. Only what needs none (the host-only tensors) is linked.
+    # Norms, biases and tables hold the same values in both profiles, but the bf16 entry keeps no device file for
+    # them and bfp8 wants one (as a tiled file, which holds them in tile order: other bytes, another content id):
+    # they are converted again. Only what needs none (the host-only tensors) is linked.
     same = {n for n, a in new.items() if a["content_id"] == old[n]["content_id"]}
 
     def chunk(entry: str, name: str) -> Path:  # the one chunk (whole array, or slot 10 of a bank)
         a = new[name]
-        coords = ["0"] * len(a["attributes"]["logical_shape"])
-        return Path(entry) / name / ".".join(["c", *(["10"] if a["attributes"]["embodiment_bank"] else []), *coords])
+        bank = a["attributes"]["embodiment_bank"]
+        coords = ["0"] * (len(a["chunk_shape"]) - bank)
+        return Path(entry) / name / ".".join(["c", *(["10"] if bank else []), *coords])
     linked = {n for n in same if chunk(bfp8["cache_path"], n).stat().st_ino == chunk(bf16["cache_path"], n).stat().st_ino}
     host = {n for n, a in new.items() if a["attributes"]["host_only"]}
-    assert len(same - host) > 300 and linked == host and bfp8["reused_chunks"] == len(host) == 33
+    assert linked == host == same and bfp8["reused_chunks"] == len(host) == 33
     device = [a for a in new.values() if not a["attributes"]["host_only"]]
-    assert len(device) > 900 and all("tensorbin" in c for a in device for c in a["chunks"].values())
+    assert len(device) > 900 and all(a["attributes"].get("tiled") or all("tensorbin" in c for c in a["chunks"].values())
+                                     for a in device)
+    assert not any(a["attributes"].get("tiled") for a in old.values())  # bf16 keeps no device file: rows, as before
 
 
 def test_a_killed_runs_partial_files_never_reach_the_published_entry(hf_cache, tmp_path):
@@ -214,12 +218,14 @@ def test_a_torn_chunk_under_its_final_name_is_written_again_on_resume(hf_cache, 
     with no progress record. The resumed run must redo it, never publish it."""
     name = Path(convert(_opts("n15", tmp_path / "a", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))["cache_path"]).name
     orphan = entries_dir(tmp_path / "b") / f"{name}.tmp-999999999-deadbeef"
-    torn = orphan / "language.model.norm.weight" / "c.0.0"
+    first = entries_dir(tmp_path / "a") / name / "language.model.norm.weight"
+    (chunk,) = [p.name for p in first.glob("c.*")]
+    torn = orphan / "language.model.norm.weight" / chunk
     torn.parent.mkdir(parents=True)
     torn.write_bytes(b"half a chunk")
     done = convert(_opts("n15", tmp_path / "b", hf_cache=hf_cache, synthetic="tiny", embodiments="gr1"))
-    published = Path(done["cache_path"]) / "language.model.norm.weight" / "c.0.0"
-    assert published.read_bytes() == (entries_dir(tmp_path / "a") / name / "language.model.norm.weight" / "c.0.0").read_bytes()
+    published = Path(done["cache_path"]) / "language.model.norm.weight" / chunk
+    assert published.read_bytes() == (first / chunk).read_bytes()
     assert done["resumed_chunks"] == 0
 
 
@@ -256,14 +262,14 @@ def test_without_syncfs_every_file_is_fsynced_before_the_publishing_rename(hf_ca
 def test_a_damaged_device_file_is_refused_on_reload(hf_cache, tmp_path, damage):
     entry = Path(convert(_opts("n16", tmp_path, hf_cache=hf_cache, synthetic="tiny", layout="tt-n16", profile="port",
                                embodiments="gr1"))["cache_path"])
-    victim = sorted((entry / "tensorbin").glob("*.tensorbin"))[0]
+    victim = sorted(entry.glob("*/c.0.0.0.0.0.0"))[0]  # a device file: from format 7, a whole target's tiled chunk
     data = bytearray(victim.read_bytes())
     if damage == "flipped byte":
         data[len(data) // 2] ^= 0x01
     else:
         data = data[:-1]
     victim.write_bytes(bytes(data))
-    with pytest.raises(CacheError, match=f"{victim.name}: packed tensor does not match its manifest checksum"):
+    with pytest.raises(CacheError, match=f"{victim.parent.name}/{victim.name}: packed tensor does not match its manifest"):
         load("n16", tmp_path, embodiment="gr1", profile="port", layout="tt-n16", into="ttnn")
 
 

@@ -21,6 +21,7 @@ from pipeline.model.recipe import build_plan
 from pipeline.model.versions import load_config
 from tasks.errors import RecipeError
 from tests.conftest import run_cli
+from tests.zarr_values import values
 
 
 
@@ -34,7 +35,7 @@ def _cached(entry: Path, name: str) -> torch.Tensor:
     """Read through zarr-python: an independent reader of the cache format."""
     arr = zarr.open_group(str(entry), mode="r")[name]
     assert arr.attrs["dtype"] == "bfloat16"
-    return torch.from_numpy(np.asarray(arr[...])).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(values(arr))).view(torch.bfloat16)
 
 
 @pytest.fixture(scope="module")

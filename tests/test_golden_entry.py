@@ -1,8 +1,9 @@
 """The cache format, pinned: a tiny entry's manifest and one chunk of each kind must equal a copy committed in
 tests/golden/ (written by the converter of 2026-11-30 before the entry code was restructured, and written again
 for cache format 3 — chunk keys `c.0.0` instead of `c/0/0` — with nothing else changed but PCC digits; and for
-format 4, whose manifest records every checkpoint key's shape, `source_shapes`, for the port hand-off; and for
-converter 3, which stores host tables as the float32 the port keeps).
+format 4, whose manifest records every checkpoint key's shape, `source_shapes`, for the port hand-off; for
+converter 3, which stores host tables as the float32 the port keeps; and for format 7, whose TILE targets with a
+device file are one tiled file each, `.tensorbin` and Zarr chunk at once: tasks/device/one_file.py).
 
 What legitimately varies between runs is normalized first: the publish time, the snapshot folder, the
 fingerprint and the recipes hash (the last two change whenever configs/recipes.toml does). A deliberate format
@@ -21,14 +22,15 @@ import pytest
 from pipeline.jobs.convert import ConvertOptions, convert
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "n16-tt-n16-port-gr1"
-# One array of each kind: a whole bf16 TILE matrix, a bank slot (bf16, transposed never), a bfloat8_b matrix with
-# its `.tensorbin`, a host-only float32 norm, and a fused, head-padded projection.
+# One array of each kind: a whole bf16 TILE matrix, a bank slot (bf16, transposed never), a bfloat8_b matrix (its
+# `.tensorbin` and its lossless bf16 in one file), a host-only float32 norm, and a fused, head-padded projection.
+TILES = "0.0.0.0.0.0"  # a tiled chunk's coordinates: [H/32, 2, 16, W/32, 2, 16]
 PINNED = {
-    "bank slot": ("action_encoder.W1.W", "c.20.0.0"),
-    "whole bf16": ("language.model.layers.0.self_attn.q_proj.weight", "c.0.0"),
-    "bfloat8_b": ("dit.transformer_blocks.0.ff.net.0.proj.weight", "c.0.0"),
+    "bank slot": ("action_encoder.W1.W", f"c.20.{TILES}"),
+    "whole bf16": ("language.model.layers.0.self_attn.q_proj.weight", f"c.{TILES}"),
+    "bfloat8_b": ("dit.transformer_blocks.0.ff.net.0.proj.weight", f"c.{TILES}"),
     "host only": ("language.model.layers.0.self_attn.q_norm.weight", "c.0"),
-    "fused, padded": ("vision.encoder.layers.0.self_attn.qkv_padded.weight", "c.0.0"),
+    "fused, padded": ("vision.encoder.layers.0.self_attn.qkv_padded.weight", f"c.{TILES}"),
 }
 VARYING = {"published_unix": 0, "fingerprint": "<fingerprint>", "recipes_sha256": "<recipes sha256>"}
 
@@ -57,7 +59,10 @@ def test_a_tiny_entry_is_byte_for_byte_the_golden_copy(hf_cache, cache_root):
     summary = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=cache_root,
                                      embodiments="gr1", layout="tt-n16", profile="port", progress=False))
     files = _entry_files(Path(summary["cache_path"]))
-    assert any(k.startswith("tensorbin/") for k in files), "the pinned bfloat8_b array must have its device file"
+    arrays = json.loads(files["MANIFEST.json"])["arrays"]
+    assert [arrays[name]["attributes"].get("tiled", False) for name, _ in PINNED.values()] == \
+        [True, True, True, False, True], "every pinned device target is one tiled file, the host table a plain chunk"
+    assert not any(k.startswith("tensorbin/") for k in files), "a tiled target keeps no device file beside its chunk"
     if os.environ.get("GOLDEN_UPDATE"):  # writes the copy, and fails: a run that rewrites it proves nothing
         for rel, data in files.items():
             (GOLDEN / rel).parent.mkdir(parents=True, exist_ok=True)

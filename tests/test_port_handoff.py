@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import struct
 import sys
 from pathlib import Path
 
@@ -215,11 +217,13 @@ def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):
     manifest_path = copy / manifest_key(name)
     manifest = json.loads(manifest_path.read_text())
     target = "dit.transformer_blocks.0.attn1.to_k_padded.weight"
-    packed = copy / "entries" / name / "tensorbin" / f"{target}.tensorbin"
+    packed = copy / "entries" / name / target / "c.0.0.0.0.0.0"  # its tiled chunk: the device file, first
     data = bytearray(packed.read_bytes())
-    data[-7] ^= 0x01
+    offset, nbytes = struct.unpack("<QQ", data[-16:])  # the bf16 tiles: after the device's, or the device's own
+    header_end = 8 + struct.unpack("<Q", data[:8])[0]
+    data[(offset if offset > header_end else offset + nbytes) - 7] ^= 0x01  # the device payload's last tile
     packed.write_bytes(bytes(data))
-    manifest["arrays"][target]["chunks"]["all"]["tensorbin"]["xxh3"] = checksum(bytes(data))
+    manifest["arrays"][target]["chunks"]["all"]["xxh3"] = checksum(bytes(data))
     manifest_path.write_text(json.dumps(manifest))
     ours, theirs = both_ways(PORT, snapshot, copy)
     found = port_n16.differences(ours.model, theirs)
@@ -233,11 +237,11 @@ def test_a_damaged_device_file_is_refused_by_name(attn, tmp_path):
     copy = tmp_path / "cache"
     shutil.copytree(cache_dir, copy)
     name = json.loads((copy / "refs" / "n16-tt-n16-port.synthetic.json").read_text())["entry"]
-    packed = copy / "entries" / name / "tensorbin" / "vision.encoder.layers.0.mlp.fc1.weight.tensorbin"
+    packed = copy / "entries" / name / "vision.encoder.layers.0.mlp.fc1.weight" / "c.0.0.0.0.0.0"
     data = bytearray(packed.read_bytes())
     data[len(data) // 2] ^= 0x10
     packed.write_bytes(bytes(data))
-    with pytest.raises(CacheError, match=f"{packed}: packed tensor does not match its manifest checksum"):
+    with pytest.raises(CacheError, match=f"{re.escape(str(packed))}: packed tensor does not match its manifest"):
         port_n16.build_model(copy, PORT, check=False, synthetic=True)
 
 

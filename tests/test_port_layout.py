@@ -31,6 +31,7 @@ from pipeline.inputs.synth import synthesize
 from pipeline.model.versions import load_config
 from tasks.errors import ConfigError
 from devkit.port_oracle import HOST, PREFIXES, hf_state, port_oracle
+from tests.zarr_values import values
 
 DEFAULT_LAYOUT = {"n15": "tt-port", "n16": "tt-n16", "n17": "tt-port"}
 
@@ -38,7 +39,7 @@ DEFAULT_LAYOUT = {"n15": "tt-port", "n16": "tt-n16", "n17": "tt-port"}
 def _cached(group, name: str) -> torch.Tensor:
     """Our stored values, read through zarr-python (an independent reader of the cache format): bf16 bits, or a
     host table's float32."""
-    stored = torch.from_numpy(np.ascontiguousarray(group[name][...]))
+    stored = torch.from_numpy(np.ascontiguousarray(values(group[name])))
     return stored if stored.dtype == torch.float32 else stored.view(torch.bfloat16)
 
 

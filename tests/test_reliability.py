@@ -309,7 +309,7 @@ def published(hf_cache, tmp_path) -> Path:
 
 
 def _chunk(entry: Path) -> Path:
-    return entry / "language.model.layers.1.mlp.up_proj.weight" / "c.0.0"
+    return entry / "language.model.layers.1.mlp.up_proj.weight" / "c.0.0.0.0.0.0"  # a tiled chunk (format 7)
 
 
 @pytest.mark.parametrize("case,damage,expected", [

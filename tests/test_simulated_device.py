@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from pipeline.jobs.convert import ConvertOptions, convert
 from pipeline.jobs.load import load
-from tasks.device import ttnn_edge as tt
+from tasks.device import one_file, ttnn_edge as tt
 from tasks.entries.entry import open_entry
 from tasks.errors import CacheError
 from tasks.entries.store import LocalStore
@@ -35,10 +36,22 @@ def dumped(tensor) -> bytes:
 
 
 def entry_files(root: Path, name: str) -> dict[tuple[str, int | None], Path]:
-    """(target, slot) -> the entry's `.tensorbin` path, read from the manifest with plain JSON."""
+    """(target, slot) -> the entry's device file: its `.tensorbin`, or its tiled chunk (format 7)."""
     entry = open_entry(LocalStore(root), name)
     return {(a, s): root / entry.device_object(a, s) for a, arr in entry.manifest.arrays.items()
-            for s, rec in arr.chunks.items() if rec.tensorbin is not None}
+            for s, rec in arr.chunks.items() if entry.has_device_file(a, s)}
+
+
+def holds(file: Path, dumped: bytes) -> bool:
+    """Whether a device file holds exactly what ttnn dumped: a `.tensorbin` is those bytes; a tiled chunk starts
+    with them and ends with a Zarr index pointing at its bf16 tiles: ttnn's own payload for bfloat16 (ending where
+    the dump ends), else the bytes right after the dump, up to the index."""
+    data = file.read_bytes()
+    if data == dumped:
+        return not file.name.startswith("c.")
+    offset, nbytes = struct.unpack("<QQ", data[-16:])
+    return data[:len(dumped)] == dumped and (offset + nbytes == len(dumped) == len(data) - 16 or
+                                             offset == len(dumped) == len(data) - 16 - nbytes)
 
 
 def test_convert_uploads_every_target_bit_exact(simulated_device, hf_cache, tmp_path):
@@ -50,7 +63,7 @@ def test_convert_uploads_every_target_bit_exact(simulated_device, hf_cache, tmp_
     assert set(on_device) == set(files) and len(on_device) > 900  # every device target (host-only ones excluded)
     for key, tensor in on_device.items():
         assert tensor.storage_type().name == "DEVICE", key
-        assert dumped(tensor) == files[key].read_bytes(), key
+        assert holds(files[key], dumped(tensor)), key
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +88,7 @@ def test_load_to_device_comes_from_the_device_files(simulated_device, port_entry
             assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32, target
             continue
         slot = 20 if (target, 20) in files else None
-        assert dumped(tensor) == files[(target, slot)].read_bytes(), target
+        assert holds(files[(target, slot)], dumped(tensor)), target
 
 
 def test_one_embodiment_on_device_is_that_slot_of_the_source(simulated_device, port_entry, snapshots):
@@ -107,6 +120,9 @@ def test_a_device_file_damaged_after_publish_is_refused_before_any_upload(simula
     uploads = []
     real = tt.load_packed
     monkeypatch.setattr(tt, "load_packed", lambda path, device=None: uploads.append(path) or real(path, device))
+    in_place = one_file.device_tensor
+    monkeypatch.setattr(one_file, "device_tensor", lambda path, device=None: uploads.append(path) or
+                        in_place(path, device))
     with pytest.raises(CacheError, match="packed tensor does not match its manifest checksum"):
         load("n16", copy, embodiment="gr1", into=simulated_device)
     assert uploads == []

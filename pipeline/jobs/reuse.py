@@ -24,6 +24,7 @@ from tasks.source.checkpoint import Checkpoint
 from tasks.plan import work_units
 from tasks.entries.entry import Entry, list_entries
 from tasks.entries.manifest import Staged, content_id
+from tasks.device.one_file import chunk_rank
 from tasks.entries.names import CONVERTER_VERSION, chunk_file, packed_path
 from tasks.source.shards import CONTENT_ID, VerifiedShard, identify_shards
 from tasks.entries.objects import Listing
@@ -106,11 +107,12 @@ def plan_reuse(home: EntryHome, prep: Prepared, *, building_at: str, array_attrs
         if holder[t.name] is None:
             continue
         entry, name = holder[t.name]
-        rec = entry.manifest.arrays[name].chunks.get(slot)
-        if rec is None or (t.device_file and rec.tensorbin is None):  # same bytes, but its device file is wanted
+        arr = entry.manifest.arrays[name]
+        rec = arr.chunks.get(slot)
+        if rec is None or (t.device_file and rec.tensorbin is None and not arr.tiled):  # its device file is wanted
             continue
         at = PurePosixPath(building_at)  # new key -> (the holder's key, size)
-        objects = {chunk_file(at, t.name, len(t.shape), slot).as_posix(): (entry.chunk_object(name, slot), rec.nbytes)}
+        objects = {chunk_file(at, t.name, chunk_rank(t), slot).as_posix(): (entry.chunk_object(name, slot), rec.nbytes)}
         if rec.tensorbin:
             objects[packed_path(at, t.name, slot).as_posix()] = (entry.device_object(name, slot), rec.tensorbin.nbytes)
         held[(t.name, slot)] = Staged(t.name, slot, rec), entry.name, objects

@@ -250,8 +250,7 @@ def _traced_or_kept(code: PortCode, opened: Entry, config, device, root: Path):
 def _load(entry: Entry, needed: list[tuple[str, int | None]], host_arrays: list[str], device, threads: int):
     """The device files asked for and the host tables (float32 torch tensors), every byte read and checked
     against its record (tasks/entries/reload.py), and the bytes read."""
-    arrays = entry.manifest.arrays
-    missing = [(n, s) for n, s in needed if arrays[n].chunks[s].tensorbin is None]
+    missing = [(n, s) for n, s in needed if not entry.has_device_file(n, s)]
     if missing:
         raise CacheError(f"{entry.describe()}: {missing[0][0]} has no device file (profile "
                          f"{entry.manifest.profile} keeps none); convert with --profile port or bfp8")

@@ -2,6 +2,7 @@
 
 - `ttnn_edge.py`: ttnn itself, imported lazily: its environment, host tensors, numerics, upload to a device.
 - `tensorbin.py`: ttnn's `.tensorbin` made in numpy, byte for byte `dump_tensor`'s.
+- `one_file.py`: cache format 7's tiled chunk, one file that is a target's `.tensorbin` and its Zarr chunk at once.
 - `host_tensors.py`: the convert stage: check a target's values and build its host tensor in the device dtype.
 """
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.device import ttnn_edge, tensorbin
+from tasks.device import one_file, ttnn_edge, tensorbin
 from tasks.errors import CheckpointError
 from tasks.plan import HOST, HostTable, Target
 from tasks.numerics.precision import bf16_bits
@@ -35,7 +35,8 @@ class Converted:
     padded_shape: tuple[int, ...]
     max_abs_err: float
     pcc: float
-    packed: bytes | None = None  # `.tensorbin` of a packed-dtype target: reloads without repacking
+    packed: bytes | np.ndarray | None = None  # `.tensorbin` of a target with a device file: reloads without repacking
+    tiled: bool = False  # `packed` is the whole tiled chunk, values included (tasks/device/one_file.py): stored alone
     sources: tuple[str, ...] = ()  # a streamed host table's source keys and shard(s), for the stage's finite check
     origin: str = ""
 
@@ -113,12 +114,15 @@ def convert_target(array: np.ndarray | HostTable, target: Target, slot: int | No
     if exact and not check_bf16 and not device_file:
         return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,
                          padded_shape=expected, max_abs_err=0.0, pcc=1.0)
-    made = tensorbin.tensorbin(array, device_dtype) if layout == "TILE" and not check_bf16 else None
+    tiled = one_file.is_tiled(target)
+    made = None if layout != "TILE" or check_bf16 else \
+        one_file.tiled_file(array, device_dtype) if tiled else tensorbin.tensorbin(array, device_dtype)
     if made is not None:  # ttnn's bytes made in numpy (checked against ttnn once per rank and dtype)
         blob, packed = made
         _floor(packed.pcc, packed.max_abs_err, name, sources, device_dtype, origin, min_pcc)
         return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout,
-                         padded_shape=expected, max_abs_err=packed.max_abs_err, pcc=packed.pcc, packed=blob)
+                         padded_shape=expected, max_abs_err=packed.max_abs_err, pcc=packed.pcc, packed=blob,
+                         tiled=tiled)
     host = ttnn_edge.to_host_tensor(array, device_dtype, layout)
     if tuple(host.shape) != tuple(array.shape) or tuple(host.padded_shape) != expected:
         raise CheckpointError(sources[0], f"ttnn host tensor for {name!r} has shape {tuple(host.shape)} / padded "
@@ -126,5 +130,7 @@ def convert_target(array: np.ndarray | HostTable, target: Target, slot: int | No
     numerics = ttnn_edge.host_numerics(host, array) if not exact or check_bf16 else ttnn_edge.Numerics(0.0, 1.0)
     _floor(numerics.pcc, numerics.max_abs_err, name, sources, device_dtype, origin, min_pcc)
     packed = ttnn_edge.packed_bytes(host) if device_file or not exact else None
+    if tiled:
+        packed = one_file.around(packed, array, device_dtype)
     return Converted(name=name, slot=slot, array=array, device_dtype=device_dtype, layout=layout, padded_shape=expected,
-                     max_abs_err=numerics.max_abs_err, pcc=numerics.pcc, packed=packed)
+                     max_abs_err=numerics.max_abs_err, pcc=numerics.pcc, packed=packed, tiled=tiled)

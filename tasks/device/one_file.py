@@ -48,6 +48,12 @@ def zarr_shape(logical: tuple[int, ...] | list[int]) -> list[int]:
     return [*lead, rows // TILE, 2, FACE, cols // TILE, 2, FACE]
 
 
+def chunk_rank(target: Target) -> int:
+    """How many coordinates name one chunk of the target (a bank's slot axis aside): its logical rank, or, tiled,
+    its tile array's (four more)."""
+    return len(zarr_shape(target.shape)) if is_tiled(target) else len(target.shape)
+
+
 def zarr_codecs(chunk_shape: list[int]) -> list[dict]:
     """The codecs of a tiled array whose chunks are `chunk_shape` (one file each): a shard of one inner chunk, its
     index at the end; inside it, tile order is [tile row, tile column, face row, face column, row, column]."""

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import xxhash
 
+from tasks.device import one_file
 from tasks.errors import CacheError
 from tasks.io.file_blocks import each_read
 from tasks.entries.manifest import ChunkRecord, FileRecord, Manifest, decode_manifest, processor_matches
@@ -47,10 +48,22 @@ class Entry:
         the entry's folder."""
         arr = self.manifest.arrays[array]
         named = arr.chunks[slot].object if slot in arr.chunks else None
-        return named or chunk_file(PurePosixPath(entry_key(self.name)), array, len(arr.logical_shape), slot).as_posix()
+        return named or chunk_file(PurePosixPath(entry_key(self.name)), array, arr.chunk_rank, slot).as_posix()
+
+    def has_device_file(self, array: str, slot: int | None) -> bool:
+        """Whether ttnn loads this chunk from a file as it stored it: its `.tensorbin`, or the tiled chunk itself."""
+        return self.manifest.arrays[array].tiled or self.manifest.arrays[array].chunks[slot].tensorbin is not None
+
+    def device_record(self, array: str, slot: int | None) -> FileRecord | None:
+        """The record of the file ttnn loads for this chunk (a tiled chunk's own), None without one."""
+        arr = self.manifest.arrays[array]
+        return arr.chunks[slot] if arr.tiled else arr.chunks[slot].tensorbin
 
     def device_object(self, array: str, slot: int | None) -> str:
-        """The store key of a chunk's `.tensorbin`: the object its record names, else its file in the entry's folder."""
+        """The store key of a chunk's device file: a tiled chunk's own, else its `.tensorbin`'s (the object its
+        record names, else its file in the entry's folder)."""
+        if self.manifest.arrays[array].tiled:
+            return self.chunk_object(array, slot)
         record = self.manifest.arrays[array].chunks.get(slot)
         named = record.tensorbin.object if record is not None and record.tensorbin is not None else None
         return named or packed_path(PurePosixPath(entry_key(self.name)), array, slot).as_posix()
@@ -90,6 +103,8 @@ class Entry:
         (e.g. a slot's slice of a whole bank), else mapped (locally) or fetched on its own."""
         arr = self.manifest.arrays[array]
         key, record = self.chunk_object(array, slot), arr.chunks[slot]
+        if arr.tiled:  # the file, checked, then its bf16 payload in rows (a copy: the file is in tile order)
+            return self._logical(array, slot, out)
 
         def read() -> np.ndarray:
             if out is None:
@@ -107,11 +122,27 @@ class Entry:
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
         return found
 
+    def _logical(self, array: str, slot: int | None, out: np.ndarray | None) -> np.ndarray:
+        arr, key = self.manifest.arrays[array], self.chunk_object(array, slot)
+        record = arr.chunks[slot]
+        found = self.store.map(key, np.dtype(np.uint8), (record.nbytes,))
+        whole = record.matches(found)
+        if not whole and self.store.forget(key):  # a copy kept here, not the object: fetched again
+            found = self.store.map(key, np.dtype(np.uint8), (record.nbytes,))
+            whole = record.matches(found)
+        if not whole:
+            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
+                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
+        try:
+            return one_file.logical(found, tuple(arr.logical_shape), out)
+        except ValueError as e:  # a checked file whose index does not fit: written so, by a converter with a bug
+            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} {e}; convert again with --force") from None
+
     def checked_chunk(self, array: str, slot: int | None) -> np.ndarray:
         """One chunk as a private mapping nothing has touched yet, its file read and checked first: for a caller
         that uses the bytes later, or some of them (a reload's embed_tokens), the check costs a read, not a page
         fault per page, and adds no RSS. An object store's chunk is fetched and checked (`read_chunk`)."""
-        if self.store.local_path(self.chunk_object(array, slot)) is None:
+        if self.store.local_path(self.chunk_object(array, slot)) is None or self.manifest.arrays[array].tiled:
             return self.read_chunk(array, slot)
         self.each_chunk_block(array, slot, lambda block, pos: None)
         arr = self.manifest.arrays[array]
@@ -148,7 +179,7 @@ class Entry:
 
     def device_file(self, array: str, slot: int | None) -> Path:
         """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
-        rec, key = self.manifest.arrays[array].chunks[slot].tensorbin, self.device_object(array, slot)
+        rec, key = self.device_record(array, slot), self.device_object(array, slot)
         path = self.store.local_file(key)
         whole = path is not None and rec.matches_file(path)  # the check reads the file once
         if path is not None and not whole and self.store.forget(key):  # a copy kept here, not the object: fetched again
@@ -170,13 +201,13 @@ class Entry:
         folder = os.path.realpath(packed) if packed is not None else ""  # once (1,387 Paths cost 0.05 s)
         paths = []
         for name, slot in chunks:
-            if packed is not None:
+            if packed is not None and not self.manifest.arrays[name].tiled:
                 path = os.path.join(folder, packed_name(name, slot))
             else:
                 fetched = self.store.local_file(self.device_object(name, slot))
                 path = os.path.realpath(fetched) if fetched else ""
             try:
-                fits = os.stat(path).st_size == self.manifest.arrays[name].chunks[slot].tensorbin.nbytes
+                fits = os.stat(path).st_size == self.device_record(name, slot).nbytes
             except OSError:
                 fits = False
             paths.append(path if fits else str(self.device_file(name, slot)))

@@ -21,7 +21,8 @@ from tasks.numerics import precision
 from tasks.io.file_blocks import each_read
 from tasks.entries.names import (CACHE_FORMAT, CONTENT_FORMAT, CONVERTER_VERSION, chunk_key, entry_name, is_object_key,
                                  is_whole_number, slot_of, WHOLE)
-from tasks.entries.zarr_v3 import DATA_TYPES, array_metadata, group_metadata
+from tasks.device.one_file import is_tiled, zarr_codecs, zarr_shape
+from tasks.entries.zarr_v3 import DATA_TYPES, PLAIN_CODECS, array_metadata, group_metadata
 from tasks.plan import Plan, Target
 from tasks.source.shards import checked_against
 
@@ -140,6 +141,18 @@ class ArrayRecord:
     @property
     def device_layout(self) -> str:
         return str(self.attributes["device_layout"])
+
+    @property
+    def tiled(self) -> bool:
+        """Whether each chunk is one tiled file, its device file and its values at once (format 7 on:
+        tasks/device/one_file.py); else a chunk holds the values in rows, and a device file lies beside it."""
+        return self.attributes.get("tiled") is True
+
+    @property
+    def chunk_rank(self) -> int:
+        """How many coordinates name a chunk of one slot (or of the whole array): the rank of the Zarr array's
+        chunk, less a bank's slot axis; a tiled array's chunk is its padded tiles, six dimensions for a matrix."""
+        return len(self.chunk_shape) - self.bank
 
     def to_json(self) -> dict:
         return {"shape": self.shape, "chunk_shape": self.chunk_shape, "attributes": dict(self.attributes),
@@ -366,6 +379,8 @@ def content_id(source_xxh3: Sequence[str], attributes: Mapping[str, object], con
     doc = [list(source_xxh3), attributes.get("source_dtypes"), attributes.get("dtype", "bfloat16"), attributes["transform"],
            attributes.get("transform_params", []), attributes["device_dtype"], attributes["device_layout"],
            attributes["logical_shape"], converter, CONTENT_FORMAT]  # bytes laid out another way: another content
+    if attributes.get("tiled") is True:  # one tiled file (format 7): never the bytes of a chunk in rows
+        doc.append("tiled")
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
@@ -413,16 +428,20 @@ def array_attributes(t: Target, slots: tuple[int, ...]) -> dict:
             "source_dtypes": precision.source_dtypes(t.source_dtypes, len(t.sources)), "transform": t.transform,
             "transform_params": list(t.params), "kind": t.kind, "device_dtype": t.device_dtype,
             "device_layout": t.device_layout, "host_only": t.host, "logical_shape": list(t.shape),
-            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors}
+            "embodiment_bank": t.embodiment, "slots": list(slots) if t.embodiment else None, "mirrors": t.mirrors,
+            **({"tiled": True} if is_tiled(t) else {})}
 
 
 def array_documents(plan: Plan, slots: tuple[int, ...]) -> dict[str, dict]:
-    """Every target's `zarr.json` document, by target name: a bank keeps every slot addressable, one chunk each."""
+    """Every target's `zarr.json` document, by target name: a bank keeps every slot addressable, one chunk each; a
+    tiled target's array is its padded tiles (tasks/device/one_file.py), cut to `logical_shape` by a reader."""
     out = {}
     for t in plan.targets:
-        shape = (t.bank_slots, *t.shape) if t.embodiment else t.shape
-        chunks = (1, *t.shape) if t.embodiment else t.shape
-        out[t.name] = array_metadata(shape, chunks, array_attributes(t, slots))
+        stored = zarr_shape(t.shape) if is_tiled(t) else list(t.shape)
+        shape = (t.bank_slots, *stored) if t.embodiment else stored
+        chunks = (1, *stored) if t.embodiment else stored
+        codecs = zarr_codecs(list(chunks)) if is_tiled(t) else PLAIN_CODECS
+        out[t.name] = array_metadata(shape, chunks, array_attributes(t, slots), codecs)
     return out
 
 

@@ -12,10 +12,11 @@ from pathlib import Path, PurePosixPath
 from tasks.entries.zarr_v3 import chunk_path
 from tasks.old_paths import names_moved
 
-CACHE_FORMAT = 6            # bump when the on-disk layout changes (cache/README.md, "Versioning")
+CACHE_FORMAT = 7            # bump when the on-disk layout changes (cache/README.md, "Versioning")
 CONVERTER_VERSION = "3"     # bump when a transform changes the bytes it produces (3: host tables stored as float32)
-READABLE_FORMATS = (3, 4, 5, 6)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32 host
-                              # arrays; 6: an object store's entries name their bytes in objects/ (`object_key`).
+READABLE_FORMATS = (3, 4, 5, 6, 7)  # 3: chunk keys c.0.0; 4: + source_shapes; 5: + source_dtypes, float32
+                              # host arrays; 6: an object store's entries name their bytes in objects/ (`object_key`);
+                              # 7: a TILE target with a device file is one tiled file (tasks/device/one_file.py).
                               # Format 2 kept c/0/0 and is not read.
 CONTENT_FORMAT = 5          # in every array's content id: how a chunk's bytes are laid out, which format 6 kept
                             # (so a fine-tune still reuses what a format 5 entry holds)

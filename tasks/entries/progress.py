@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TypeVar
 
+from tasks.device.one_file import chunk_rank
 from tasks.entries.manifest import Staged
 from tasks.entries.names import PROGRESS_DIR, chunk_file, packed_path, progress_log
 from tasks.plan import Target, work_units
@@ -74,7 +75,7 @@ def adopt_staged(entry: Path, targets: Sequence[Target], slots: tuple[int, ...],
     for staged in linked.values():
         record_progress(entry, staged)
     records = staged_records(entry)
-    candidates = [(len(t.shape), records[(t.name, slot)]) for t, slot in work_units(targets, slots)
+    candidates = [(chunk_rank(t), records[(t.name, slot)]) for t, slot in work_units(targets, slots)
                   if (t.name, slot) in records and (t.name, slot) not in linked]
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         kept = list(pool.map(lambda c: already_staged(entry, c[1], c[0]), candidates))

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from tasks.device import ttnn_edge as tt
-from tasks.device import tensorbin
+from tasks.device import one_file, tensorbin
 from tasks.entries.entry import Entry
 from tasks.entries.manifest import Manifest
 from tasks.errors import CacheError
@@ -39,20 +39,19 @@ def plan_reads(manifest: Manifest, slot: int | None) -> list[Chunk]:
 
 
 def read_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = False) -> int:
-    """What reading these chunks reads: each chunk's bytes, or its `.tensorbin`'s where one is read instead."""
-    records = (entry.manifest.arrays[n].chunks[s] for n, s in chunks)
-    return sum(r.tensorbin.nbytes if from_device_files and r.tensorbin is not None else r.nbytes for r in records)
+    """What reading these chunks reads: each chunk's bytes, or its device file's where one is read instead."""
+    return sum(entry.device_record(n, s).nbytes if from_device_files and entry.has_device_file(n, s)
+               else entry.manifest.arrays[n].chunks[s].nbytes for n, s in chunks)
 
 
 def read_objects(entry: Entry, chunks: list[Chunk], from_device_files: bool = False) -> dict[str, int]:
-    """The objects reading these chunks reads (`read_bytes`), key -> size: each chunk's, or its `.tensorbin`'s."""
+    """The objects reading these chunks reads (`read_bytes`), key -> size: each chunk's, or its device file's."""
     objects = {}
     for name, slot in chunks:
-        record = entry.manifest.arrays[name].chunks[slot]
-        if from_device_files and record.tensorbin is not None:
-            objects[entry.device_object(name, slot)] = record.tensorbin.nbytes
+        if from_device_files and entry.has_device_file(name, slot):
+            objects[entry.device_object(name, slot)] = entry.device_record(name, slot).nbytes
         else:
-            objects[entry.chunk_object(name, slot)] = record.nbytes
+            objects[entry.chunk_object(name, slot)] = entry.manifest.arrays[name].chunks[slot].nbytes
     return objects
 
 
@@ -103,8 +102,8 @@ def ttnn_tensors(entry: Entry, chunks: list[Chunk], pool: ThreadPoolExecutor, de
     with a `.tensorbin` straight from it (`device_tensors`), the rest converted from their bf16 chunk."""
     arrays = entry.manifest.arrays
     from_file = takes_device_files(device)
-    packed = [c for c in chunks if from_file and arrays[c[0]].chunks[c[1]].tensorbin is not None]
-    plain = [c for c in chunks if not (from_file and arrays[c[0]].chunks[c[1]].tensorbin is not None)]
+    packed = [c for c in chunks if from_file and entry.has_device_file(*c)]
+    plain = [c for c in chunks if not (from_file and entry.has_device_file(*c))]
     out = dict(zip(packed, device_tensors(entry, packed, pool, device)))
     for (name, slot), data in zip(plain, pool.map(lambda c: entry.read_chunk(*c), plain)):
         arr = arrays[name]
@@ -123,16 +122,18 @@ def device_tensors(entry: Entry, chunks: list[Chunk], pool: ThreadPoolExecutor, 
     each other. `check_mapped` (host only) hashes the mapping ttnn made instead, for a caller that uses every
     byte at once (the port hand-off): each byte is read once, into memory, and the bytes checked are the very
     ones the tensor holds. On a device they go up one at a time."""
+    arrays = entry.manifest.arrays
+    load = lambda c, path, on=None: one_file.device_tensor(path, on) if arrays[c[0]].tiled else \
+        tt.load_packed(path, on)  # noqa: E731
     if device is not None or not check_mapped:
         files = list(pool.map(lambda c: entry.device_file(*c), chunks))
-        return [tt.load_packed(f, device) for f in files]
-    arrays = entry.manifest.arrays
+        return [load(c, f, device) for c, f in zip(chunks, files)]
     paths = entry.device_paths(chunks)  # a missing file, or one of another size, is refused before ttnn opens it
-    tensors = [tt.load_packed(p) for p in paths]
+    tensors = [load(c, p) for c, p in zip(chunks, paths)]
     mapped = tt.mapped_files(paths)
 
     def check(i: int) -> None:
-        record, view = arrays[chunks[i][0]].chunks[chunks[i][1]].tensorbin, mapped.get(paths[i])
+        record, view = entry.device_record(*chunks[i]), mapped.get(paths[i])
         if view is None or len(view) < record.nbytes or not record.matches(view[:record.nbytes]):
             entry.device_file(*chunks[i])  # read and checked here: a bad file is refused by name
 

@@ -35,13 +35,18 @@ DATA_TYPES = {"bfloat16": ("uint16", STORAGE_DTYPE), "float32": ("float32", np.d
 SEPARATOR = "."  # cache format 3 (2 used "/": a directory per coordinate, 3,800 per N1.6 entry instead of 990)
 
 
-def array_metadata(shape: Sequence[int], chunks: Sequence[int], attributes: Mapping[str, object]) -> dict:
-    """The `zarr.json` document of one array of `attributes["dtype"]` (see DATA_TYPES). Does not perform I/O."""
+PLAIN_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}]  # a chunk file is its raw C-order bytes
+
+
+def array_metadata(shape: Sequence[int], chunks: Sequence[int], attributes: Mapping[str, object],
+                   codecs: Sequence[Mapping] = PLAIN_CODECS) -> dict:
+    """The `zarr.json` document of one array of `attributes["dtype"]` (see DATA_TYPES). Does not perform I/O.
+    `codecs`: how a chunk file holds its values (plain C order; a tiled chunk's: tasks/device/one_file.py)."""
     return {
         "shape": list(shape), "data_type": DATA_TYPES[str(attributes.get("dtype", "bfloat16"))][0],
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": SEPARATOR}},
-        "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        "fill_value": 0, "codecs": [dict(c) for c in codecs],
         "attributes": dict(attributes), "zarr_format": 3, "node_type": "array", "storage_transformers": [],
     }
 
