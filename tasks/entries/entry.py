@@ -104,7 +104,7 @@ class Entry:
         arr = self.manifest.arrays[array]
         key, record = self.chunk_object(array, slot), arr.chunks[slot]
         if arr.tiled:  # the file, checked, then its bf16 payload in rows (a copy: the file is in tile order)
-            return self._logical(array, slot, out)
+            return self._logical(array, slot, key, out)
 
         def read() -> np.ndarray:
             if out is None:
@@ -122,8 +122,8 @@ class Entry:
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
         return found
 
-    def _logical(self, array: str, slot: int | None, out: np.ndarray | None) -> np.ndarray:
-        arr, key = self.manifest.arrays[array], self.chunk_object(array, slot)
+    def _logical(self, array: str, slot: int | None, key: str, out: np.ndarray | None) -> np.ndarray:
+        arr = self.manifest.arrays[array]
         record = arr.chunks[slot]
         found = self.store.map(key, np.dtype(np.uint8), (record.nbytes,))
         whole = record.matches(found)
