@@ -21,9 +21,9 @@ from tasks.io.bulk_write import DIRECT_MIN, write_behind, write_bytes_in_place
 import numpy as np
 
 from tasks.device.host_tensors import Converted, NonFinite
-from tasks.device.one_file import zarr_shape
+from tasks.device.one_file import device_end, zarr_shape
 from tasks.entries.chunks import write_chunk, write_host_chunk
-from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum
+from tasks.entries.manifest import ChunkRecord, FileRecord, Staged, checksum, tiled_record
 from tasks.entries.names import PACKED_SUFFIX, chunk_file, object_key, packed_path
 from tasks.entries.objects import Present, still_held
 from tasks.entries.cache_root import store_at
@@ -66,8 +66,8 @@ def _stage_tiled(entry: Path, converted: Converted, behind: bool) -> Staged:
     not: a resumed build trusts what a record names)."""
     file = converted.packed
     path = chunk_file(entry, converted.name, len(zarr_shape(converted.array.shape)), converted.slot)
-    staged = Staged(converted.name, converted.slot, ChunkRecord(len(file), checksum(file), converted.max_abs_err,
-                                                                converted.pcc))
+    staged = Staged(converted.name, converted.slot, tiled_record(file, device_end(file), converted.max_abs_err,
+                                                                 converted.pcc))
 
     def write() -> None:
         write_bytes_in_place(path, memoryview(file))  # into the array's folder, which create_arrays made
@@ -131,5 +131,8 @@ def stage_into_store(store_url: str, stall: float, converted: Converted, present
     store = store_at(store_url, stall)
     held = still_held(store, {k: len(v) for k, v in objects.items()}, present, fresh_after)
     store.put_many({k: v for k, v in objects.items() if k not in held})
+    if converted.tiled:
+        return Staged(converted.name, converted.slot, tiled_record(converted.packed, device_end(converted.packed),
+                                                                   converted.max_abs_err, converted.pcc, chunk))
     return Staged(converted.name, converted.slot, ChunkRecord(len(raw), checksum(raw), converted.max_abs_err,
                                                               converted.pcc, device_file, object=chunk))

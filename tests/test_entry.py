@@ -51,7 +51,7 @@ def test_each_read_of_a_chunk_or_device_file_reads_its_bytes_once(tmp_path, monk
     _write_entry(tmp_path)
     entry = fmt.open_entry(LocalStore(tmp_path), NAME)
     checked, file_check, bytes_check = [], records.FileRecord.matches_file, records.FileRecord.matches
-    monkeypatch.setattr(records.FileRecord, "matches_file", lambda r, p: (checked.append(p), file_check(r, p))[1])
+    monkeypatch.setattr(records.FileRecord, "matches_file", lambda r, p, size=None: (checked.append(p), file_check(r, p, size))[1])
     monkeypatch.setattr(records.FileRecord, "matches", lambda r, d: (checked.append(r), bytes_check(r, d))[1])
     entry.device_file("t", None)
     entry.read_chunk("t", None)

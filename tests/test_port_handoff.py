@@ -223,7 +223,8 @@ def test_one_changed_byte_in_one_target_is_found(attn, tmp_path):
     header_end = 8 + struct.unpack("<Q", data[:8])[0]
     data[(offset if offset > header_end else offset + nbytes) - 7] ^= 0x01  # the device payload's last tile
     packed.write_bytes(bytes(data))
-    manifest["arrays"][target]["chunks"]["all"]["xxh3"] = checksum(bytes(data))
+    record = manifest["arrays"][target]["chunks"]["all"]
+    record["xxh3"], record["device"]["xxh3"] = checksum(bytes(data)), checksum(bytes(data[:record["device"]["nbytes"]]))
     manifest_path.write_text(json.dumps(manifest))
     ours, theirs = both_ways(PORT, snapshot, copy)
     found = port_n16.differences(ours.model, theirs)
@@ -239,7 +240,7 @@ def test_a_damaged_device_file_is_refused_by_name(attn, tmp_path):
     name = json.loads((copy / "refs" / "n16-tt-n16-port.synthetic.json").read_text())["entry"]
     packed = copy / "entries" / name / "vision.encoder.layers.0.mlp.fc1.weight" / "c.0.0.0.0.0.0"
     data = bytearray(packed.read_bytes())
-    data[len(data) // 2] ^= 0x10
+    data[400] ^= 0x10  # in the payload ttnn reads (its header is 384 bytes)
     packed.write_bytes(bytes(data))
     with pytest.raises(CacheError, match=f"{re.escape(str(packed))}: packed tensor does not match its manifest"):
         port_n16.build_model(copy, PORT, check=False, synthetic=True)

@@ -97,14 +97,14 @@ def _header_end(file: np.ndarray) -> int:
     return 8 + int(file[:8].view("<u8")[0])
 
 
-def _finish(buffer: np.ndarray, device_end: int, array: np.ndarray, device_dtype: str) -> None:
-    """After the `.tensorbin` (which ends at `device_end`): the bf16 tile payload if the device's is packed, then
+def _finish(buffer: np.ndarray, end: int, array: np.ndarray, device_dtype: str) -> None:
+    """After the `.tensorbin` (which ends at byte `end`): the bf16 tile payload if the device's is packed, then
     the index pointing at the bf16 one."""
     if device_dtype == "bfloat16":
         offset = _header_end(buffer)
-        nbytes = device_end - offset
+        nbytes = end - offset
     else:
-        offset, nbytes = device_end, _tile_payload_bytes(array.shape)
+        offset, nbytes = end, _tile_payload_bytes(array.shape)
         tensorbin.pack(array, "bfloat16", buffer[offset:offset + nbytes])
     INDEX.pack_into(buffer, len(buffer) - INDEX.size, offset, nbytes)
 
@@ -126,8 +126,9 @@ def logical(file: np.ndarray | memoryview | bytes, shape: tuple[int, ...], out: 
     return tensorbin.untilize(bf16_payload(file), tuple(shape), out)
 
 
-def _device_end(file: np.ndarray) -> int:
+def device_end(file: np.ndarray) -> int:
     """Where ttnn's `.tensorbin` ends in a tiled chunk: after the bf16 payload for bfloat16, before it otherwise."""
+    file = file.reshape(-1).view(np.uint8)
     offset, nbytes = INDEX.unpack_from(file, file.nbytes - INDEX.size)
     return offset + nbytes if offset == _header_end(file) else offset
 
@@ -152,7 +153,7 @@ def _learn_in_place() -> bool:
                 return False
             chunk, plain = os.path.join(tmp, "c.0.0"), os.path.join(tmp, f"{dtype}.tensorbin")
             made[0].tofile(chunk)
-            made[0][:_device_end(made[0])].tofile(plain)
+            made[0][:device_end(made[0])].tofile(plain)
             try:
                 ours, theirs = _load_in_place(chunk), ttnn.load_tensor(plain)
             except (AttributeError, RuntimeError, TypeError, ValueError):
@@ -175,6 +176,6 @@ def device_tensor(path: str, device=None):
         return _load_in_place(str(path), device)
     file = np.fromfile(path, np.uint8)
     with tempfile.NamedTemporaryFile(suffix=".tensorbin", dir=_SCRATCH) as fh:
-        fh.write(memoryview(file[:_device_end(file)]))
+        fh.write(memoryview(file[:device_end(file)]))
         fh.flush()
         return ttnn_module().load_tensor(fh.name, device=device)

@@ -55,9 +55,15 @@ class Entry:
         return self.manifest.arrays[array].tiled or self.manifest.arrays[array].chunks[slot].tensorbin is not None
 
     def device_record(self, array: str, slot: int | None) -> FileRecord | None:
-        """The record of the file ttnn loads for this chunk (a tiled chunk's own), None without one."""
-        arr = self.manifest.arrays[array]
-        return arr.chunks[slot] if arr.tiled else arr.chunks[slot].tensorbin
+        """The record of the bytes ttnn reads for this chunk: its `.tensorbin`, or a tiled chunk's first bytes
+        (the whole file where a record names no such part); None without a device file."""
+        arr, record = self.manifest.arrays[array], self.manifest.arrays[array].chunks[slot]
+        return (record.device or record) if arr.tiled else record.tensorbin
+
+    def device_file_size(self, array: str, slot: int | None) -> int:
+        """The size of the file that holds the bytes ttnn reads: a tiled chunk's own, or the `.tensorbin`'s."""
+        arr, record = self.manifest.arrays[array], self.manifest.arrays[array].chunks[slot]
+        return record.nbytes if arr.tiled else record.tensorbin.nbytes
 
     def device_object(self, array: str, slot: int | None) -> str:
         """The store key of a chunk's device file: a tiled chunk's own, else its `.tensorbin`'s (the object its
@@ -103,10 +109,10 @@ class Entry:
         (e.g. a slot's slice of a whole bank), else mapped (locally) or fetched on its own."""
         arr = self.manifest.arrays[array]
         key, record = self.chunk_object(array, slot), arr.chunks[slot]
-        if arr.tiled:  # the file, checked, then its bf16 payload in rows (a copy: the file is in tile order)
-            return self._logical(array, slot, key, out)
 
         def read() -> np.ndarray:
+            if arr.tiled:  # the file as it lies (in tile order): put in rows once it is checked
+                return self.store.map(key, np.dtype(np.uint8), (record.nbytes,))
             if out is None:
                 return self.store.map(key, arr.storage_dtype, tuple(arr.logical_shape))
             self.store.read_into(key, out)
@@ -120,20 +126,9 @@ class Entry:
         if not whole:
             raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
                              "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
-        return found
-
-    def _logical(self, array: str, slot: int | None, key: str, out: np.ndarray | None) -> np.ndarray:
-        arr = self.manifest.arrays[array]
-        record = arr.chunks[slot]
-        found = self.store.map(key, np.dtype(np.uint8), (record.nbytes,))
-        whole = record.matches(found)
-        if not whole and self.store.forget(key):  # a copy kept here, not the object: fetched again
-            found = self.store.map(key, np.dtype(np.uint8), (record.nbytes,))
-            whole = record.matches(found)
-        if not whole:
-            raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} does not match its manifest checksum "
-                             "(tampered or corrupt); run `python -m pipeline cache verify` and convert again with --force")
-        try:
+        if not arr.tiled:
+            return found
+        try:  # a copy: the rows a reader wants are not the tiles the device wants
             return one_file.logical(found, tuple(arr.logical_shape), out)
         except ValueError as e:  # a checked file whose index does not fit: written so, by a converter with a bug
             raise CacheError(f"{self.describe(array)}: chunk {chunk_key(slot)} {e}; convert again with --force") from None
@@ -180,11 +175,12 @@ class Entry:
     def device_file(self, array: str, slot: int | None) -> Path:
         """ttnn's `.tensorbin` of a chunk as a local file, checked against its record (which warms its pages)."""
         rec, key = self.device_record(array, slot), self.device_object(array, slot)
+        size = self.device_file_size(array, slot)
         path = self.store.local_file(key)
-        whole = path is not None and rec.matches_file(path)  # the check reads the file once
+        whole = path is not None and rec.matches_file(path, size)  # the check reads what ttnn reads, once
         if path is not None and not whole and self.store.forget(key):  # a copy kept here, not the object: fetched again
             path = self.store.local_file(key)
-            whole = path is not None and rec.matches_file(path)
+            whole = path is not None and rec.matches_file(path, size)
         if path is None:
             raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
                              "again with --force")
@@ -207,7 +203,7 @@ class Entry:
                 fetched = self.store.local_file(self.device_object(name, slot))
                 path = os.path.realpath(fetched) if fetched else ""
             try:
-                fits = os.stat(path).st_size == self.device_record(name, slot).nbytes
+                fits = os.stat(path).st_size == self.device_file_size(name, slot)
             except OSError:
                 fits = False
             paths.append(path if fits else str(self.device_file(name, slot)))

@@ -34,6 +34,17 @@ def checksum(data: np.ndarray | bytes | memoryview) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
+def tiled_record(file: np.ndarray, device_end: int, max_abs_err: float, pcc: float,
+                 object: str | None = None) -> "ChunkRecord":
+    """The record of a tiled chunk (tasks/device/one_file.py): the whole file's size and xxh3, and those of its
+    first `device_end` bytes, which ttnn reads; one pass over the bytes gives both."""
+    raw = memoryview(np.ascontiguousarray(file).reshape(-1).view(np.uint8))
+    digest = xxhash.xxh3_64(raw[:device_end])
+    device = FileRecord(device_end, digest.hexdigest())
+    digest.update(raw[device_end:])
+    return ChunkRecord(len(raw), digest.hexdigest(), max_abs_err, pcc, object=object, device=device)
+
+
 # -- records ----
 @dataclass(frozen=True)
 class FileRecord:
@@ -52,12 +63,13 @@ class FileRecord:
         size = data.nbytes if isinstance(data, (np.ndarray, memoryview)) else len(data)
         return size == self.nbytes and checksum(data) == self.xxh3
 
-    def matches_file(self, path: Path) -> bool:
-        """Whether a local file holds these bytes (read block by block: tasks/io/file_blocks.py `each_read`)."""
-        if path.stat().st_size != self.nbytes:
+    def matches_file(self, path: Path, size: int | None = None) -> bool:
+        """Whether a local file holds these bytes (read block by block: tasks/io/file_blocks.py `each_read`).
+        `size`: the file's, when these are only its first bytes (what ttnn reads of a tiled chunk)."""
+        if path.stat().st_size != (self.nbytes if size is None else size):
             return False
         digest = xxhash.xxh3_64()
-        return each_read(path, lambda block, _: digest.update(block)) == self.nbytes and \
+        return each_read(path, lambda block, _: digest.update(block), end=self.nbytes) == self.nbytes and \
             digest.hexdigest() == self.xxh3
 
 
@@ -75,6 +87,8 @@ class ChunkRecord(FileRecord):
     max_abs_err: float = 0.0
     pcc: float = 1.0
     tensorbin: FileRecord | None = None  # ttnn's device file of this chunk, when the plan keeps one
+    device: FileRecord | None = field(default=None, kw_only=True)  # a tiled chunk's first bytes, which ttnn reads:
+                                                                   # a device load checks those, not the bf16 after
 
     @property
     def file_bytes(self) -> int:
@@ -85,18 +99,22 @@ class ChunkRecord(FileRecord):
         doc = {**FileRecord.to_json(self), "max_abs_err": self.max_abs_err, "pcc": self.pcc}
         if self.tensorbin is not None:
             doc["tensorbin"] = self.tensorbin.to_json()
+        if self.device is not None:
+            doc["device"] = self.device.to_json()
         return doc
 
     @classmethod
     def from_json(cls, doc: Mapping) -> "ChunkRecord":
-        packed = doc.get("tensorbin")
-        for record in (doc, packed) if packed is not None else (doc,):
+        packed, device = doc.get("tensorbin"), doc.get("device")
+        for record in (doc, *(r for r in (packed, device) if r is not None)):
             if not isinstance(record, dict) or not _is_size(record.get("nbytes")) or \
                     not isinstance(record.get("xxh3"), str):
                 raise ValueError("has a chunk record without its size and xxh3")
+        if device is not None and device["nbytes"] > doc["nbytes"]:
+            raise ValueError("has a chunk whose device bytes are more than the chunk")
         return cls(doc["nbytes"], doc["xxh3"], doc.get("max_abs_err", 0.0), doc.get("pcc", 1.0),
                    FileRecord(packed["nbytes"], packed["xxh3"], object=_object(packed)) if packed else None,
-                   object=_object(doc))
+                   object=_object(doc), device=FileRecord(device["nbytes"], device["xxh3"]) if device else None)
 
     def objects(self) -> list[str]:
         """The object-store keys this chunk's bytes are kept under (none for a chunk in its entry's folder)."""

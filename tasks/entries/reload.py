@@ -40,7 +40,7 @@ def plan_reads(manifest: Manifest, slot: int | None) -> list[Chunk]:
 
 def read_bytes(entry: Entry, chunks: list[Chunk], from_device_files: bool = False) -> int:
     """What reading these chunks reads: each chunk's bytes, or its device file's where one is read instead."""
-    return sum(entry.device_record(n, s).nbytes if from_device_files and entry.has_device_file(n, s)
+    return sum(entry.device_file_size(n, s) if from_device_files and entry.has_device_file(n, s)
                else entry.manifest.arrays[n].chunks[s].nbytes for n, s in chunks)
 
 
@@ -49,7 +49,7 @@ def read_objects(entry: Entry, chunks: list[Chunk], from_device_files: bool = Fa
     objects = {}
     for name, slot in chunks:
         if from_device_files and entry.has_device_file(name, slot):
-            objects[entry.device_object(name, slot)] = entry.device_record(name, slot).nbytes
+            objects[entry.device_object(name, slot)] = entry.device_file_size(name, slot)
         else:
             objects[entry.chunk_object(name, slot)] = entry.manifest.arrays[name].chunks[slot].nbytes
     return objects

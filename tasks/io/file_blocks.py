@@ -307,13 +307,13 @@ def _close(mapping: mmap.mmap) -> None:
 READ_BLOCK = 4 << 20
 
 
-def each_read(path: Path | str, consume: Callable[[memoryview, int], None]) -> int:
-    """`consume(bytes, offset)` for each block of the file in order, read into this thread's buffer; returns the
-    file's size. A view is valid only during its call, and every block but the last is whole (a short read is
-    read on), so a consumer that widens values never sees one cut in two. Raises OSError if the file cannot be
-    read, or shrinks while it is read."""
+def each_read(path: Path | str, consume: Callable[[memoryview, int], None], end: int | None = None) -> int:
+    """`consume(bytes, offset)` for each block of the file in order (up to byte `end` when given), read into this
+    thread's buffer; returns the file's size (or `end`). A view is valid only during its call, and every block but
+    the last is whole (a short read is read on), so a consumer that widens values never sees one cut in two.
+    Raises OSError if the file cannot be read, or shrinks while it is read."""
     with open(path, "rb", buffering=0) as fh:
-        return _read(fh, consume, READ_BLOCK)
+        return _read(fh, consume, READ_BLOCK, end=end)
 
 
 def _read(fh, consume: Callable[[memoryview, int], None], block: int, size: int | None = None, start: int = 0,
