@@ -46,21 +46,21 @@ def format6(monkeypatch):
     return switch
 
 
-def test_a_format6_release_is_read_and_a_fine_tune_converts_against_it(hf_cache, tmp_path, format6, snapshots):
+def test_a_format6_release_is_read_and_a_fine_tune_converts_against_it(hf_cache, tmp_path, format6, micro_snapshots):
     old, new = tmp_path / "old", tmp_path / "new"
     format6(True)
-    release = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=old, embodiments="gr1",
+    release = convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="micro", cache_root=old, embodiments="gr1",
                                      progress=False))
     format6(False)
     manifest = json.loads((Path(release["cache_path"]) / "MANIFEST.json").read_text())
     assert manifest["cache_format"] == 6 and not any(a["attributes"].get("tiled") for a in manifest["arrays"].values())
     assert (Path(release["cache_path"]) / "tensorbin").is_dir()
-    convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="tiny", cache_root=new, embodiments="gr1",
+    convert(ConvertOptions("n16", hf_cache=hf_cache, synthetic="micro", cache_root=new, embodiments="gr1",
                            progress=False))
     for into in ("torch", "ttnn"):
         _same(load("n16", old, "gr1", into=into, synthetic=True).tensors,
               load("n16", new, "gr1", into=into, synthetic=True).tensors)
-    tuned = fine_tune_form(snapshots["n16"], "n16", "mixed", tmp_path / "tuned")
+    tuned = fine_tune_form(micro_snapshots["n16"], "n16", "mixed", tmp_path / "tuned")
     for root in (old, new):  # beside the format 6 release, and beside the format 7 one
         done = convert(ConvertOptions(None, snapshot=tuned, cache_root=root, embodiments="gr1", progress=False))
         assert json.loads((Path(done["cache_path"]) / "MANIFEST.json").read_text())["cache_format"] == 7
