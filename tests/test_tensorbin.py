@@ -132,3 +132,10 @@ def test_the_kept_headers_are_named_by_the_packer_source_too(tmp_path, monkeypat
     edited.write_bytes(kernels.SOURCE.read_bytes() + b"\n/* an edit */\n")
     monkeypatch.setattr(kernels, "SOURCE", edited)
     assert tensorbin._learned_name() != before  # an edited packer is checked against ttnn again
+
+
+def test_a_large_untilize_into_fresh_huge_pages_gives_back_the_values(packer):
+    """Past four huge pages the values are untilized into memory asked for as huge pages: the same values."""
+    bits = _bf16((2048, 2100))  # 8.6 MB, padding in the columns
+    out = tensorbin.untilize(tensorbin.pack(bits, "bfloat16").payload, bits.shape)
+    assert out.nbytes >= 4 * tensorbin._HUGE and out.flags.writeable and np.array_equal(out, bits)

@@ -27,6 +27,7 @@ import importlib.metadata
 import importlib.util
 import json
 import math
+import mmap
 import struct
 import tempfile
 import threading
@@ -190,6 +191,21 @@ def _pack_c(bits: np.ndarray, dtype: str, out: np.ndarray) -> Packed:
     return Packed(out, float(worst[0]), pcc_from_sums(sums, max(1, bits.size)))
 
 
+_HUGE = 2 << 20  # a transparent huge page: where the kernel gives them on request (madvise), one fault per 2 MiB
+
+
+def _fresh(shape: tuple[int, ...]) -> np.ndarray:
+    """A new uint16 array for untilized values, asking for huge pages when it spans several: every page of it is
+    written at once, and on this VM first-touch faults of 4 KiB pages made untilizing into fresh memory half as
+    fast (2.25 against 4-4.5 GB/s for a 100 MB matrix)."""
+    nbytes = math.prod(shape) * 2
+    if nbytes < 4 * _HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.empty(shape, np.uint16)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    memory.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(memory, np.uint16).reshape(shape)
+
+
 def untilize(payload: np.ndarray, shape: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
     """The logical bf16 bits (uint16, `shape`) of a bfloat16 TILE buffer (`pack` backwards), written into `out` when
     given (a contiguous uint16 array of `shape`): what `ttnn.to_torch` of the tensor holds. (Plain integer
@@ -202,7 +218,7 @@ def untilize(payload: np.ndarray, shape: tuple[int, ...], out: np.ndarray | None
     payload = payload.reshape(-1).view(np.uint8)
     if payload.nbytes < step * matrices:
         raise ValueError(f"a bfloat16 TILE buffer of {tuple(shape)} needs {step * matrices} bytes, got {payload.nbytes}")
-    out = np.empty(shape, np.uint16) if out is None else out
+    out = _fresh(shape) if out is None else out
     in_rows = out.reshape(matrices, shape[-2], shape[-1])
     fast = kernels.available()
     for i in range(matrices):
