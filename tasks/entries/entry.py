@@ -26,6 +26,9 @@ from tasks.entries.names import (ENTRIES, MANIFEST, PACKED_DIR, PROCESSOR_DIR, R
 from tasks.entries.store import Store
 
 
+SMALL_FILE = 1 << 20  # a tiled chunk below it is read into memory, not mapped: it is copied into rows anyway
+
+
 @dataclass(frozen=True)
 class Entry:
     store: Store
@@ -111,6 +114,10 @@ class Entry:
         key, record = self.chunk_object(array, slot), arr.chunks[slot]
 
         def read() -> np.ndarray:
+            if arr.tiled and record.nbytes < SMALL_FILE:  # read: a mapping costs more than the bytes
+                file = np.empty(record.nbytes, np.uint8)
+                self.store.read_into(key, file)
+                return file
             if arr.tiled:  # the file as it lies (in tile order): put in rows once it is checked
                 return self.store.map(key, np.dtype(np.uint8), (record.nbytes,))
             if out is None:
