@@ -70,11 +70,16 @@ def _tile_payload_bytes(shape: tuple[int, ...]) -> int:
     return tensorbin.payload_size(shape, "bfloat16")
 
 
+def _after_device_file(shape: tuple[int, ...], device_dtype: str) -> int:
+    """The bytes a tiled chunk holds after its `.tensorbin`: the bf16 tiles (packed dtypes only) and the index."""
+    return (0 if device_dtype == "bfloat16" else _tile_payload_bytes(shape)) + INDEX.size
+
+
 def tiled_file(array: np.ndarray, device_dtype: str) -> tuple[np.ndarray, tensorbin.Packed] | None:
     """The whole file of a bf16 array (logical shape) whose device dtype is `device_dtype`, in one aligned buffer,
     and the numerics of what the device reads; None where numpy does not make this ttnn's `.tensorbin` (another
     ttnn, bfloat4_b): then `around` ttnn's own bytes."""
-    extra = (0 if device_dtype == "bfloat16" else _tile_payload_bytes(array.shape)) + INDEX.size
+    extra = _after_device_file(array.shape, device_dtype)
     made = tensorbin.tensorbin(array, device_dtype, spare=extra)
     if made is None:
         return None
@@ -86,7 +91,7 @@ def tiled_file(array: np.ndarray, device_dtype: str) -> tuple[np.ndarray, tensor
 def around(device_file: bytes | np.ndarray, array: np.ndarray, device_dtype: str) -> np.ndarray:
     """The whole file made of a `.tensorbin` ttnn wrote itself: copied once, with the bf16 payload and the index."""
     device_file = np.frombuffer(device_file, np.uint8) if not isinstance(device_file, np.ndarray) else device_file
-    extra = (0 if device_dtype == "bfloat16" else _tile_payload_bytes(array.shape)) + INDEX.size
+    extra = _after_device_file(array.shape, device_dtype)
     buffer = aligned_empty(device_file.nbytes + extra, np.uint8)
     buffer[:device_file.nbytes] = device_file.reshape(-1).view(np.uint8)
     _finish(buffer, device_file.nbytes, array, device_dtype)

@@ -202,10 +202,13 @@ class Entry:
         another size is read and refused by name (`device_file`). An object store's are fetched into local files."""
         packed = self.store.local_path(f"{entry_key(self.name)}/{PACKED_DIR}")
         folder = os.path.realpath(packed) if packed is not None else ""  # once (1,387 Paths cost 0.05 s)
+        here, prefix = os.path.dirname(folder), f"{entry_key(self.name)}/"  # the entry's own folder, resolved once
         paths = []
         for name, slot in chunks:
             if packed is not None and not self.manifest.arrays[name].tiled:
                 path = os.path.join(folder, packed_name(name, slot))
+            elif packed is not None and self.device_object(name, slot).startswith(prefix):  # a tiled chunk here
+                path = os.path.join(here, self.device_object(name, slot)[len(prefix):])
             else:
                 fetched = self.store.local_file(self.device_object(name, slot))
                 path = os.path.realpath(fetched) if fetched else ""
