@@ -348,7 +348,7 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
     return 0
 
 
-def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = ("n16", "n17")) -> int:
+def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = ("n15", "n16", "n17")) -> int:
     """Each version's default conversion (its Tenstorrent layout and the port profile, every slot) from a cold cache,
     then one embodiment reloaded as ttnn host tensors, in fresh processes, each contender's inputs read right before
     it. Figures beside each other, no contender. Each cache is removed once measured (~12 GB at full scale).
@@ -382,7 +382,12 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
                   slots="all 32 (convert), one (reload)")
     table = contender_table(raw, columns=("version", "layout, profile", "step"),
                             cells=lambda key: [key.split(":")[0], ", ".join(resolve(key.split(":")[0])), key.split(":")[1]])
-    lines = write(_out(scale), "versions-results", ctx=ctx, raw=raw, tables=[table],
+    rows: list[dict] = []
+    for version in versions:  # what a default entry costs on disk against its checkpoint (issue 71's goal)
+        made = raw[f"{version}:convert"][-1]
+        metric(rows, f"{version}: bytes written / source bytes", made["bytes"] / 1e9, made["source_bytes"] / 1e9,
+               "<= 1.30", made["bytes"] <= 1.30 * made["source_bytes"], unit="GB")
+    lines = write(_out(scale), "versions-results", ctx=ctx, raw=raw, tables=[table, metric_table(rows)], metrics=rows,
                   what=f"{scale} synthetic checkpoints, each version's default layout and profile")
     print("\n".join(lines))
     return 0

@@ -169,8 +169,8 @@ def load_model(listed: Listed, *, embodiments: Embodiments | str | int | None = 
     stats = {"seconds": time.perf_counter() - listed.started, "listing_seconds": t_listed - listed.started,
              "model": listed.how,
              "device_files": len(needed), "host_tensors": len(host), "bytes_read": nbytes,
-             "tensor_bytes": nbytes - sum(opened.manifest.arrays[n].chunks[None].nbytes for n in host)  # stored...
-                             + sum(t.numel() * 4 for t in host.values())}  # ...as the float32 the port holds
+             "tensor_bytes": sum(opened.device_record(n, s).nbytes for n, s in needed)  # what ttnn reads, not
+                             + sum(t.numel() * 4 for t in host.values())}  # a tiled chunk's tail; float32 tables
     return PortModel(model=model, entry=opened.name, revision=code.revision, layout=opened.manifest.layout,
                      slots=slots, stats=stats, source=dict(opened.manifest.source),
                      processor_files=opened.processor_files())
