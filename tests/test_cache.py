@@ -269,7 +269,7 @@ def test_a_damaged_device_file_is_refused_on_reload(hf_cache, tmp_path, damage):
     else:
         data = data[:-1]
     victim.write_bytes(bytes(data))
-    with pytest.raises(CacheError, match=f"{victim.parent.name}/{victim.name}: packed tensor does not match its manifest"):
+    with pytest.raises(CacheError, match=f"{victim.parent.name}/{victim.name}: device file [(]what ttnn loads[)] does not match its manifest"):
         load("n16", tmp_path, embodiment="gr1", profile="port", layout="tt-n16", into="ttnn")
 
 

@@ -78,9 +78,9 @@ def test_a_damaged_device_file_is_refused_and_verify_names_it(tmp_path):
     _write_entry(tmp_path)
     (tmp_path / "entries" / NAME / "tensorbin" / "t.tensorbin").write_bytes(b"device bytez")
     entry = fmt.open_entry(LocalStore(tmp_path), NAME)
-    with pytest.raises(CacheError, match="t.tensorbin: packed tensor does not match its manifest checksum"):
+    with pytest.raises(CacheError, match="t.tensorbin: device file [(]what ttnn loads[)] does not match its manifest checksum"):
         entry.device_file("t", None)
-    assert entry.verify() == [f"{tmp_path}/entries/{NAME}/tensorbin/t.tensorbin: packed tensor is missing or does "
+    assert entry.verify() == [f"{tmp_path}/entries/{NAME}/tensorbin/t.tensorbin: device file (what ttnn loads) is missing or does "
                               "not match the manifest checksum"]
 
 

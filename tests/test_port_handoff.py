@@ -242,7 +242,7 @@ def test_a_damaged_device_file_is_refused_by_name(attn, tmp_path):
     data = bytearray(packed.read_bytes())
     data[400] ^= 0x10  # in the payload ttnn reads (its header is 384 bytes)
     packed.write_bytes(bytes(data))
-    with pytest.raises(CacheError, match=f"{re.escape(str(packed))}: packed tensor does not match its manifest"):
+    with pytest.raises(CacheError, match=f"{re.escape(str(packed))}: device file [(]what ttnn loads[)] does not match its manifest"):
         port_n16.build_model(copy, PORT, check=False, synthetic=True)
 
 

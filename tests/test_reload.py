@@ -162,7 +162,7 @@ def test_a_damaged_device_file_is_refused_by_name_before_ttnn_uses_it(written, d
         path.write_bytes(bytes(data[:-1]))
     else:
         path.unlink()
-    with pytest.raises(CacheError, match="w.tensorbin: packed tensor (does not match its manifest checksum|listed in "
+    with pytest.raises(CacheError, match="w.tensorbin: device file [(]what ttnn loads[)] (does not match its manifest checksum|listed in "
                                          "the manifest is missing)"):
         reload.device_tensors(entry, [("w", None)], pool, check_mapped=check_mapped)
 
@@ -189,7 +189,7 @@ def test_an_object_stores_damaged_device_file_is_refused_by_name_too(tmp_path, d
             store.put(key, bytes(data[:-1]))
         else:
             store.delete(key)
-        with pytest.raises(CacheError, match="w.tensorbin: packed tensor (does not match its manifest checksum|"
+        with pytest.raises(CacheError, match="w.tensorbin: device file [(]what ttnn loads[)] (does not match its manifest checksum|"
                                              "listed in the manifest is missing)"):
             reload.device_tensors(entry, [("w", None)], pool, check_mapped=True)
         assert torch.equal(ttnn.to_torch(sound), _plain(values["w"]))

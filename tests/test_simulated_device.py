@@ -123,7 +123,7 @@ def test_a_device_file_damaged_after_publish_is_refused_before_any_upload(simula
     in_place = one_file.device_tensor
     monkeypatch.setattr(one_file, "device_tensor", lambda path, device=None: uploads.append(path) or
                         in_place(path, device))
-    with pytest.raises(CacheError, match="packed tensor does not match its manifest checksum"):
+    with pytest.raises(CacheError, match="device file [(]what ttnn loads[)] does not match its manifest checksum"):
         load("n16", copy, embodiment="gr1", into=simulated_device)
     assert uploads == []
 

@@ -189,11 +189,11 @@ class Entry:
             path = self.store.local_file(key)
             whole = path is not None and rec.matches_file(path, size)
         if path is None:
-            raise CacheError(f"{self.store.describe(key)}: packed tensor listed in the manifest is missing; convert "
-                             "again with --force")
+            raise CacheError(f"{self.store.describe(key)}: device file (what ttnn loads) listed in the manifest is "
+                             "missing; convert again with --force")
         if not whole:
-            raise CacheError(f"{self.store.describe(key)}: packed tensor does not match its manifest checksum "
-                             "(tampered or corrupt); convert again with --force")
+            raise CacheError(f"{self.store.describe(key)}: device file (what ttnn loads) does not match its manifest "
+                             "checksum (tampered or corrupt); convert again with --force")
         return path
 
     def device_paths(self, chunks: Sequence[tuple[str, int | None]]) -> list[str]:
@@ -243,8 +243,8 @@ class Entry:
             problems.append(f"{self.store.describe(key)}: chunk bytes do not match the manifest checksum (tampered or "
                             "corrupt)")
         if record.tensorbin is not None and not self._matches(packed, record.tensorbin):
-            problems.append(f"{self.store.describe(packed)}: packed tensor is missing or does not match the manifest "
-                            "checksum")
+            problems.append(f"{self.store.describe(packed)}: device file (what ttnn loads) is missing or does not "
+                            "match the manifest checksum")
         return problems
 
     def _matches(self, key: str, record: FileRecord) -> bool | None:
