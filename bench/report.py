@@ -350,9 +350,9 @@ def run_handoff(scale: str, runs: int, cold: bool, port_tree: Path | None = None
 
 def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = ("n15", "n16", "n17")) -> int:
     """Each version's default conversion (its Tenstorrent layout and the port profile, every slot) from a cold cache,
-    then one embodiment reloaded as ttnn host tensors, in fresh processes, each contender's inputs read right before
-    it. Figures beside each other, no contender. Each cache is removed once measured (~12 GB at full scale).
-    Writes bench/versions-results.{json,md}."""
+    then one embodiment reloaded as ttnn host tensors and every target loaded into torch, in fresh processes, each
+    contender's inputs read right before it. Figures beside each other, no contender. Each cache is removed once
+    measured (~9 GB at full scale). Writes bench/versions-results.{json,md}."""
     from pipeline.model.recipe import resolve
 
     raw: dict[str, list] = {}
@@ -374,8 +374,12 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
             raw.setdefault(f"{version}:reload", []).append(run_child(
                 "load", {"version": version, "cache": str(cache), "profile": profile, "layout": layout,
                          "embodiment": tag, "ttnn_host": True}, cold))
+            warm_up(cache)  # every target into torch: what a host-side user loads (tiled chunks put in rows)
+            raw.setdefault(f"{version}:torch, every slot", []).append(run_child(
+                "load", {"version": version, "cache": str(cache), "profile": profile, "layout": layout}, cold))
             print(f"  {version} ({layout}, {profile}) run done: convert {raw[f'{version}:convert'][-1]['seconds']:.1f} s, "
-                  f"reload {raw[f'{version}:reload'][-1]['seconds']:.2f} s", flush=True)
+                  f"reload {raw[f'{version}:reload'][-1]['seconds']:.2f} s, "
+                  f"torch {raw[f'{version}:torch, every slot'][-1]['seconds']:.2f} s", flush=True)
         raw[f"{version}:convert"][-1]["source_bytes"] = sum(p.stat().st_size for p in shards)
         remove(cache)
     ctx = context(only="versions", scale=scale, runs=runs, cold=cold, started=started, versions=list(versions),
