@@ -383,7 +383,7 @@ def run_versions(scale: str, runs: int, cold: bool, versions: tuple[str, ...] = 
         raw[f"{version}:convert"][-1]["source_bytes"] = sum(p.stat().st_size for p in shards)
         remove(cache)
     ctx = context(only="versions", scale=scale, runs=runs, cold=cold, started=started, versions=list(versions),
-                  slots="all 32 (convert), one (reload)")
+                  slots="all 32 (convert, torch), one (reload)")
     table = contender_table(raw, columns=("version", "layout, profile", "step"),
                             cells=lambda key: [key.split(":")[0], ", ".join(resolve(key.split(":")[0])), key.split(":")[1]])
     rows: list[dict] = []
